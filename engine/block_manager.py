@@ -1,0 +1,177 @@
+"""Paged KV-cache bookkeeping: ref-counted blocks, a free list, and prefix reuse.
+
+A full block is known by a chained hash of (parent hash, its token ids). When the
+last owner frees it, it goes to the tail of the free list but keeps its hash, so a
+later request with the same prefix can take it back; it is evicted only when the
+free list hands it out again (lazy, least recently freed first).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from engine.sequence import Sequence
+
+
+@dataclass
+class Block:
+    block_id: int
+    ref_count: int = 0
+    hash: int | None = None
+    token_ids: tuple[int, ...] = ()
+
+    def reset(self) -> None:
+        self.ref_count = 1
+        self.hash = None
+        self.token_ids = ()
+
+
+def chain_hash(parent: int | None, token_ids: tuple[int, ...]) -> int:
+    return hash((parent, token_ids))
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.free_ids: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self.hash_to_block: dict[int, int] = {}
+        self.num_used = 0
+        self.prefix_queries = 0  # tokens looked up in the prefix cache
+        self.prefix_hits = 0  # tokens found there
+
+    # ---- queries -------------------------------------------------------
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def num_free(self) -> int:
+        return len(self.free_ids)
+
+    @property
+    def num_cached_idle(self) -> int:
+        return sum(1 for b in self.free_ids if self.blocks[b].hash is not None)
+
+    @property
+    def usage(self) -> float:
+        return self.num_used / self.num_blocks
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    # ---- prefix cache --------------------------------------------------
+    def hash_blocks(self, seq: Sequence, num_full_blocks: int) -> list[int]:
+        """Chained hashes of the first full blocks, memoized on the sequence."""
+        bs = self.block_size
+        while len(seq.block_hashes) < num_full_blocks:
+            i = len(seq.block_hashes)
+            parent = seq.block_hashes[-1] if i else None
+            seq.block_hashes.append(chain_hash(parent, tuple(seq.token_ids[i * bs:(i + 1) * bs])))
+        return seq.block_hashes[:num_full_blocks]
+
+    def match_prefix(self, seq: Sequence) -> list[int]:
+        """Cached blocks covering a prefix; the last token is always left to compute."""
+        if not self.enable_prefix_caching:
+            return []
+        hits: list[int] = []
+        bs = self.block_size
+        for i, h in enumerate(self.hash_blocks(seq, (len(seq) - 1) // bs)):
+            block_id = self.hash_to_block.get(h)
+            if block_id is None or self.blocks[block_id].token_ids != tuple(seq.token_ids[i * bs:(i + 1) * bs]):
+                break
+            hits.append(block_id)
+        return hits
+
+    # ---- allocation ----------------------------------------------------
+    def can_allocate(self, seq: Sequence, num_tokens: int, reserve_blocks: int = 0) -> bool:
+        """Could `num_tokens` positions be given to seq and still leave `reserve_blocks` free?"""
+        hits = self.match_prefix(seq)
+        revived = sum(1 for b in hits if self.blocks[b].ref_count == 0)
+        needed = self.blocks_for(num_tokens) - len(hits) + revived
+        return self.num_free - needed >= reserve_blocks
+
+    def allocate(self, seq: Sequence, num_tokens: int) -> None:
+        """Give seq blocks for its first `num_tokens` positions, reusing cached prefix blocks."""
+        assert not seq.block_table, f"{seq.request_id} already holds blocks"
+        hits = self.match_prefix(seq)
+        for block_id in hits:
+            self._take(block_id)
+        seq.block_table = list(hits)
+        seq.num_cached_tokens = seq.num_computed_tokens = len(hits) * self.block_size
+        if self.enable_prefix_caching:
+            self.prefix_queries += len(seq)
+            self.prefix_hits += seq.num_cached_tokens
+        self._grow(seq, self.blocks_for(num_tokens))
+
+    def can_append(self, seq: Sequence, num_new_tokens: int) -> bool:
+        needed = self.blocks_for(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)
+        return needed <= self.num_free
+
+    def append_slots(self, seq: Sequence, num_new_tokens: int) -> None:
+        self._grow(seq, self.blocks_for(seq.num_computed_tokens + num_new_tokens))
+
+    def free(self, seq: Sequence) -> None:
+        # Tail blocks first, so a shared prefix is the last to be evicted.
+        for block_id in reversed(seq.block_table):
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self.num_used -= 1
+                self.free_ids[block_id] = None
+        seq.block_table = []
+
+    def commit_full_blocks(self, seq: Sequence) -> None:
+        """Publish newly computed full blocks to the prefix cache."""
+        if not self.enable_prefix_caching:
+            return
+        bs = self.block_size
+        full = min(seq.num_computed_tokens // bs, len(seq.block_table))
+        for i, h in enumerate(self.hash_blocks(seq, full)):
+            block = self.blocks[seq.block_table[i]]
+            if block.hash is not None:
+                continue
+            if h not in self.hash_to_block:
+                self.hash_to_block[h] = block.block_id
+                block.hash = h
+                block.token_ids = tuple(seq.token_ids[i * bs:(i + 1) * bs])
+
+    # ---- internals -----------------------------------------------------
+    def _grow(self, seq: Sequence, num_blocks: int) -> None:
+        while len(seq.block_table) < num_blocks:
+            seq.block_table.append(self._take_free())
+
+    def _take_free(self) -> int:
+        block_id, _ = self.free_ids.popitem(last=False)
+        block = self.blocks[block_id]
+        if block.hash is not None and self.hash_to_block.get(block.hash) == block_id:
+            del self.hash_to_block[block.hash]  # evicted now, not when it was freed
+        block.reset()
+        self.num_used += 1
+        return block_id
+
+    def _take(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        if block.ref_count == 0:
+            del self.free_ids[block_id]
+            self.num_used += 1
+        block.ref_count += 1
+
+    # ---- checking ------------------------------------------------------
+    def check_invariants(self, seqs: list[Sequence]) -> None:
+        """free + in use == total (cached-idle blocks are free); owners match ref counts."""
+        owners: dict[int, int] = {}
+        for seq in seqs:
+            assert len(set(seq.block_table)) == len(seq.block_table), f"{seq.request_id} holds a block twice"
+            for b in seq.block_table:
+                owners[b] = owners.get(b, 0) + 1
+        in_use = {b.block_id for b in self.blocks if b.ref_count > 0}
+        assert self.num_used == len(in_use), (self.num_used, len(in_use))
+        assert not in_use & set(self.free_ids), "a block is both free and in use"
+        assert len(self.free_ids) + len(in_use) == self.num_blocks, "blocks leaked"
+        for b in self.blocks:
+            assert b.ref_count == owners.get(b.block_id, 0), f"block {b.block_id} ref count is wrong"
+        for h, block_id in self.hash_to_block.items():
+            assert self.blocks[block_id].hash == h, "hash map points at a block with another hash"

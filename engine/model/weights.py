@@ -1,0 +1,80 @@
+"""Load Hugging Face-named weights into the fused model through a small name map."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+from engine.model.config import ModelConfig
+from engine.model.llama import LlamaForCausalLM
+from engine.progress import progress
+
+
+def iter_safetensors(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    from safetensors.torch import safe_open
+
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors file in {folder}")
+    for path in files:
+        with safe_open(str(path), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 - safe_open has no __iter__
+                yield name, f.get_tensor(name)
+
+
+def read_hf_config(folder: Path) -> ModelConfig:
+    cfg = ModelConfig.from_hf(json.loads((folder / "config.json").read_text()))
+    gen = folder / "generation_config.json"
+    if gen.exists():
+        eos = json.loads(gen.read_text()).get("eos_token_id")
+        extra = eos if isinstance(eos, list) else ([] if eos is None else [eos])
+        cfg.eos_token_ids = sorted(set(cfg.eos_token_ids) | set(extra))
+    return cfg
+
+
+def load_weights(model: LlamaForCausalLM, weights: Iterator[tuple[str, torch.Tensor]],
+                 total: int | None = None) -> None:
+    params = dict(model.named_parameters())
+    loaded: set[str] = set()
+    for hf_name, tensor in progress(weights, total=total, description="loading weights"):
+        if "rotary_emb" in hf_name:
+            continue
+        name = hf_name.removeprefix("model.")
+        target, shard = _map_name(name)
+        if target not in params:
+            if name == "lm_head.weight" and model.config.tie_word_embeddings:
+                continue
+            raise KeyError(f"checkpoint weight {hf_name!r} has no place in the model")
+        _copy_shard(model, params[target], tensor, shard)
+        loaded.add(target)
+    missing = set(params) - loaded
+    if model.config.tie_word_embeddings:
+        missing.discard("lm_head.weight")
+    if missing:
+        raise KeyError(f"checkpoint lacks weights: {sorted(missing)[:5]}")
+
+
+def _map_name(name: str) -> tuple[str, int | None]:
+    for fragment, (fused, shard) in LlamaForCausalLM.packed_modules_mapping.items():
+        if f".{fragment}." in name:
+            return name.replace(fragment, fused), shard
+    return name, None
+
+
+def _copy_shard(model: LlamaForCausalLM, param: torch.nn.Parameter, tensor: torch.Tensor,
+                shard: int | None) -> None:
+    with torch.no_grad():
+        if shard is None:
+            param.copy_(tensor.to(param.dtype))
+            return
+        cfg = model.config
+        if param.shape[0] == 2 * cfg.intermediate_size:
+            sizes = [cfg.intermediate_size] * 2
+        else:
+            kv = cfg.num_key_value_heads * cfg.head_dim
+            sizes = [cfg.num_attention_heads * cfg.head_dim, kv, kv]
+        start = sum(sizes[:shard])
+        param[start:start + sizes[shard]].copy_(tensor.to(param.dtype))

@@ -1,0 +1,65 @@
+"""Per-request state beside the Sequence: detokenizer, RNG, and the stopping rules."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.detokenizer import IncrementalDetokenizer
+from engine.outputs import StreamDelta, TokenLogprob
+from engine.sampler import SamplingRow
+from engine.sequence import Sequence
+
+
+@dataclass
+class RequestState:
+    seq: Sequence
+    detokenizer: IncrementalDetokenizer
+    generator: torch.Generator | None
+    max_tokens: int
+    eos_ids: frozenset[int]
+
+    def sampling_row(self) -> SamplingRow:
+        p = self.seq.params
+        blocked: list[int] = []
+        if self.seq.num_output_tokens < p.min_tokens:
+            blocked = sorted(set(p.stop_token_ids) | (set() if p.ignore_eos else set(self.eos_ids)))
+        return SamplingRow(p, self.seq.prompt_token_ids, self.seq.output_token_ids, self.generator, blocked)
+
+    def append(self, token_id: int, max_model_len: int) -> str | None:
+        """Add a generated token; return the finish reason if this token ends the request."""
+        seq, p = self.seq, self.seq.params
+        seq.append_token(token_id)
+        before = len(self.detokenizer.text)
+        self.detokenizer.add(token_id)
+        if not p.ignore_eos and token_id in self.eos_ids:
+            return "stop"
+        if token_id in p.stop_token_ids:
+            seq.stop_reason = token_id
+            return "stop"
+        if seq.num_output_tokens >= p.min_tokens:
+            matched = self.detokenizer.find_stop(len(self.detokenizer.text) - before)
+            if matched is not None:
+                seq.stop_reason = matched
+                return "stop"
+        if seq.num_output_tokens >= self.max_tokens or len(seq) >= max_model_len:
+            return "length"
+        return None
+
+    def delta(self, new_ids: list[int], logprobs: list[TokenLogprob] | None) -> StreamDelta:
+        seq = self.seq
+        finished = seq.finish_reason is not None
+        return StreamDelta(
+            request_id=seq.request_id,
+            text=self.detokenizer.take_new_text(finished),
+            token_ids=new_ids,
+            finished=finished,
+            finish_reason=seq.finish_reason,
+            stop_reason=seq.stop_reason,
+            logprobs=logprobs,
+            prompt_token_ids=seq.prompt_token_ids,
+            num_output_tokens=seq.num_output_tokens,
+            times=seq.times,
+            error=seq.error,
+        )

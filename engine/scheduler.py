@@ -1,0 +1,154 @@
+"""One step at a time: hand out a token budget across running and waiting requests.
+
+Order each step: running decodes (one token each), then continuing prefills, then
+new admissions. A long prompt is prefilled in chunks so it never stalls decodes.
+
+Policies (the source article's experiment):
+- static: a batch is formed only when the previous one has fully finished; each
+  request reserves max_model_len positions; nobody joins a batch in flight.
+- continuous: requests join and leave at every step, but still reserve
+  max_model_len positions each.
+- paged: blocks are handed out as sequences grow; admission keeps a watermark of
+  free blocks; when a block is missing, the newest running sequence is preempted
+  and later recomputed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from engine.block_manager import BlockManager
+from engine.config import EngineConfig
+from engine.sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class ScheduledSeq:
+    seq: Sequence
+    num_new_tokens: int
+
+    @property
+    def completes_prefill(self) -> bool:
+        """After this step every token has K/V, so the last one yields a new token."""
+        return self.seq.num_computed_tokens + self.num_new_tokens == len(self.seq)
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledSeq] = field(default_factory=list)  # decodes (1 token) first
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, block_manager: BlockManager, max_model_len: int) -> None:
+        self.config = config
+        self.block_manager = block_manager
+        self.max_model_len = max_model_len
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+        self.max_concurrent = 0
+
+    @property
+    def reserves_whole_context(self) -> bool:
+        return self.config.policy in ("static", "continuous")
+
+    @property
+    def watermark_blocks(self) -> int:
+        if self.config.policy != "paged":
+            return 0
+        return int(self.config.watermark * self.block_manager.num_blocks)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def remove(self, seq: Sequence) -> None:
+        """Take seq out of the queues and free its blocks (finish or abort)."""
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.FINISHED
+
+    # ---- the step ------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self._schedule_running(out, self.config.max_num_batched_tokens)
+        if not out.preempted and self._may_admit():
+            self._schedule_waiting(out, budget)
+        out.scheduled.sort(key=lambda s: s.num_new_tokens != 1)  # decodes first, stable
+        self.max_concurrent = max(self.max_concurrent, len(self.running))
+        return out
+
+    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+        for seq in list(self.running):
+            if budget == 0 or seq.status is not SequenceStatus.RUNNING:
+                break
+            n = 1 if not seq.is_prefilling else min(seq.num_uncomputed_tokens, budget)
+            if not self._make_room(seq, n, out):
+                break  # seq itself was the newest and is preempted; so were all after it
+            self.block_manager.append_slots(seq, n)
+            out.scheduled.append(ScheduledSeq(seq, n))
+            budget -= n
+        return budget
+
+    def _make_room(self, seq: Sequence, n: int, out: SchedulerOutput) -> bool:
+        while not self.block_manager.can_append(seq, n):
+            victim = self.running[-1]
+            self.preempt(victim)
+            out.preempted.append(victim)
+            if victim is seq:
+                return False
+        return True
+
+    def preempt(self, seq: Sequence) -> None:
+        """Free seq's blocks and put it back at the head of the queue, to recompute."""
+        self.running.remove(seq)
+        self.block_manager.free(seq)
+        seq.reset_for_recompute()
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+
+    def _may_admit(self) -> bool:
+        if self.config.policy == "static":
+            return not self.running
+        return True
+
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        static = self.config.policy == "static"
+        while self.waiting and len(self.running) < self.config.max_num_seqs and (budget > 0 or static):
+            seq = self.waiting[0]
+            reserve = self.max_model_len if self.reserves_whole_context else len(seq)
+            if not self.block_manager.can_allocate(seq, reserve, self.watermark_blocks):
+                break
+            self.waiting.popleft()
+            self.block_manager.allocate(seq, reserve)
+            seq.status = SequenceStatus.RUNNING
+            if seq.times.scheduled is None:
+                seq.times.scheduled = time.monotonic()
+            self.running.append(seq)
+            n = min(seq.num_uncomputed_tokens, budget)
+            if n > 0:
+                out.scheduled.append(ScheduledSeq(seq, n))
+                budget -= n
+
+    # ---- after the forward pass -----------------------------------------
+    def advance(self, out: SchedulerOutput) -> None:
+        """Record the K/V computed this step and publish full blocks to the prefix cache."""
+        for s in out.scheduled:
+            s.seq.num_computed_tokens += s.num_new_tokens
+            self.block_manager.commit_full_blocks(s.seq)

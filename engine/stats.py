@@ -1,0 +1,48 @@
+"""Counters and per-step records the server turns into Prometheus metrics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.outputs import RequestTimes
+
+
+@dataclass
+class EngineStats:
+    """A snapshot: gauges now, counters since start."""
+
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_cache_usage: float = 0.0  # fraction of blocks held by live requests, 0-1
+    num_preemptions_total: int = 0
+    prompt_tokens_total: int = 0
+    generation_tokens_total: int = 0
+    prefix_cache_queries_total: int = 0  # tokens looked up
+    prefix_cache_hits_total: int = 0  # tokens found
+    num_steps_total: int = 0
+    max_concurrent_seqs: int = 0
+
+
+@dataclass
+class FinishedRequestStats:
+    request_id: str
+    finish_reason: str
+    num_prompt_tokens: int
+    num_generation_tokens: int
+    times: RequestTimes
+    num_cached_tokens: int = 0
+
+
+@dataclass
+class StepStats:
+    """One engine iteration."""
+
+    num_tokens: int  # tokens in the forward pass (prefill + decode)
+    num_prompt_tokens: int
+    num_generation_tokens: int
+    num_preemptions: int
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float
+    step_time: float  # seconds of model forward + sampling
+    finished: list[FinishedRequestStats] = field(default_factory=list)

@@ -1,0 +1,122 @@
+"""pagode-loadgen: the command line.
+
+    pagode-loadgen --url URL --rate R [R2 ...] --num-prompts N [options]
+    pagode-loadgen compare DIR1 DIR2 ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from loadgen.bench import Settings, discover_model, make_http_client, prepare_prompts, run_rate
+from loadgen.client import CHAT_PATH, COMPLETIONS_PATH, Target
+from loadgen.compare import run_compare
+from loadgen.datasets import PromptSet, parse_range
+from loadgen.metrics import parse_slo
+from loadgen.plots import plot_results
+from loadgen.report import build_results, print_report, write_results
+
+
+def parse_rate(text: str) -> float:
+    rate = math.inf if text.lower() in {"inf", "infinity"} else float(text)
+    if not rate > 0:
+        raise argparse.ArgumentTypeError("rate must be > 0, or inf")
+    return rate
+
+
+def normalize_url(url: str) -> str:
+    """The server root: a trailing /v1 is dropped, since endpoints carry it."""
+    url = url.rstrip("/")
+    return url[: -len("/v1")] if url.endswith("/v1") else url
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="pagode-loadgen",
+        description="Replay a seeded Poisson (Gamma) trace against an OpenAI-compatible server "
+        "and report TTFT, ITL, TPOT and E2E as `vllm bench serve` defines them. "
+        "`pagode-loadgen compare DIR1 DIR2 ...` compares saved runs.",
+    )
+    p.add_argument("--url", required=True, help="server root, e.g. http://127.0.0.1:8000")
+    p.add_argument("--model", default=None, help="model name (default: the first of /v1/models)")
+    p.add_argument("--endpoint", default=COMPLETIONS_PATH, choices=[COMPLETIONS_PATH, CHAT_PATH])
+    p.add_argument("--rate", type=parse_rate, nargs="+", default=[math.inf],
+                   help="offered request rate(s) per second; several are swept in order; inf sends all at once")
+    p.add_argument("--num-prompts", type=int, default=100)
+    p.add_argument("--burstiness", type=float, default=1.0,
+                   help="Gamma shape of the gaps; 1 is Poisson, <1 burstier, >1 more regular")
+    p.add_argument("--max-concurrency", type=int, default=None, help="cap on requests in flight")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dataset", default="text", help="text[:PATH] | random | sharegpt:PATH")
+    p.add_argument("--input-len", type=parse_range, default=(16, 128), help="prompt tokens MIN:MAX")
+    p.add_argument("--output-len", type=parse_range, default=(32, 384), help="output tokens MIN:MAX")
+    p.add_argument("--ignore-eos", action="store_true", help="generate exactly the requested tokens")
+    p.add_argument("--slo", type=parse_slo, default=None,
+                   help="goodput objectives, e.g. ttft=500,itl=50,e2e=10 (ms, ms, s); "
+                   "itl bounds each request's mean gap between tokens (TPOT)")
+    p.add_argument("--out", type=Path, default=Path("results/loadgen"), help="output directory")
+    p.add_argument("--api-key", default=None)
+    p.add_argument("--timeout", type=float, default=3600.0, help="seconds of silence before a request fails")
+    p.add_argument("--scrape-interval", type=float, default=1.0, help="seconds between /metrics scrapes")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-plots", action="store_true")
+    return p
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    if args.num_prompts < 1:
+        raise SystemExit("--num-prompts must be >= 1")
+    return Settings(
+        num_prompts=args.num_prompts, dataset=args.dataset, input_len=args.input_len,
+        output_len=args.output_len, burstiness=args.burstiness,
+        max_concurrency=args.max_concurrency, seed=args.seed, ignore_eos=args.ignore_eos,
+        slo=args.slo, timeout=args.timeout, scrape_interval=args.scrape_interval,
+        show_progress=not args.no_progress,
+    )
+
+
+async def run_loadgen(
+    target: Target, settings: Settings, rates: Sequence[float], console: Console,
+    prompts: PromptSet | None = None,
+) -> tuple[Target, PromptSet, dict[str, Any]]:
+    """Prepare the prompts (unless given), replay them at each rate, return results.json's content."""
+    async with make_http_client(settings.timeout) as http:
+        if target.model is None:
+            target = Target(target.base_url, target.endpoint,
+                            await discover_model(http, target.base_url), target.api_key)
+        if prompts is None:
+            prompts = await prepare_prompts(http, target, settings)
+        for warning in prompts.warnings:
+            console.print(f"[yellow]warning:[/] {warning}")
+        runs = [await run_rate(http, target, prompts.prompts, r, settings, console) for r in rates]
+    return target, prompts, build_results(target, settings, prompts, runs)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    console = Console()
+    if argv[:1] == ["compare"]:
+        return run_compare(argv[1:], console)
+    args = build_parser().parse_args(argv)
+    settings = settings_from_args(args)
+    target = Target(normalize_url(args.url), args.endpoint, args.model, args.api_key)
+    _, _, results = asyncio.run(run_loadgen(target, settings, args.rate, console))
+    path = write_results(args.out, results)
+    print_report(console, results)
+    if not args.no_plots:
+        plot_results(results, args.out)
+    console.print(f"results: {path}")
+    completed = sum(run["summary"]["completed"] for run in results["runs"])
+    return 0 if completed else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,127 @@
+"""Latency and throughput summaries, with the definitions of `vllm bench serve`.
+
+- TTFT: time to the first SSE event whose choices carry text.
+- ITL: gaps between consecutive content events, pooled over all requests.
+- TPOT: (e2e - ttft) / (output_tokens - 1) per request, output_tokens from usage.
+- E2E: time of the last event minus the start.
+Percentiles are numpy's (linear interpolation), as vLLM computes them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from loadgen.records import RequestRecord
+
+PERCENTILES = (50, 90, 99)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0-100) by linear interpolation; nan when there is no value."""
+    if len(values) == 0:
+        return math.nan
+    return float(np.percentile(np.asarray(values, dtype=float), q))
+
+
+def describe(values: Sequence[float]) -> dict[str, float | int | None]:
+    """Mean, p50, p90 and p99 of a sample; None where the sample is empty."""
+    if len(values) == 0:
+        return {"count": 0, "mean": None, **{f"p{q}": None for q in PERCENTILES}}
+    stats: dict[str, float | int | None] = {"count": len(values), "mean": float(np.mean(values))}
+    stats.update({f"p{q}": percentile(values, q) for q in PERCENTILES})
+    return stats
+
+
+@dataclass(frozen=True)
+class SLO:
+    """Service-level objectives a request must all meet to count in goodput."""
+
+    ttft: float | None = None  # seconds
+    tpot: float | None = None  # seconds per output token after the first
+    e2e: float | None = None  # seconds
+
+    def to_json(self) -> dict[str, float | None]:
+        return {"ttft_s": self.ttft, "tpot_s": self.tpot, "e2e_s": self.e2e}
+
+
+def parse_slo(text: str) -> SLO:
+    """'ttft=500,itl=50,e2e=10': TTFT and ITL in ms, E2E in s.
+
+    `itl` bounds the request's mean gap between tokens (its TPOT), the per-request
+    quantity vLLM's goodput uses; `tpot` is accepted as a synonym.
+    """
+    values: dict[str, float] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, raw = part.partition("=")
+        key = key.strip().lower()
+        if not sep or key not in {"ttft", "itl", "tpot", "e2e"}:
+            raise ValueError(f"bad SLO {part!r}: use ttft=MS,itl=MS,e2e=S")
+        value = float(raw)
+        if value <= 0:
+            raise ValueError(f"SLO {key} must be > 0")
+        values["tpot" if key == "itl" else key] = value
+    if not values:
+        raise ValueError("empty SLO")
+    ms = 1e-3
+    return SLO(
+        ttft=values["ttft"] * ms if "ttft" in values else None,
+        tpot=values["tpot"] * ms if "tpot" in values else None,
+        e2e=values.get("e2e"),
+    )
+
+
+def meets_slo(record: RequestRecord, slo: SLO) -> bool:
+    if not record.success:
+        return False
+    if slo.ttft is not None and (record.ttft is None or record.ttft > slo.ttft):
+        return False
+    if slo.e2e is not None and (record.e2e is None or record.e2e > slo.e2e):
+        return False
+    # A request of a single token has no TPOT, so it cannot miss that objective.
+    return slo.tpot is None or record.tpot is None or record.tpot <= slo.tpot
+
+
+def count_errors(records: Iterable[RequestRecord], keep: int = 5) -> list[dict[str, Any]]:
+    """The most frequent error messages with their counts, first seen first on ties."""
+    counts = Counter(r.error or "unknown error" for r in records if not r.success)
+    return [{"message": m, "count": c} for m, c in counts.most_common(keep)]
+
+
+def summarize(
+    records: Sequence[RequestRecord], duration: float, slo: SLO | None = None
+) -> dict[str, Any]:
+    """The report of one run: counts, throughputs and latency distributions."""
+    ok = [r for r in records if r.success]
+    input_tokens = sum(r.prompt_tokens if r.prompt_tokens is not None else r.prompt_len for r in ok)
+    output_tokens = sum(r.counted_output_tokens for r in ok)
+    per_s = 1.0 / duration if duration > 0 else math.nan
+    summary: dict[str, Any] = {
+        "num_requests": len(records),
+        "completed": len(ok),
+        "failed": len(records) - len(ok),
+        "errors": count_errors(records),
+        "usage_missing": sum(1 for r in ok if not r.usage_reported),
+        "duration_s": duration,
+        "total_input_tokens": input_tokens,
+        "total_output_tokens": output_tokens,
+        "request_throughput": len(ok) * per_s,
+        "output_throughput": output_tokens * per_s,
+        "total_token_throughput": (input_tokens + output_tokens) * per_s,
+        "ttft_s": describe([r.ttft for r in ok if r.ttft is not None]),
+        "tpot_s": describe([r.tpot for r in ok if r.tpot is not None]),
+        "itl_s": describe([gap for r in ok for gap in r.itls]),
+        "e2e_s": describe([r.e2e for r in ok if r.e2e is not None]),
+        "queue_time_s": describe([r.queue_time for r in ok if r.queue_time is not None]),
+    }
+    if slo is not None:
+        good = sum(1 for r in records if meets_slo(r, slo))
+        summary["slo"] = slo.to_json()
+        summary["good_requests"] = good
+        summary["goodput"] = good * per_s
+    return summary

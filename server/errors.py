@@ -1,0 +1,141 @@
+"""OpenAI-shaped errors and the handlers that turn every failure into one.
+
+Every error body is {"error": {"message", "type", "param", "code"}}. Validation failures are
+400 (never FastAPI's 422) and only real internal faults are 500.
+"""
+
+from __future__ import annotations
+
+import logging
+from http import HTTPStatus
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from engine.errors import EngineDeadError, InvalidRequestError, RequestFailedError
+
+logger = logging.getLogger("pagode.server")
+
+ERROR_TYPES = {
+    400: "BadRequestError",
+    401: "AuthenticationError",
+    404: "NotFoundError",
+    405: "MethodNotAllowedError",
+    413: "RequestTooLargeError",
+    429: "RateLimitError",
+    500: "InternalServerError",
+    503: "ServiceUnavailableError",
+}
+
+
+SAMPLING_FIELDS = frozenset({
+    "n", "temperature", "top_p", "top_k", "min_p", "max_tokens", "min_tokens", "stop", "logprobs",
+    "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "seed",
+})
+
+
+class APIError(Exception):
+    """An error with an HTTP status that the handlers render as an OpenAI error body."""
+
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.headers = headers
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.status, self.message, self.param)
+
+
+def bad_request(message: str, param: str | None = None) -> APIError:
+    return APIError(400, message, param)
+
+
+def error_body(status: int, message: str, param: str | None = None) -> dict[str, Any]:
+    kind = ERROR_TYPES.get(status) or HTTPStatus(status).phrase.replace(" ", "") + "Error"
+    return {"error": {"message": message, "type": kind, "param": param, "code": status}}
+
+
+def error_response(status: int, message: str, param: str | None = None,
+                   headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(error_body(status, message, param), status_code=status, headers=headers)
+
+
+def api_error_from(exc: BaseException) -> APIError:
+    """Map an exception raised while serving a request to the status it deserves."""
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, InvalidRequestError):
+        return APIError(400, str(exc), exc.param)
+    if isinstance(exc, EngineDeadError):
+        return APIError(503, f"The engine is not running: {exc}")
+    if isinstance(exc, RequestFailedError):
+        return APIError(500, f"The request failed inside the engine: {exc}")
+    if isinstance(exc, ValueError):
+        return APIError(400, str(exc), guess_param(str(exc)))
+    logger.exception("internal error", exc_info=exc)
+    return APIError(500, f"Internal server error: {type(exc).__name__}: {exc}")
+
+
+def guess_param(message: str) -> str | None:
+    """SamplingParams' messages begin with the field name ("top_k must be ...")."""
+    first = message.split(" ", 1)[0]
+    return first if first in SAMPLING_FIELDS else None
+
+
+def describe_validation_error(exc: RequestValidationError) -> tuple[str, str | None]:
+    """One readable message and the offending field, from pydantic's error list."""
+    errors = exc.errors()
+    if not errors:
+        return "Invalid request", None
+    first = errors[0]
+    if first.get("type") == "json_invalid":
+        detail = first.get("ctx", {}).get("error", "")
+        return f"Invalid JSON body: {detail}".rstrip(": "), None
+    loc = [str(part) for part in first.get("loc", ()) if part != "body"]
+    # Union members add their type name to the location; the field is the first part.
+    param = loc[0] if loc else None
+    where = ".".join(loc)
+    message = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+    if first.get("type") == "missing":
+        message = "field required"
+    text = f"{where}: {message}" if where else message
+    if len(errors) > 1:
+        text += f" (and {len(errors) - 1} more error(s))"
+    return text, param
+
+
+async def handle_validation_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    message, param = describe_validation_error(exc)
+    return error_response(400, message, param)
+
+
+async def handle_api_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, APIError)
+    return error_response(exc.status, exc.message, exc.param, exc.headers)
+
+
+async def handle_http_exception(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    message = exc.detail if isinstance(exc.detail, str) else HTTPStatus(exc.status_code).phrase
+    if exc.status_code == 404:
+        message = f"Not found: {request.method} {request.url.path}"
+    return error_response(exc.status_code, message, None, dict(exc.headers or {}))
+
+
+async def handle_unexpected(request: Request, exc: Exception) -> JSONResponse:
+    error = api_error_from(exc)
+    return error_response(error.status, error.message, error.param)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(RequestValidationError, handle_validation_error)
+    app.add_exception_handler(APIError, handle_api_error)
+    app.add_exception_handler(StarletteHTTPException, handle_http_exception)
+    app.add_exception_handler(Exception, handle_unexpected)

@@ -1,0 +1,43 @@
+"""POST /v1/chat/completions: messages rendered with the model's chat template."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from server.builders import ChatBuilder
+from server.prompts import PromptInput, render_chat
+from server.protocol import ChatCompletionRequest
+from server.routes_common import (
+    check_model,
+    fan_out,
+    get_state,
+    log_unknown_fields,
+    new_request_id,
+    respond,
+)
+
+router = APIRouter()
+
+
+@router.post("/v1/chat/completions")
+async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
+    state = get_state(request)
+    engine = state.require_engine()
+    check_model(state, body.model)
+    request_id = new_request_id("chatcmpl")
+    log_unknown_fields(request_id, body)
+    prompt = render_chat(engine.tokenizer, body.messages, body.add_generation_prompt,
+                         body.continue_final_message)
+    requested = body.max_completion_tokens or body.max_tokens
+
+    def max_tokens_for(prompt: PromptInput) -> int:
+        # Neither given: whatever the context leaves (the prompt check comes first).
+        return requested or max(engine.max_model_len - len(prompt.token_ids), 1)
+
+    top = body.top_logprobs or 0
+    subs = fan_out(request_id, [prompt], body, max_tokens_for, top if body.logprobs else None,
+                   state.settings.log_requests_text, engine.max_model_len)
+    builder = ChatBuilder(request_id, state.served_model_name, prompt, body.n, body.logprobs,
+                          top)
+    return await respond(state, request, body, subs, builder)

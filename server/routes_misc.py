@@ -1,0 +1,80 @@
+"""GET /v1/models, /health, /metrics; POST /tokenize, /detokenize (vLLM's shapes);
+POST /debug/kill-engine-loop when debug endpoints are on (tests only)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from server.errors import APIError, error_response
+from server.metrics import CONTENT_TYPE
+from server.prompts import check_token_ids, render_chat
+from server.protocol import DetokenizeRequest, TokenizeRequest, now
+from server.routes_common import check_model, get_state
+
+router = APIRouter()
+logger = logging.getLogger("pagode.server")
+
+
+@router.get("/health")
+async def health(request: Request) -> Response:
+    problem = get_state(request).health_problem()
+    if problem is not None:
+        return error_response(503, problem)
+    return JSONResponse({"status": "ok"})
+
+
+@router.get("/v1/models")
+async def list_models(request: Request) -> dict[str, Any]:
+    state = get_state(request)
+    engine = state.require_engine()
+    card = {"id": state.served_model_name, "object": "model", "created": now(),
+            "owned_by": "pagode", "root": str(engine.model_name), "parent": None,
+            "max_model_len": engine.max_model_len}
+    return {"object": "list", "data": [card]}
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    state = get_state(request)
+    if state.metrics is None:
+        return error_response(503, "The model is loading")
+    return Response(state.metrics.render(), media_type=CONTENT_TYPE)
+
+
+@router.post("/tokenize")
+async def tokenize(body: TokenizeRequest, request: Request) -> dict[str, Any]:
+    state = get_state(request)
+    engine = state.require_engine()
+    check_model(state, body.model)
+    if body.messages is not None:
+        tokens = render_chat(engine.tokenizer, body.messages, body.add_generation_prompt).token_ids
+    else:
+        add_special = True if body.add_special_tokens is None else body.add_special_tokens
+        tokens = engine.tokenizer.encode(body.prompt or "", add_special_tokens=add_special)
+    return {"count": len(tokens), "max_model_len": engine.max_model_len, "tokens": tokens}
+
+
+@router.post("/detokenize")
+async def detokenize(body: DetokenizeRequest, request: Request) -> dict[str, Any]:
+    state = get_state(request)
+    engine = state.require_engine()
+    check_model(state, body.model)
+    if body.tokens:
+        check_token_ids(body.tokens, len(engine.tokenizer), "tokens")
+    return {"prompt": engine.tokenizer.decode(body.tokens)}
+
+
+@router.post("/debug/kill-engine-loop")
+async def kill_engine_loop(request: Request) -> dict[str, Any]:
+    state = get_state(request)
+    if not state.settings.debug_endpoints:
+        raise APIError(404, f"Not found: POST {request.url.path}")
+    if state.engine is None:
+        raise APIError(503, "The model is loading")
+    logger.warning("debug: killing the engine loop on request")
+    state.engine.kill_loop_for_testing()
+    return {"killed": True}

@@ -1,0 +1,137 @@
+"""What the app holds: the engine (once loaded), the queue bound, metrics, and the
+lifecycle flags that /health and the shutdown drain read."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from engine.config import EngineConfig
+from server.admission import Admission, QueueSlot
+from server.errors import APIError
+from server.generation import ChoiceStream, GenerationService, SubRequest
+from server.metrics import ServerMetrics
+from server.settings import ServerSettings
+
+logger = logging.getLogger("pagode.server")
+
+
+class ServerState:
+    def __init__(self, settings: ServerSettings, engine: Any | None = None,
+                 engine_config: EngineConfig | None = None) -> None:
+        if engine is None and engine_config is None:
+            raise ValueError("give an engine or an engine config")
+        self.settings = settings
+        self.engine: Any | None = engine
+        self.engine_config = engine_config
+        self.ready = False  # the engine is loaded and its loop started
+        self.load_error: str | None = None
+        self.draining = False
+        self.in_flight = 0  # generation requests whose response is not complete yet
+        self.idle = asyncio.Event()
+        self.idle.set()
+        self.admission = Admission(settings.max_num_queued_reqs, settings.retry_after_s)
+        self.metrics: ServerMetrics | None = None
+        self.generation: GenerationService | None = None
+        self.on_fatal: Callable[[], None] | None = None  # the engine failed to load
+
+    # ---- lifecycle ----
+
+    async def load_engine(self) -> None:
+        """Build the engine (model loading runs in a thread, so /health answers 503 in the
+        meantime), start its loop, and wire metrics."""
+        try:
+            engine: Any = self.engine
+            if engine is None:
+                from engine.async_engine import AsyncEngine
+
+                engine = await asyncio.to_thread(AsyncEngine, self.engine_config)
+                self.engine = engine
+            if not engine.is_running:
+                await engine.start()
+            self.wire_engine(engine)
+        except Exception as exc:
+            self.load_error = f"{type(exc).__name__}: {exc}"
+            logger.exception("the engine failed to start")
+            if self.on_fatal is not None:
+                self.on_fatal()
+
+    def wire_engine(self, engine: Any) -> None:
+        config = self.engine_config or getattr(engine, "config", None)
+        max_batched = getattr(config, "max_num_batched_tokens", 2048)
+        self.metrics = ServerMetrics(self.served_model_name, engine.max_model_len, max_batched,
+                                     read_stats=self.read_stats,
+                                     read_queued=lambda: self.admission.queued)
+        engine.add_step_listener(self.metrics.observe_step)
+        self.generation = GenerationService(engine, self.metrics,
+                                            self.settings.log_requests_text)
+        self.ready = True
+        blocks = engine.num_blocks
+        logger.info(
+            "Serving %s as %r: %d KV blocks of %d tokens (%d tokens), max_model_len %d, "
+            "policy %s", engine.model_name, self.served_model_name, blocks, engine.block_size,
+            blocks * engine.block_size, engine.max_model_len, getattr(config, "policy", "?"))
+
+    async def close(self) -> None:
+        if self.generation is not None:
+            self.generation.abort_all()
+        if self.engine is not None and self.ready:
+            await self.engine.stop()
+
+    def read_stats(self) -> Any:
+        return self.engine.stats() if self.engine is not None else None
+
+    # ---- what requests ask ----
+
+    @property
+    def served_model_name(self) -> str:
+        if self.settings.served_model_name:
+            return self.settings.served_model_name
+        if self.engine is not None:
+            return str(self.engine.model_name)
+        model = self.engine_config.model if self.engine_config else None
+        return str(model or "default")
+
+    def health_problem(self) -> str | None:
+        """None when healthy, else why not."""
+        if self.load_error:
+            return f"The engine failed to start: {self.load_error}"
+        if not self.ready or self.engine is None:
+            return "The model is loading"
+        if not self.engine.is_running:
+            dead = getattr(self.engine, "dead_error", None)
+            return f"The engine loop is not running: {dead}" if dead else \
+                "The engine loop is not running"
+        if self.draining:
+            return "The server is shutting down"
+        return None
+
+    def require_engine(self) -> Any:
+        """The engine, or a 503 saying why generation cannot happen now."""
+        problem = self.health_problem()
+        if problem is not None:
+            if self.metrics is not None:
+                self.metrics.reject("draining" if self.draining else "not_ready")
+            raise APIError(503, problem, headers={"Retry-After": str(self.settings.retry_after_s)})
+        return self.engine
+
+    def start_generation(self, subs: list[SubRequest]) -> ChoiceStream:
+        """Admit the sub-requests (429 when the queue is full) and start them."""
+        assert self.generation is not None and self.metrics is not None
+        try:
+            slots: list[QueueSlot] = self.admission.admit(len(subs))
+        except APIError:
+            self.metrics.reject("queue_full")
+            raise
+        return self.generation.start(subs, slots)
+
+    def begin_request(self) -> None:
+        self.in_flight += 1
+        self.idle.clear()
+
+    def end_request(self) -> None:
+        self.in_flight -= 1
+        if self.in_flight == 0:
+            self.idle.set()

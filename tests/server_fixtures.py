@@ -1,0 +1,161 @@
+"""The real server, started as a subprocess on a free loopback port, for the server tests.
+
+`server` is session-scoped: one server (and one model load) for every test that can share
+it. Tests that need special flags (an API key, a tiny queue bound, SIGTERM, a dead engine
+loop) start their own small server with `running_server(...)`.
+
+Register with `pytest_plugins = ["server_fixtures"]` in tests/conftest.py (tests/ is on
+sys.path there), or run `PYTHONPATH=tests pytest -p server_fixtures tests/test_server*.py`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SESSION_ARGS = ["--kv-cache-memory", "512MiB", "--max-model-len", "1024"]
+SMALL_ARGS = ["--kv-cache-memory", "128MiB", "--max-model-len", "512"]
+STARTUP_TIMEOUT_S = 300.0  # model loading on a busy 2-core CI machine
+STOP_TIMEOUT_S = 60.0
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class ServerProcess:
+    proc: subprocess.Popen[bytes]
+    port: int
+    log_path: Path
+    args: list[str] = field(default_factory=list)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def api_url(self) -> str:
+        return f"{self.base_url}/v1"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def log_tail(self, chars: int = 4000) -> str:
+        return self.log()[-chars:]
+
+    def wait_healthy(self, timeout: float = STARTUP_TIMEOUT_S) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode} during startup:"
+                                   f"\n{self.log_tail()}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{self.base_url}/health", timeout=2.0).status_code == 200:
+                    return
+            time.sleep(0.25)
+        raise TimeoutError(f"server not healthy after {timeout}s:\n{self.log_tail()}")
+
+    def signal(self, sig: int = signal.SIGTERM) -> None:
+        self.proc.send_signal(sig)
+
+    def wait_exit(self, timeout: float = STOP_TIMEOUT_S) -> int:
+        return self.proc.wait(timeout=timeout)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def launch_server(args: list[str], log_dir: Path, env: dict[str, str] | None = None,
+                  name: str = "server") -> ServerProcess:
+    """Start `python -m server.cli serve` on a free port; do not wait for it."""
+    port = free_port()
+    log_path = log_dir / f"{name}-{port}.log"
+    command = [sys.executable, "-m", "server.cli", "serve", "--host", "127.0.0.1",
+               "--port", str(port), *args]
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    with open(log_path, "wb") as log_file:
+        proc = subprocess.Popen(command, cwd=REPO_ROOT, env=full_env, stdout=log_file,
+                                stderr=subprocess.STDOUT)
+    return ServerProcess(proc, port, log_path, command)
+
+
+@contextlib.contextmanager
+def running_server(args: list[str], log_dir: Path, env: dict[str, str] | None = None,
+                   name: str = "server") -> Iterator[ServerProcess]:
+    server = launch_server(args, log_dir, env, name)
+    try:
+        server.wait_healthy()
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """The shared server: default model, 512MiB of KV cache, max_model_len 1024."""
+    log_dir = tmp_path_factory.mktemp("server-logs")
+    with running_server(SESSION_ARGS, log_dir, name="session") as proc:
+        yield proc
+
+
+@pytest.fixture
+async def http(server: ServerProcess) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=60.0) as client:
+        yield client
+
+
+def sse_data(lines: list[str]) -> list[str]:
+    """The `data:` payloads of an SSE body split into lines."""
+    return [line[len("data:"):].strip() for line in lines if line.startswith("data:")]
+
+
+async def read_sse(response: httpx.Response) -> list[str]:
+    lines = [line async for line in response.aiter_lines()]
+    return sse_data(lines)
+
+
+def metric_value(text: str, name: str, labels: dict[str, str] | None = None) -> float:
+    """The value of one Prometheus sample (all given labels must match)."""
+    for line in text.splitlines():
+        if line.startswith("#") or not line.startswith(name):
+            continue
+        series, _, value = line.rpartition(" ")
+        metric, _, label_text = series.partition("{")
+        if metric != name:
+            continue
+        if all(f'{k}="{v}"' in label_text for k, v in (labels or {}).items()):
+            return float(value)
+    raise KeyError(f"{name} {labels or ''} not in metrics")
+
+
+def json_error(response: httpx.Response) -> dict[str, Any]:
+    """The OpenAI error body, checked for shape."""
+    body = response.json()
+    assert set(body) == {"error"}, body
+    error = body["error"]
+    assert set(error) == {"message", "type", "param", "code"}, error
+    assert error["code"] == response.status_code
+    assert isinstance(error["message"], str) and error["message"]
+    return dict(error)

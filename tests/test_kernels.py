@@ -1,0 +1,227 @@
+"""Triton paged-attention kernels against the gather-based torch oracle.
+
+Without CUDA the kernels run under Triton's interpreter on CPU tensors; with CUDA
+they are compiled and run natively (and the CPU variants are skipped). The
+interpreter is chosen when cuda_kernels' kernel modules are first imported, which
+happens inside the tests, after the environment variable below is set; importing
+`cuda_kernels` itself does not import triton.
+
+Tolerances (max abs error vs the fp32 oracle, cast to the input dtype):
+fp32 1e-4, fp16 2e-3 (+2e-3 relative), bf16 1.6e-2 (+1.6e-2 relative): about
+one unit in the last place of outputs of magnitude 1-2 for the half types.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+import cuda_kernels
+from cuda_kernels.reference import (
+    paged_decode_attention_ref,
+    paged_prefill_attention_ref,
+    reshape_and_cache_ref,
+)
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+needs_triton = pytest.mark.skipif(not cuda_kernels.triton_available(), reason="triton missing")
+DEVICES = [
+    pytest.param("cpu", marks=pytest.mark.skipif(
+        torch.cuda.is_available(), reason="with CUDA the kernels are compiled for the GPU")),
+    pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+        not torch.cuda.is_available(), reason="needs CUDA")]),
+]
+TOL = {torch.float32: (1e-4, 0.0), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}
+F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
+
+
+def assert_close(out: torch.Tensor, ref: torch.Tensor) -> None:
+    atol, rtol = TOL[out.dtype]
+    assert out.dtype == ref.dtype and out.shape == ref.shape
+    torch.testing.assert_close(out.float().cpu(), ref.float().cpu(), atol=atol, rtol=rtol)
+
+
+def scattered_cache(seq_lens: list[int], kv_heads: int, head_dim: int, block_size: int,
+                    dtype: torch.dtype, device: str,
+                    gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random cache (junk in unused slots too) and block tables over shuffled block ids."""
+    needed = [-(-n // block_size) for n in seq_lens]
+    num_blocks = sum(needed) + 3
+    ids = torch.randperm(num_blocks, generator=gen)
+    # One spare column: the kernels must stop at seq_len, not at the table's width.
+    tables = torch.zeros(len(seq_lens), max(needed) + 1, dtype=torch.int32)
+    used = 0
+    for row, n in enumerate(needed):
+        tables[row, :n] = ids[used : used + n]
+        used += n
+    cache = torch.randn(2, num_blocks, block_size, kv_heads, head_dim, generator=gen)
+    return cache.to(device=device, dtype=dtype), tables.to(device)
+
+
+def lengths_with_random(fixed: list[int], gen: torch.Generator) -> list[int]:
+    return fixed + [int(torch.randint(2, 150, (1,), generator=gen))]
+
+
+# (kv_heads, query heads per kv head, head_dim, block_size, dtype, fixed seq lens, num_splits)
+DECODE_CASES = [
+    (2, 1, 64, 16, F32, [1, 17, 40], 1),
+    (1, 2, 128, 16, F32, [16, 32], None),
+    (2, 3, 64, 16, F16, [95], 2),
+    (3, 4, 64, 32, F32, [300, 1, 47], 4),  # split-K; short sequences leave splits empty
+    (1, 5, 64, 32, F32, [129, 3], 1),
+    (2, 6, 128, 32, F32, [7, 250], 2),
+    (2, 7, 128, 16, F16, [200, 31, 2], 3),
+    (1, 8, 64, 16, F16, [1, 1, 80], 1),
+    (1, 9, 128, 32, F16, [33, 5, 64], 1),
+    (2, 4, 64, 16, BF16, [70, 1], 2),  # the CUDA default dtype
+]
+
+
+@needs_triton
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", DECODE_CASES, ids=lambda c: f"kvh{c[0]}-g{c[1]}-d{c[2]}-bs{c[3]}-{str(c[4])[6:]}-s{c[6]}")
+def test_paged_decode_matches_reference(device: str, case: tuple) -> None:
+    kv_heads, group, head_dim, block_size, dtype, fixed, num_splits = case
+    gen = torch.Generator().manual_seed(sum(fixed) + group)
+    lens = lengths_with_random(fixed, gen)
+    cache, tables = scattered_cache(lens, kv_heads, head_dim, block_size, dtype, device, gen)
+    query = torch.randn(len(lens), kv_heads * group, head_dim, generator=gen).to(device, dtype)
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device=device)
+    scale = head_dim**-0.5
+    out = cuda_kernels.paged_decode_attention(query, cache, tables, seq_lens, scale,
+                                              num_splits=num_splits)
+    assert_close(out, paged_decode_attention_ref(query, cache, tables, seq_lens, scale))
+
+
+@needs_triton
+@pytest.mark.parametrize("device", DEVICES)
+def test_decode_splits_agree_and_read_strided_query(device: str) -> None:
+    """The split count changes only rounding; a strided query view (as sliced from a
+    fused QKV projection) is read in place."""
+    gen = torch.Generator().manual_seed(7)
+    lens = [1, 129, 400]
+    cache, tables = scattered_cache(lens, 2, 64, 16, F32, device, gen)
+    fused = torch.randn(3, 12, 64, generator=gen).to(device)
+    query = fused[:, :6]  # 6 heads of 12: a non-contiguous view
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device=device)
+    outs = [cuda_kernels.paged_decode_attention(query, cache, tables, seq_lens, 0.125,
+                                                num_splits=s) for s in (1, 3, 8)]
+    ref = paged_decode_attention_ref(query, cache, tables, seq_lens, 0.125)
+    for out in outs:
+        assert_close(out, ref)
+
+
+# (kv_heads, group, head_dim, block_size, dtype, [(new tokens, cached tokens) per sequence])
+PREFILL_CASES = [
+    (2, 1, 64, 16, F32, [(5, 0), (1, 20), (33, 15)]),
+    (3, 2, 64, 16, F16, [(10, 5)]),
+    (1, 3, 128, 16, F16, [(1, 0), (17, 17)]),
+    (2, 4, 64, 32, F32, [(70, 0), (3, 64)]),  # 280 rows: several row tiles
+    (1, 5, 64, 16, F32, [(12, 0), (4, 30)]),
+    (1, 6, 128, 32, F32, [(9, 9)]),
+    (2, 7, 64, 32, F16, [(15, 50)]),
+    (1, 8, 64, 16, F32, [(16, 16), (2, 0)]),
+    (1, 9, 128, 32, F16, [(20, 0), (7, 40)]),
+    (2, 2, 64, 16, BF16, [(19, 13)]),
+]
+
+
+@needs_triton
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", PREFILL_CASES, ids=lambda c: f"kvh{c[0]}-g{c[1]}-d{c[2]}-bs{c[3]}-{str(c[4])[6:]}")
+def test_paged_prefill_matches_reference(device: str, case: tuple) -> None:
+    """As the engine calls it: the chunk's K/V are first written by reshape_and_cache."""
+    kv_heads, group, head_dim, block_size, dtype, chunks = case
+    gen = torch.Generator().manual_seed(len(chunks) * 100 + group)
+    lens = [new + cached for new, cached in chunks]
+    cache, tables = scattered_cache(lens, kv_heads, head_dim, block_size, dtype, device, gen)
+    total = sum(new for new, _ in chunks)
+    key, value = (torch.randn(total, kv_heads, head_dim, generator=gen).to(device, dtype)
+                  for _ in range(2))
+    slots = [int(tables[b, p // block_size]) * block_size + p % block_size
+             for b, (new, cached) in enumerate(chunks) for p in range(cached, cached + new)]
+    cuda_kernels.reshape_and_cache(key, value, cache,
+                                   torch.tensor(slots, dtype=torch.long, device=device))
+    query = torch.randn(total, kv_heads * group, head_dim, generator=gen).to(device, dtype)
+    starts = [0]
+    for new, _ in chunks:
+        starts.append(starts[-1] + new)
+    cu = torch.tensor(starts, dtype=torch.int32, device=device)
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device=device)
+    max_q = max(new for new, _ in chunks)
+    scale = head_dim**-0.5
+    out = cuda_kernels.paged_prefill_attention(query, cache, cu, seq_lens, tables, scale, max_q)
+    assert_close(out, paged_prefill_attention_ref(query, cache, cu, seq_lens, tables, scale))
+
+
+@needs_triton
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("head_dim", "block_size", "dtype"),
+                         [(64, 16, F32), (128, 32, F16), (64, 32, BF16)])
+def test_reshape_and_cache_matches_reference(device: str, head_dim: int, block_size: int,
+                                             dtype: torch.dtype) -> None:
+    gen = torch.Generator().manual_seed(head_dim + block_size)
+    kv_heads, num_blocks, tokens = 3, 6, 9
+    cache = torch.randn(2, num_blocks, block_size, kv_heads, head_dim, generator=gen)
+    cache = cache.to(device, dtype)
+    slots = torch.randperm(num_blocks * block_size, generator=gen)[:tokens]
+    slots[[2, 5]] = -1  # padding tokens: nothing may be written for them
+    key, value = (torch.randn(tokens, kv_heads, head_dim, generator=gen).to(device, dtype)
+                  for _ in range(2))
+    expected = cache.clone()
+    reshape_and_cache_ref(key, value, expected, slots.to(device))
+    cuda_kernels.reshape_and_cache(key, value, cache, slots.to(device))
+    assert torch.equal(cache, expected)
+    flat = cache.view(2, -1, kv_heads, head_dim)
+    written = slots[slots >= 0].to(device)
+    assert torch.equal(flat[0, written], key[slots.to(device) >= 0])
+
+
+@needs_triton
+def test_cpu_tensors_without_interpreter_fail_clearly() -> None:
+    """Compiled kernels cannot take CPU tensors; say how to get the interpreter."""
+    if cuda_kernels.is_interpreted():
+        pytest.skip("kernels are interpreted in this process")
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET"):
+        cuda_kernels.paged_decode_attention(torch.randn(1, 2, 64), torch.randn(2, 1, 16, 2, 64),
+                                            torch.zeros(1, 1, dtype=torch.int32),
+                                            torch.ones(1, dtype=torch.int32), 0.125)
+
+
+# ---- the oracle itself, against torch's SDPA on contiguous K/V (no triton needed) ----
+
+def test_reference_decode_matches_sdpa() -> None:
+    gen = torch.Generator().manual_seed(3)
+    lens, kv_heads, group, head_dim = [1, 23, 40], 2, 3, 64
+    cache, tables = scattered_cache(lens, kv_heads, head_dim, 16, F32, "cpu", gen)
+    query = torch.randn(3, kv_heads * group, head_dim, generator=gen)
+    out = paged_decode_attention_ref(query, cache, tables, torch.tensor(lens), 0.125)
+    for b, n in enumerate(lens):
+        pos = torch.arange(n)
+        blocks = tables[b].long()[pos // 16]
+        k = cache[0, blocks, pos % 16].repeat_interleave(group, 1).transpose(0, 1)
+        v = cache[1, blocks, pos % 16].repeat_interleave(group, 1).transpose(0, 1)
+        sdpa = torch.nn.functional.scaled_dot_product_attention(query[b][:, None], k, v,
+                                                                scale=0.125)
+        torch.testing.assert_close(out[b], sdpa[:, 0], atol=1e-5, rtol=1e-5)
+
+
+def test_reference_prefill_matches_sdpa_causal_suffix() -> None:
+    """A chunk on top of a cache equals the last rows of causal attention over it all."""
+    gen = torch.Generator().manual_seed(4)
+    new, cached, kv_heads, group, head_dim = 6, 10, 1, 2, 64
+    cache, tables = scattered_cache([new + cached], kv_heads, head_dim, 16, F32, "cpu", gen)
+    full_q = torch.randn(new + cached, kv_heads * group, head_dim, generator=gen)
+    out = paged_prefill_attention_ref(full_q[cached:], cache, torch.tensor([0, new]),
+                                      torch.tensor([new + cached]), tables, 0.125)
+    pos = torch.arange(new + cached)
+    blocks = tables[0].long()[pos // 16]
+    k = cache[0, blocks, pos % 16].repeat_interleave(group, 1).transpose(0, 1)
+    v = cache[1, blocks, pos % 16].repeat_interleave(group, 1).transpose(0, 1)
+    sdpa = torch.nn.functional.scaled_dot_product_attention(full_q.transpose(0, 1), k, v,
+                                                            is_causal=True, scale=0.125)
+    torch.testing.assert_close(out, sdpa.transpose(0, 1)[cached:], atol=1e-5, rtol=1e-5)

@@ -1,0 +1,253 @@
+"""Definitions: percentiles, SSE parsing, and TTFT/ITL/TPOT/E2E exactly as vLLM defines them."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from loadgen.client import StreamHandler, extract_text
+from loadgen.compare import compare_rows
+from loadgen.metrics import SLO, describe, meets_slo, parse_slo, percentile, summarize
+from loadgen.records import RequestRecord
+from loadgen.scrape import extract_fields, parse_prometheus
+from loadgen.sse import SSEEvent, SSEParser
+
+# ---------------------------------------------------------------- percentiles
+
+
+@pytest.mark.parametrize("q", [0, 1, 50, 90, 99, 99.9, 100])
+def test_percentile_matches_numpy(q: float) -> None:
+    values = np.random.default_rng(0).lognormal(size=997).tolist()
+    assert percentile(values, q) == pytest.approx(np.percentile(values, q), rel=1e-12)
+
+
+def test_percentile_interpolates_linearly() -> None:
+    assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
+    assert percentile([0.0, 10.0], 99) == pytest.approx(9.9)
+    assert np.isnan(percentile([], 50))
+
+
+def test_describe_reports_mean_and_percentiles() -> None:
+    values = [0.1, 0.2, 0.3, 0.4, 10.0]
+    stats = describe(values)
+    assert stats["count"] == 5
+    assert stats["mean"] == pytest.approx(np.mean(values))
+    for q in (50, 90, 99):
+        assert stats[f"p{q}"] == pytest.approx(np.percentile(values, q))
+    assert describe([])["p99"] is None
+
+
+# ---------------------------------------------------------------- SSE parsing
+
+
+def feed_all(parser: SSEParser, pieces: list[bytes]) -> list[SSEEvent]:
+    events: list[SSEEvent] = []
+    for piece in pieces:
+        events.extend(parser.feed(piece))
+    return events + parser.close()
+
+
+STREAM = (
+    ": keep-alive comment\r\n"
+    "data: {\"choices\": [{\"text\": \"caf\u00e9 \u2014 \U0001f600\"}]}\r\n\r\n"
+    "event: message\n"
+    "data: first line\n"
+    "data: second line\n\n"
+    "data:no-space\r\r"
+    "data: [DONE]\n\n"
+).encode()
+EXPECTED = [
+    '{"choices": [{"text": "caf\u00e9 \u2014 \U0001f600"}]}',
+    "first line\nsecond line",
+    "no-space",
+    "[DONE]",
+]
+
+
+def test_sse_parses_a_whole_stream() -> None:
+    assert [e.data for e in feed_all(SSEParser(), [STREAM])] == EXPECTED
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 5, 7, 13])
+def test_sse_survives_any_split_of_the_bytes(size: int) -> None:
+    # Splits fall mid-line, between \r and \n, and inside multi-byte UTF-8 characters.
+    pieces = [STREAM[i : i + size] for i in range(0, len(STREAM), size)]
+    assert [e.data for e in feed_all(SSEParser(), pieces)] == EXPECTED
+
+
+def test_sse_every_two_way_split() -> None:
+    for cut in range(len(STREAM) + 1):
+        events = feed_all(SSEParser(), [STREAM[:cut], STREAM[cut:]])
+        assert [e.data for e in events] == EXPECTED, cut
+
+
+def test_sse_holds_an_incomplete_event_until_its_blank_line() -> None:
+    parser = SSEParser()
+    assert parser.feed(b"data: {\"a\"") == []
+    assert parser.feed(b": 1}\n") == []  # the line is complete, the event is not
+    events = parser.feed(b"\n")
+    assert [e.data for e in events] == ['{"a": 1}']
+
+
+def test_sse_flushes_a_last_event_without_blank_line() -> None:
+    parser = SSEParser()
+    assert parser.feed(b"data: [DONE]") == []
+    assert [e.data for e in parser.close()] == ["[DONE]"]
+
+
+def test_sse_ignores_comment_only_blocks() -> None:
+    assert feed_all(SSEParser(), [b": ping\n\n: ping\r\n\r\n"]) == []
+
+
+# ---------------------------------------------------------------- TTFT, ITL, TPOT, E2E
+
+
+def chunk(text: str | None = None, usage: dict[str, int] | None = None, chat: bool = False) -> SSEEvent:
+    choices = []
+    if text is not None:
+        choices = [{"index": 0, "delta": {"content": text}}] if chat else [{"index": 0, "text": text}]
+    body: dict[str, object] = {"choices": choices}
+    if usage:
+        body["usage"] = usage
+    return SSEEvent(json.dumps(body))
+
+
+def replay(events: list[tuple[float, SSEEvent]]) -> RequestRecord:
+    record = RequestRecord(index=0, prompt_len=10, max_tokens=5, arrival=0.0, start=0.0)
+    handler = StreamHandler(record, None)
+    for t, event in events:
+        handler.handle(event, t)
+    record.success = record.error is None
+    return record
+
+
+def test_latencies_from_a_synthetic_timeline() -> None:
+    usage = {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
+    record = replay([
+        (0.05, SSEEvent(json.dumps({"choices": [{"index": 0, "delta": {"role": "assistant"}}]}))),
+        (0.25, chunk("Hello", chat=True)),  # first event that carries text: TTFT
+        (0.30, chunk(" wor", chat=True)),
+        (0.45, chunk("ld", chat=True)),
+        (0.46, chunk("", chat=True)),  # no text: not a content event
+        (0.50, chunk("!", chat=True)),
+        (0.52, chunk(None, usage=usage)),
+        (0.53, SSEEvent("[DONE]")),
+    ])
+    assert record.ttft == pytest.approx(0.25)
+    assert record.itls == pytest.approx([0.05, 0.15, 0.05])
+    assert record.e2e == pytest.approx(0.53)  # the last event
+    assert record.output_tokens == 5 and record.prompt_tokens == 10 and record.usage_reported
+    # TPOT uses usage's token count (5), not the 4 content events.
+    assert record.tpot == pytest.approx((0.53 - 0.25) / 4)
+
+
+def test_tpot_undefined_for_a_single_token() -> None:
+    record = replay([(0.1, chunk("x")), (0.2, chunk(None, usage={"completion_tokens": 1}))])
+    assert record.ttft == pytest.approx(0.1) and record.itls == [] and record.tpot is None
+
+
+def test_without_usage_tokens_are_counted_from_events() -> None:
+    record = replay([(0.1, chunk("a")), (0.2, chunk("b")), (0.4, chunk("c")), (0.5, SSEEvent("[DONE]"))])
+    assert record.output_tokens is None and not record.usage_reported
+    assert record.counted_output_tokens == 3
+    assert record.tpot == pytest.approx((0.5 - 0.1) / 2)
+
+
+def test_a_stream_error_fails_the_request() -> None:
+    record = replay([(0.1, chunk("a")), (0.2, SSEEvent('{"error": {"message": "engine died"}}'))])
+    assert not record.success and "engine died" in (record.error or "")
+
+
+def test_text_dialects() -> None:
+    assert extract_text({"choices": [{"text": "a"}]}) == "a"
+    assert extract_text({"choices": [{"delta": {"content": "b"}}]}) == "b"
+    assert extract_text({"choices": [{"delta": {"role": "assistant"}}]}) == ""
+    assert extract_text({"choices": []}) == ""
+    assert extract_text({"content": "c", "stop": False}) == "c"
+
+
+def test_itl_is_pooled_over_requests() -> None:
+    a = RequestRecord(0, 1, 3, 0.0, content_times=[0.1, 0.2, 0.4], last_event_time=0.4,
+                      output_tokens=3, success=True)
+    b = RequestRecord(1, 1, 2, 0.0, content_times=[1.0, 2.0], last_event_time=2.0,
+                      output_tokens=2, success=True)
+    failed = RequestRecord(2, 1, 2, 0.0, content_times=[0.1, 9.0], success=False, error="x")
+    s = summarize([a, b, failed], duration=4.0)
+    gaps = [0.1, 0.2, 1.0]
+    assert s["itl_s"]["count"] == 3
+    assert s["itl_s"]["p50"] == pytest.approx(np.percentile(gaps, 50))
+    assert s["itl_s"]["mean"] == pytest.approx(np.mean(gaps))
+    assert s["tpot_s"]["mean"] == pytest.approx(np.mean([(0.4 - 0.1) / 2, (2.0 - 1.0) / 1]))
+    assert s["completed"] == 2 and s["failed"] == 1
+    assert s["errors"] == [{"message": "x", "count": 1}]
+    assert s["request_throughput"] == pytest.approx(0.5)
+    assert s["output_throughput"] == pytest.approx(5 / 4)
+    assert s["total_token_throughput"] == pytest.approx(7 / 4)
+
+
+def test_goodput_counts_requests_meeting_every_slo() -> None:
+    fast = RequestRecord(0, 1, 3, 0.0, content_times=[0.1, 0.15, 0.2], last_event_time=0.2,
+                         output_tokens=3, success=True)
+    slow_start = RequestRecord(1, 1, 3, 0.0, content_times=[0.9, 0.95, 1.0], last_event_time=1.0,
+                               output_tokens=3, success=True)
+    slow_tokens = RequestRecord(2, 1, 3, 0.0, content_times=[0.1, 0.5, 0.9], last_event_time=0.9,
+                                output_tokens=3, success=True)
+    slo = parse_slo("ttft=500,itl=100,e2e=5")
+    assert slo == SLO(ttft=0.5, tpot=0.1, e2e=5.0)
+    assert [meets_slo(r, slo) for r in (fast, slow_start, slow_tokens)] == [True, False, False]
+    s = summarize([fast, slow_start, slow_tokens], duration=2.0, slo=slo)
+    assert s["good_requests"] == 1 and s["goodput"] == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("bad", ["", "ttft", "foo=1", "ttft=-3"])
+def test_bad_slo_is_rejected(bad: str) -> None:
+    with pytest.raises(ValueError):
+        parse_slo(bad)
+
+
+# ---------------------------------------------------------------- /metrics
+
+
+PROM = """# HELP pagode:num_requests_running Running requests.
+# TYPE pagode:num_requests_running gauge
+pagode:num_requests_running{model_name="m"} 7.0
+pagode:num_requests_waiting{model_name="m"} 3.0
+pagode:kv_cache_usage_perc{model_name="m"} 0.25
+pagode:num_preemptions_total{model_name="m"} 2.0
+pagode:request_queue_time_seconds_bucket{le="0.3",model_name="m"} 4.0
+pagode:request_queue_time_seconds_sum{model_name="m"} 1.5
+pagode:request_queue_time_seconds_count{model_name="m"} 6.0
+"""
+
+
+def test_prometheus_fields_with_either_prefix() -> None:
+    fields = extract_fields(parse_prometheus(PROM))
+    assert fields == {"waiting": 3.0, "running": 7.0, "kv_usage": 0.25, "preemptions": 2.0,
+                      "queue_time_sum": 1.5, "queue_time_count": 6.0}
+    vllm = extract_fields(parse_prometheus(PROM.replace("pagode:", "vllm:")))
+    assert vllm == fields
+
+
+def test_prometheus_sums_label_sets_and_skips_unknown() -> None:
+    text = 'vllm:num_requests_running{model_name="a"} 2\nvllm:num_requests_running{model_name="b"} 3\nother 9\n'
+    fields = extract_fields(parse_prometheus(text))
+    assert fields["running"] == 5.0 and fields["waiting"] is None
+
+
+# ---------------------------------------------------------------- compare
+
+
+def fake_results(rate: float, req_s: float, e2e_p99: float) -> dict[str, object]:
+    lat = {"mean": 1.0, "p50": 1.0, "p90": 1.0, "p99": e2e_p99, "count": 1}
+    summary = {"request_throughput": req_s, "output_throughput": 10 * req_s, "ttft_s": lat,
+               "itl_s": lat, "tpot_s": lat, "e2e_s": lat}
+    return {"runs": [{"offered_rate": rate, "summary": summary}]}
+
+
+def test_compare_ratios_against_the_first_run() -> None:
+    rows = compare_rows([("static", fake_results(4.0, 1.0, 8.0)), ("paged", fake_results(4.0, 1.5, 2.0))])
+    assert rows[0]["req/s ratio"] == pytest.approx(1.0)
+    assert rows[1]["req/s ratio"] == pytest.approx(1.5)
+    assert rows[1]["E2E p99 s ratio"] == pytest.approx(0.25)
