@@ -56,7 +56,7 @@ def _decode_kernel(
     num_tiles = tl.cdiv(seq_len, BLOCK_N)
     tiles_per_split = tl.cdiv(num_tiles, NUM_SPLITS)
     tile_lo = split * tiles_per_split
-    tile_hi = tl.minimum(tile_lo + tiles_per_split, num_tiles - 1)
+    tile_hi = tl.minimum(tile_lo + tiles_per_split, num_tiles)
 
     g = tl.arange(0, GROUP_PAD)
     heads = kv_head * GROUP + g
@@ -146,8 +146,8 @@ def paged_decode_attention(query: torch.Tensor, kv_cache: torch.Tensor,
 
     block_tables [B, max_blocks] int32, seq_lens [B] int32 (cached positions including
     the new token, already written). num_splits None picks one from max_seq_len
-    (read from seq_lens when not given, which syncs on a GPU); pass a fixed value
-    under CUDA graphs.
+    (read from seq_lens when not given, which syncs on a GPU). Under CUDA graphs pass
+    a fixed num_splits or max_seq_len: any split count is correct for any seq_lens.
     """
     batch, num_heads, head_dim = query.shape
     _, _, block_size, kv_heads, _ = kv_cache.shape

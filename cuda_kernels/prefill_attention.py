@@ -63,7 +63,7 @@ def _prefill_kernel(
         kv_mask = valid[:, None] & (dims[None, :] < HEAD_DIM)
         k = tl.load(k_cache_ptr + rows[:, None] + dims[None, :], mask=kv_mask, other=0.0)
         s = _mma(q, tl.trans(k.to(q.dtype)), UPCAST) * scale
-        s = tl.where(valid[None, :] & (pos[None, :] < limit[:, None]), s, float("-inf"))
+        s = tl.where(valid[None, :] & (pos[None, :] <= limit[:, None]), s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(s - m_new[:, None])

@@ -14,6 +14,9 @@ one unit in the last place of outputs of magnitude 1-2 for the half types.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -121,7 +124,7 @@ PREFILL_CASES = [
     (3, 2, 64, 16, F16, [(10, 5)]),
     (1, 3, 128, 16, F16, [(1, 0), (17, 17)]),
     (2, 4, 64, 32, F32, [(70, 0), (3, 64)]),  # 280 rows: several row tiles
-    (1, 5, 64, 16, F32, [(12, 0), (4, 30)]),
+    (1, 5, 64, 16, F32, [(30, 0), (4, 30)]),  # 150 rows: a token straddles row tiles
     (1, 6, 128, 32, F32, [(9, 9)]),
     (2, 7, 64, 32, F16, [(15, 50)]),
     (1, 8, 64, 16, F32, [(16, 16), (2, 0)]),
@@ -190,6 +193,74 @@ def test_cpu_tensors_without_interpreter_fail_clearly() -> None:
         cuda_kernels.paged_decode_attention(torch.randn(1, 2, 64), torch.randn(2, 1, 16, 2, 64),
                                             torch.zeros(1, 1, dtype=torch.int32),
                                             torch.ones(1, dtype=torch.int32), 0.125)
+
+
+@needs_triton
+@pytest.mark.slow
+def test_kernels_compile_for_hopper_without_a_gpu() -> None:
+    """The interpreter skips compiled-only rules (tl.dot minimum sizes, types); compile
+    the kernels for sm_90 with triton's bundled ptxas, in a process without the interpreter."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_DEFAULT_FP_FUSION"] = "1"
+    proc = subprocess.run([sys.executable, "-m", "cuda_kernels.compile_check", "--quick"],
+                          env=env, cwd=Path(__file__).resolve().parents[1],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count(" ok: ") == 5
+
+
+@needs_triton
+@pytest.mark.parametrize("device", DEVICES)
+def test_triton_backend_matches_torch_backend_on_a_mixed_step(device: str) -> None:
+    """Two decodes then two prefill chunks in one step, through the engine's interface."""
+    from engine.attention.metadata import AttentionMetadata
+    from engine.attention.torch_backend import TorchAttentionBackend
+    from engine.attention.triton_backend import TritonAttentionBackend
+
+    gen = torch.Generator().manual_seed(11)
+    kv_heads, group, head_dim, block_size = 2, 3, 64, 16
+    new = [1, 1, 20, 7]
+    lens = [33, 5, 20, 47]  # the last chunk extends 40 cached positions
+    cache, tables = scattered_cache(lens, kv_heads, head_dim, block_size, F32, device, gen)
+    slots = [int(tables[b, p // block_size]) * block_size + p % block_size
+             for b, (n, total) in enumerate(zip(new, lens, strict=True))
+             for p in range(total - n, total)]
+    starts = [0, 1, 2, 22, 29]
+    meta = AttentionMetadata(
+        slot_mapping=torch.tensor(slots, device=device),
+        query_start_loc=torch.tensor(starts, dtype=torch.int32, device=device),
+        seq_lens=torch.tensor(lens, dtype=torch.int32, device=device), block_tables=tables,
+        num_decodes=2, max_query_len=20, max_seq_len=47, query_start_loc_cpu=starts,
+        seq_lens_cpu=lens)
+    q, k, v = (torch.randn(29, h, head_dim, generator=gen).to(device)
+               for h in (kv_heads * group, kv_heads, kv_heads))
+    torch_cache = cache.clone()
+    expected = TorchAttentionBackend().forward(q, k, v, torch_cache, meta, 0.125)
+    out = TritonAttentionBackend().forward(q, k, v, cache, meta, 0.125)
+    assert_close(out, expected)
+    assert torch.equal(cache, torch_cache)
+
+
+def test_bench_peak_lookup() -> None:
+    from cuda_kernels.bench import peak_gbps
+
+    assert peak_gbps("NVIDIA H100 80GB HBM3", None) == 3350.0
+    assert peak_gbps("NVIDIA H200", None) == 4800.0
+    assert peak_gbps("NVIDIA GH200 480GB", None) == 4000.0
+    assert peak_gbps("Some New GPU", None) is None
+    assert peak_gbps("NVIDIA H200", 1234.0) == 1234.0
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
+def test_bench_without_gpu_reports_no_gpu_number(monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    from cuda_kernels import bench
+
+    monkeypatch.setattr(bench, "CPU_SHAPES", [(2, 40)])
+    assert bench.main(["--heads", "4", "--kv-heads", "2", "--head-dim", "64"]) == 0
+    out = capsys.readouterr().out
+    assert "No CUDA GPU present" in out and "CPU (torch reference only" in out
+    assert "peak" not in out and "triton ms" not in out
 
 
 # ---- the oracle itself, against torch's SDPA on contiguous K/V (no triton needed) ----
