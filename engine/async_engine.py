@@ -9,6 +9,7 @@ thread only.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import threading
@@ -66,10 +67,8 @@ class AsyncEngine:
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError, EngineDeadError):
                 await self._task
-            except (asyncio.CancelledError, EngineDeadError):
-                pass
         self._executor.shutdown(wait=True)
 
     @property

@@ -171,7 +171,7 @@ class BlockManager:
         assert self.num_used == len(in_use), (self.num_used, len(in_use))
         assert not in_use & set(self.free_ids), "a block is both free and in use"
         assert len(self.free_ids) + len(in_use) == self.num_blocks, "blocks leaked"
-        for b in self.blocks:
-            assert b.ref_count == owners.get(b.block_id, 0), f"block {b.block_id} ref count is wrong"
+        for block in self.blocks:
+            assert block.ref_count == owners.get(block.block_id, 0), f"block {block.block_id} ref count is wrong"
         for h, block_id in self.hash_to_block.items():
             assert self.blocks[block_id].hash == h, "hash map points at a block with another hash"

@@ -38,6 +38,7 @@ class LLMEngine:
         self.num_blocks = self.runner.num_blocks
         self.block_size = config.block_size
         self.max_model_len = self._fit_max_model_len(config.max_model_len)
+        self.runner.enable_cuda_graphs(config, self.max_model_len)
         self.block_manager = BlockManager(self.num_blocks, self.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.block_manager, self.max_model_len)
         self.requests: dict[str, RequestState] = {}
@@ -45,6 +46,7 @@ class LLMEngine:
             frozenset([self.tokenizer.eos_token_id]) if self.tokenizer.eos_token_id is not None else frozenset())
         self.stats_totals = EngineStats()
         self.step_listeners: list[Callable[[StepStats], None]] = []
+        self.last_schedule = SchedulerOutput()
         log.info("KV cache: %d blocks of %d positions = %d tokens (%s, %s), policy %s, max_model_len %d",
                  self.num_blocks, self.block_size, self.num_blocks * self.block_size,
                  self.runner.dtype, self.runner.device, config.policy, self.max_model_len)
@@ -117,7 +119,7 @@ class LLMEngine:
     # ---- the step ------------------------------------------------------
     def step(self) -> list[StreamDelta]:
         start = time.monotonic()
-        out = self.scheduler.schedule()
+        out = self.last_schedule = self.scheduler.schedule()
         deltas: list[StreamDelta] = []
         finished: list[FinishedRequestStats] = []
         if not out.is_empty:

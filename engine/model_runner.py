@@ -9,6 +9,7 @@ import torch
 
 from engine.attention import AttentionMetadata, select_backend
 from engine.config import EngineConfig, parse_dtype
+from engine.cuda_graph import CudaGraphRunner, use_cuda_graphs
 from engine.kv_cache import allocate_kv_cache, num_blocks_for
 from engine.model.config import ModelConfig
 from engine.model.llama import LlamaForCausalLM
@@ -40,17 +41,21 @@ class ModelRunner:
         self.num_blocks = num_blocks_for(config.kv_cache_bytes, model_config, self.block_size, self.dtype)
         self.kv_caches = allocate_kv_cache(model_config, self.num_blocks, self.block_size,
                                            self.dtype, self.device)
-        self.graphs = self._maybe_cuda_graphs(config)
+        self.graphs: CudaGraphRunner | None = None
 
-    def _maybe_cuda_graphs(self, config: EngineConfig) -> object | None:
-        if self.device.type != "cuda" or config.enforce_eager:
+    def enable_cuda_graphs(self, config: EngineConfig, max_model_len: int) -> None:
+        self.graphs = self._maybe_cuda_graphs(config, max_model_len)
+
+    def _maybe_cuda_graphs(self, config: EngineConfig, max_model_len: int) -> CudaGraphRunner | None:
+        """Capture decode steps as CUDA graphs; never on the CPU."""
+        # The torch backend reads host-side lengths, which a captured graph would freeze.
+        if not use_cuda_graphs(self.device, config.enforce_eager) or self.backend.name != "triton":
             return None
-        try:
-            from engine.cuda_graph import CudaGraphRunner
-        except ImportError:
-            return None
-        return CudaGraphRunner(self.model, self.kv_caches, config.max_num_seqs, self.block_size,  # type: ignore[call-arg]
-                               max_model_len=max(config.max_model_len or 0, 1))
+        graphs = CudaGraphRunner(self.model, self.kv_caches, config.max_num_seqs, self.block_size,
+                                 max_model_len)
+        graphs.capture()
+        log.info("captured CUDA graphs for decode batch sizes %s", graphs.sizes)
+        return graphs
 
     # ---- inputs --------------------------------------------------------
     def prepare(self, scheduled: list[ScheduledSeq]) -> StepInputs:
@@ -94,7 +99,10 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, inputs: StepInputs) -> torch.Tensor:
         """Logits [len(sample_indices), vocab] of the tokens that complete their sequence."""
-        hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta, self.kv_caches)
+        if self.graphs is not None and self.graphs.can_run(inputs.meta):
+            hidden = self.graphs.run(inputs.input_ids, inputs.positions, inputs.meta)
+        else:
+            hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta, self.kv_caches)
         if not inputs.sample_indices:
             return hidden.new_empty((0, self.model_config.vocab_size), dtype=torch.float32)
         index = torch.tensor(inputs.sample_indices, dtype=torch.long, device=hidden.device)

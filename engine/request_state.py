@@ -31,13 +31,14 @@ class RequestState:
         """Add a generated token; return the finish reason if this token ends the request."""
         seq, p = self.seq, self.seq.params
         seq.append_token(token_id)
-        before = len(self.detokenizer.text)
-        self.detokenizer.add(token_id)
+        # A stop token ends the output without its text, as in vLLM.
         if not p.ignore_eos and token_id in self.eos_ids:
             return "stop"
         if token_id in p.stop_token_ids:
             seq.stop_reason = token_id
             return "stop"
+        before = len(self.detokenizer.text)
+        self.detokenizer.add(token_id)
         if seq.num_output_tokens >= p.min_tokens:
             matched = self.detokenizer.find_stop(len(self.detokenizer.text) - before)
             if matched is not None:

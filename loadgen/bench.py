@@ -53,10 +53,12 @@ class RateResult:
     timeline: list[Sample] = field(default_factory=list)
 
 
-def make_http_client(timeout: float) -> httpx.AsyncClient:
+def make_http_client(timeout: float, headers: dict[str, str] | None = None) -> httpx.AsyncClient:
+    """One client for everything (the API key reaches /tokenize and /v1/models too)."""
     # No pool limit: the client must never be what holds requests back.
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    return httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=30.0), limits=limits)
+    return httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=30.0), limits=limits,
+                             headers=headers)
 
 
 async def discover_model(http: httpx.AsyncClient, base_url: str) -> str | None:
@@ -94,6 +96,7 @@ async def live_progress(
         TextColumn("{task.description}"), console=console, disable=not show,
     )
     task = progress.add_task(describe_counters(counters, 0.0), total=total)
+    started = time.perf_counter()
 
     async def refresh() -> None:
         last_events, last_t = 0, time.perf_counter()
@@ -113,8 +116,9 @@ async def live_progress(
             ticker.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await ticker
+            mean_rate = counters.content_events / max(time.perf_counter() - started, 1e-9)
             progress.update(task, completed=counters.done + counters.failed,
-                            description=describe_counters(counters, 0.0))
+                            description=describe_counters(counters, mean_rate) + " (mean)")
 
 
 async def run_rate(

@@ -88,7 +88,7 @@ async def run_loadgen(
     prompts: PromptSet | None = None,
 ) -> tuple[Target, PromptSet, dict[str, Any]]:
     """Prepare the prompts (unless given), replay them at each rate, return results.json's content."""
-    async with make_http_client(settings.timeout) as http:
+    async with make_http_client(settings.timeout, target.headers()) as http:
         if target.model is None:
             target = Target(target.base_url, target.endpoint,
                             await discover_model(http, target.base_url), target.api_key)
@@ -100,9 +100,14 @@ async def run_loadgen(
     return target, prompts, build_results(target, settings, prompts, runs)
 
 
+def make_console() -> Console:
+    # Piped into a file or a log, the wide tables must not be cut to 80 columns.
+    return Console() if sys.stdout.isatty() else Console(width=220)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    console = Console()
+    console = make_console()
     if argv[:1] == ["compare"]:
         return run_compare(argv[1:], console)
     args = build_parser().parse_args(argv)

@@ -31,7 +31,8 @@ class PromptSpec:
     prompt: str
     prompt_len: int  # tokens, as the server counts them when `exact`
     output_len: int
-    exact: bool
+    exact: bool  # prompt_len was counted by the server's /tokenize
+    target_len: int | None = None  # the drawn length; a cut may miss it by a token
 
 
 @dataclass
@@ -43,6 +44,11 @@ class PromptSet:
     @property
     def exact(self) -> bool:
         return all(p.exact for p in self.prompts)
+
+    @property
+    def num_off_target(self) -> int:
+        """Prompts whose counted length differs from the drawn one."""
+        return sum(1 for p in self.prompts if p.target_len is not None and p.prompt_len != p.target_len)
 
 
 def parse_range(text: str) -> tuple[int, int]:
@@ -140,9 +146,17 @@ def draw_lengths(
 
 async def build_prompt(words: list[str], target: int, output_len: int, count: CountTokens | None) -> PromptSpec:
     if count is not None:
-        cut = await cut_exact(words, target, count)
-        if cut is not None:
-            return PromptSpec(cut[0], cut[1], output_len, exact=True)
+        best: tuple[str, int] | None = None
+        for shift in range(4):  # a BPE may skip a length at one cut; start a word later
+            cut = await cut_exact(words[shift:], target, count)
+            if cut is None:
+                break
+            if best is None or abs(cut[1] - target) < abs(best[1] - target):
+                best = cut
+            if best[1] == target:
+                break
+        if best is not None:
+            return PromptSpec(best[0], best[1], output_len, exact=True, target_len=target)
     k = max(1, round(target / TOKENS_PER_WORD))
     return PromptSpec(" ".join(words[:k]), target, output_len, exact=False)
 

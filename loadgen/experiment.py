@@ -25,7 +25,7 @@ from typing import Any
 from rich.console import Console
 
 from loadgen.bench import Settings
-from loadgen.cli import run_loadgen
+from loadgen.cli import make_console, run_loadgen
 from loadgen.client import Target
 from loadgen.datasets import PromptSet, parse_range
 from loadgen.plots import plot_cdfs, plot_timelines, save
@@ -110,6 +110,7 @@ def row_values(run: dict[str, Any]) -> dict[str, float | None]:
         "ITL p50": s["itl_s"]["p50"], "ITL p99": s["itl_s"]["p99"],
         "E2E p50": s["e2e_s"]["p50"], "E2E p99": s["e2e_s"]["p99"],
         "max running": srv.get("max_running"), "preemptions": srv.get("preemptions"),
+        "max streaming": s.get("max_concurrent_streaming"),
         "queue mean": s.get("queue_time_server_mean_s"),
     }
 
@@ -123,7 +124,7 @@ def get(results: dict[str, dict[str, Any]], policy: str, load: str) -> dict[str,
 
 def summary_table(results: dict[str, dict[str, Any]]) -> list[str]:
     head = ("| policy | load | offered req/s | ok / failed | req/s | out tok/s | TTFT p50 / p99 (ms) "
-            "| ITL p50 / p99 (ms) | E2E p50 / p99 (s) | max concurrent seqs | preemptions "
+            "| ITL p50 / p99 (ms) | E2E p50 / p99 (s) | max concurrent seqs (scraped / client) | preemptions "
             "| server queue mean (s) |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for policy in results:
@@ -138,7 +139,8 @@ def summary_table(results: dict[str, dict[str, Any]]) -> list[str]:
                 f"| {fmt(v['TTFT p50'], 1e3)} / {fmt(v['TTFT p99'], 1e3)} "
                 f"| {fmt(v['ITL p50'], 1e3)} / {fmt(v['ITL p99'], 1e3)} "
                 f"| {fmt(v['E2E p50'], digits=2)} / {fmt(v['E2E p99'], digits=2)} "
-                f"| {fmt(v['max running'], digits=0)} | {fmt(v['preemptions'], digits=0)} "
+                f"| {fmt(v['max running'], digits=0)} / {fmt(v['max streaming'], digits=0)} "
+                f"| {fmt(v['preemptions'], digits=0)} "
                 f"| {fmt(v['queue mean'], digits=2)} |")
     return lines
 
@@ -163,8 +165,9 @@ def key_ratios(results: dict[str, dict[str, Any]]) -> list[str]:
         f"({fmt(v('static', 'high', 'E2E p99'), digits=2)} s vs {fmt(v('paged', 'high', 'E2E p99'), digits=2)} s).",
         "- Overload p99 ITL: " + ", ".join(
             f"{p} {fmt(v(p, 'high', 'ITL p99'), 1e3)} ms" for p in results) + ".",
-        "- Max concurrent sequences under overload: " + ", ".join(
-            f"{p} {fmt(v(p, 'high', 'max running'), digits=0)}" for p in results) + ".",
+        "- Max concurrent sequences under overload (scraped / client-side): " + ", ".join(
+            f"{p} {fmt(v(p, 'high', 'max running'), digits=0)} / {fmt(v(p, 'high', 'max streaming'), digits=0)}"
+            for p in results) + ".",
         f"- Low-load p99 TTFT: static {fmt(v('static', 'low', 'TTFT p99'), 1e3)} ms vs continuous "
         f"{fmt(v('continuous', 'low', 'TTFT p99'), 1e3)} ms (x{fmt(div(v('static', 'low', 'TTFT p99'), v('continuous', 'low', 'TTFT p99')), digits=1)}).",
     ]
@@ -175,6 +178,16 @@ def reserved_seqs(args: argparse.Namespace) -> str:
     """How many whole-context reservations the KV budget holds, for a bytes budget."""
     kv = str(args.kv_cache_memory)
     return str(int(kv) // (args.max_model_len * BYTES_PER_POSITION)) if kv.isdigit() else "?"
+
+
+def lagging_policies(results: dict[str, dict[str, Any]], load: str = "low") -> list[str]:
+    """Policies whose completions fell clearly behind the offered rate at this load."""
+    runs = {p: get(results, p, load) for p in results}
+    return [
+        p for p, run in runs.items()
+        if run and isinstance(run["offered_rate"], int | float)
+        and run["summary"]["request_throughput"] < 0.85 * run["offered_rate"]
+    ]
 
 
 def write_summary(out: Path, args: argparse.Namespace, results: dict[str, dict[str, Any]]) -> Path:
@@ -194,7 +207,8 @@ def write_summary(out: Path, args: argparse.Namespace, results: dict[str, dict[s
         "",
         "Latencies as `vllm bench serve` defines them; max concurrent sequences is the largest "
         "`pagode:num_requests_running` scraped (every "
-        f"{args.scrape_interval} s); preemptions is the `pagode:num_preemptions_total` delta.",
+        f"{args.scrape_interval} s), then the most requests streaming tokens at once as the client "
+        "saw them (first token to last event); preemptions is the `pagode:num_preemptions_total` delta.",
         "",
         *summary_table(results),
         "",
@@ -202,6 +216,9 @@ def write_summary(out: Path, args: argparse.Namespace, results: dict[str, dict[s
         "",
         *key_ratios(results),
         "",
+        *([f"**Warning**: at the low load, {', '.join(lag)} completed clearly fewer requests/s "
+           "than offered: that load is not one every policy keeps up with; lower --low-rate.", ""]
+          if (lag := lagging_policies(results)) else []),
         f"Reproduce: `python -m loadgen.experiment {' '.join(args.argv)}`".rstrip(),
     ]
     path = out / "summary.md"
@@ -244,14 +261,14 @@ def write_outputs(args: argparse.Namespace, results: dict[str, dict[str, Any]], 
         plot_timelines(labeled, out / f"server_timeline_{load}.png")
     plot_bars(results, out / "summary_bars.png")
     summary = write_summary(out, args, results)
-    console.print(summary.read_text(), markup=False, highlight=False)
+    console.print(summary.read_text(), markup=False, highlight=False, soft_wrap=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     args.argv = argv  # quoted in summary.md, to reproduce the run
-    console = Console()
+    console = make_console()
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     settings = Settings(
         num_prompts=args.num_prompts, input_len=args.input_len, output_len=args.output_len,
@@ -262,10 +279,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     console.print(f"{len(policies)} policies; arrivals alone take about {floor / 60:.0f} min per policy")
     results: dict[str, dict[str, Any]] = {}
     prompts: PromptSet | None = None
+    failed: list[str] = []
     for policy in policies:
-        prompts, results[policy] = run_policy(args, policy, settings, prompts, console)
+        try:
+            prompts, results[policy] = run_policy(args, policy, settings, prompts, console)
+        except (RuntimeError, TimeoutError, OSError) as exc:  # one broken server: go on
+            console.print(f"[red]policy {policy} failed:[/] {exc}")
+            failed.append(policy)
+            continue
         write_outputs(args, results, console)  # after each policy: a crash keeps what was measured
-    return 0
+    if failed:
+        console.print(f"[red]failed policies: {', '.join(failed)}[/] (logs in {args.raw_out})")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -93,6 +93,25 @@ def count_errors(records: Iterable[RequestRecord], keep: int = 5) -> list[dict[s
     return [{"message": m, "count": c} for m, c in counts.most_common(keep)]
 
 
+def max_overlap(intervals: Sequence[tuple[float, float]]) -> int:
+    """The most intervals open at one instant (an interval ending as another starts does not overlap)."""
+    edges = sorted([(a, 1) for a, _ in intervals] + [(b, -1) for _, b in intervals])
+    most = current = 0
+    for _, step in edges:  # at equal times, -1 sorts before +1
+        current += step
+        most = max(most, current)
+    return most
+
+
+def streaming_intervals(records: Sequence[RequestRecord]) -> list[tuple[float, float]]:
+    """From first token to last event, in run time: when the server was decoding each request."""
+    return [
+        (r.start + r.ttft, r.start + r.e2e)
+        for r in records
+        if r.success and r.start is not None and r.ttft is not None and r.e2e is not None
+    ]
+
+
 def summarize(
     records: Sequence[RequestRecord], duration: float, slo: SLO | None = None
 ) -> dict[str, Any]:
@@ -118,6 +137,8 @@ def summarize(
         "itl_s": describe([gap for r in ok for gap in r.itls]),
         "e2e_s": describe([r.e2e for r in ok if r.e2e is not None]),
         "queue_time_s": describe([r.queue_time for r in ok if r.queue_time is not None]),
+        # Client-side view of the batch size: 1 Hz /metrics scrapes can miss the peak.
+        "max_concurrent_streaming": max_overlap(streaming_intervals(ok)),
     }
     if slo is not None:
         good = sum(1 for r in records if meets_slo(r, slo))

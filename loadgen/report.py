@@ -45,6 +45,7 @@ def build_results(
             "name": prompts.dataset,
             "num_prompts": len(prompts.prompts),
             "exact_prompt_lengths": prompts.exact,
+            "prompts_off_target": prompts.num_off_target,
             "warnings": prompts.warnings,
         },
         "runs": [
@@ -81,7 +82,7 @@ def fmt(value: float | None, scale: float = 1.0, digits: int = 1) -> str:
 def throughput_table(runs: list[dict[str, Any]]) -> Table:
     table = Table(title="Requests and throughput")
     for col in ("offered", "ok", "failed", "duration s", "req/s", "out tok/s", "total tok/s",
-                "goodput req/s", "server queue mean ms", "max running", "preemptions"):
+                "goodput req/s", "server queue mean ms", "max running srv/client", "preemptions"):
         table.add_column(col, justify="right")
     for run in runs:
         s, srv = run["summary"], run.get("server", {})
@@ -90,7 +91,8 @@ def throughput_table(runs: list[dict[str, Any]]) -> Table:
             fmt(s["duration_s"]), fmt(s["request_throughput"], digits=2),
             fmt(s["output_throughput"]), fmt(s["total_token_throughput"]),
             fmt(s.get("goodput"), digits=2), fmt(s.get("queue_time_server_mean_s"), 1e3),
-            fmt(srv.get("max_running"), digits=0), fmt(srv.get("preemptions"), digits=0),
+            f'{fmt(srv.get("max_running"), digits=0)} / {s["max_concurrent_streaming"]}',
+            fmt(srv.get("preemptions"), digits=0),
         )
     return table
 

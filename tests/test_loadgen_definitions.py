@@ -9,7 +9,15 @@ import pytest
 
 from loadgen.client import StreamHandler, extract_text
 from loadgen.compare import compare_rows
-from loadgen.metrics import SLO, describe, meets_slo, parse_slo, percentile, summarize
+from loadgen.metrics import (
+    SLO,
+    describe,
+    max_overlap,
+    meets_slo,
+    parse_slo,
+    percentile,
+    summarize,
+)
 from loadgen.records import RequestRecord
 from loadgen.scrape import extract_fields, parse_prometheus
 from loadgen.sse import SSEEvent, SSEParser
@@ -207,6 +215,15 @@ def test_bad_slo_is_rejected(bad: str) -> None:
         parse_slo(bad)
 
 
+def test_max_concurrent_streaming_counts_overlapping_decodes() -> None:
+    assert max_overlap([]) == 0
+    assert max_overlap([(0, 1), (1, 2), (2, 3)]) == 1  # back to back: never two at once
+    assert max_overlap([(0, 10), (1, 2), (1.5, 3), (2.5, 4)]) == 3
+    recs = [RequestRecord(i, 1, 2, 0.0, start=s, content_times=[0.5, 1.0], last_event_time=1.0,
+                          output_tokens=2, success=True) for i, s in enumerate([0.0, 0.2, 0.4, 5.0])]
+    assert summarize(recs, duration=6.0)["max_concurrent_streaming"] == 3
+
+
 # ---------------------------------------------------------------- /metrics
 
 
@@ -251,3 +268,13 @@ def test_compare_ratios_against_the_first_run() -> None:
     assert rows[0]["req/s ratio"] == pytest.approx(1.0)
     assert rows[1]["req/s ratio"] == pytest.approx(1.5)
     assert rows[1]["E2E p99 s ratio"] == pytest.approx(0.25)
+
+
+def test_loadgen_imports_neither_engine_server_nor_torch() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, loadgen.cli, loadgen.experiment, loadgen.plots; "
+            "print(sorted(m for m in ('torch', 'engine', 'server') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -23,6 +23,8 @@ import pytest
 import uvicorn
 from rich.console import Console
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.base import BaseHTTPMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -46,8 +48,10 @@ class ToyServer:
     with_tokenize: bool = False
     tokenize_dialect: str = "vllm"  # vllm: {"prompt"} -> {"count", "tokens"}; llama: {"content"}
     with_metrics: bool = False
+    api_key: str | None = None  # when set, every route wants 'Authorization: Bearer KEY'
     received: list[dict[str, Any]] = field(default_factory=list)
     running: int = 0
+    max_running: int = 0
 
     def app(self) -> Starlette:
         routes = [
@@ -59,7 +63,14 @@ class ToyServer:
             routes.append(Route("/tokenize", self.tokenize, methods=["POST"]))
         if self.with_metrics:
             routes.append(Route("/metrics", self.metrics))
-        return Starlette(routes=routes)
+        return Starlette(routes=routes, middleware=[Middleware(BaseHTTPMiddleware, dispatch=self.check_key)])
+
+    async def check_key(self, request: Request, call_next: Any) -> Response:
+        if self.api_key and request.headers.get("authorization") != f"Bearer {self.api_key}":
+            return JSONResponse({"error": {"message": "bad key", "type": "auth", "param": None,
+                                           "code": 401}}, status_code=401)
+        response: Response = await call_next(request)
+        return response
 
     async def models(self, request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [{"id": MODEL, "object": "model"}]})
@@ -93,6 +104,7 @@ class ToyServer:
 
     async def stream(self, n: int, chat: bool, usage: dict[str, int]) -> AsyncIterator[bytes]:
         self.running += 1
+        self.max_running = max(self.max_running, self.running)
         try:
             out = bytearray()
             if chat:  # llama-server opens with a role-only delta, which carries no text
@@ -102,20 +114,20 @@ class ToyServer:
                 # Two tokens in one event now and then: counts must come from usage.
                 k = 2 if sent % 5 == 3 and sent + 2 <= n else 1
                 text = "é " * k
-                piece = {"delta": {"content": text}} if chat else {"text": text}
-                out += self.event({"choices": [{"index": 0, **piece, "finish_reason": None}]}, chat)
+                fields: dict[str, Any] = {"delta": {"content": text}} if chat else {"text": text}
+                out += self.event({"choices": [{"index": 0, **fields, "finish_reason": None}]}, chat)
                 out += b": keep-alive\r\n\r\n"
                 sent += k
-                async for piece in split_oddly(bytes(out)):
-                    yield piece
+                async for part in split_oddly(bytes(out)):
+                    yield part
                 out.clear()
                 await asyncio.sleep(TOKEN_DELAY)
-            last = {"delta": {}} if chat else {"text": ""}
+            last: dict[str, Any] = {"delta": {}} if chat else {"text": ""}
             out += self.event({"choices": [{"index": 0, **last, "finish_reason": "length"}]}, chat)
             out += self.event({"choices": [], "usage": usage}, chat)
             out += b"data: [DONE]\r\n\r\n"
-            async for piece in split_oddly(bytes(out)):
-                yield piece
+            async for part in split_oddly(bytes(out)):
+                yield part
         finally:
             self.running -= 1
 
@@ -210,6 +222,7 @@ def test_prompts_are_cut_to_exact_token_counts_with_tokenize(tmp_path: Path, dia
         _, prompts, results = asyncio.run(
             run_loadgen(Target(url), settings, [float("inf")], Console(quiet=True)))
     assert prompts.exact and results["dataset"]["warnings"] == []
+    assert results["dataset"]["prompts_off_target"] == 0
     lengths = [p.prompt_len for p in prompts.prompts]
     assert len(set(lengths)) > 10  # drawn uniformly, not all alike
     for spec in prompts.prompts:
@@ -242,6 +255,17 @@ def test_scrapes_a_vllm_style_metrics_endpoint(tmp_path: Path) -> None:
     assert run["server"]["max_running"] >= 1
     assert run["timeline"][0]["running"] == 0  # sampled before the first request
     assert (tmp_path / "server_timeline.png").stat().st_size > 1000
+
+
+def test_compare_prints_one_table_with_ratios(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with serve(ToyServer()) as url:
+        for name, rate in (("a", "100"), ("b", "inf")):
+            assert main(["--url", url, "--rate", rate, "--num-prompts", "5", "--output-len", "4:6",
+                         "--no-progress", "--no-plots", "--out", str(tmp_path / name)]) == 0
+    capsys.readouterr()
+    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b" / "results.json")]) == 0
+    out = capsys.readouterr().out
+    assert "Comparison" in out and "x1.00" in out and str(tmp_path / "a") in out.replace("\n", "")
 
 
 def test_failures_are_recorded_with_their_messages(tmp_path: Path) -> None:
@@ -285,3 +309,26 @@ def test_experiment_report_from_two_toy_servers(tmp_path: Path) -> None:
     assert raw["runs"][1]["requests"][0]["content_times"]
     for png in ("latency_cdf_low.png", "latency_cdf_high.png", "server_timeline_high.png", "summary_bars.png"):
         assert (tmp_path / "docs" / png).stat().st_size > 1000
+
+
+def test_max_concurrency_caps_requests_in_flight(tmp_path: Path) -> None:
+    toy = ToyServer()
+    with serve(toy) as url:
+        assert main(["--url", url, "--rate", "inf", "--num-prompts", "10", "--output-len", "10:20",
+                     "--max-concurrency", "2", "--no-progress", "--no-plots", "--out", str(tmp_path)]) == 0
+    assert toy.max_running == 2
+    assert all("ignore_eos" not in body for body in toy.received)  # only with --ignore-eos
+    assert load(tmp_path)["runs"][0]["summary"]["completed"] == 10
+
+
+def test_api_key_reaches_every_endpoint(tmp_path: Path) -> None:
+    toy = ToyServer(with_tokenize=True, api_key="sesame")
+    with serve(toy) as url:
+        assert main(["--url", url, "--api-key", "sesame", "--rate", "inf", "--num-prompts", "3",
+                     "--output-len", "3:5", "--no-progress", "--no-plots", "--out", str(tmp_path)]) == 0
+        results = load(tmp_path)
+        assert results["dataset"]["exact_prompt_lengths"] and results["target"]["model"] == MODEL
+        assert results["runs"][0]["summary"]["completed"] == 3
+        assert main(["--url", url, "--rate", "inf", "--num-prompts", "3", "--no-progress",
+                     "--no-plots", "--out", str(tmp_path)]) == 1
+    assert "HTTP 401: bad key" in load(tmp_path)["runs"][0]["summary"]["errors"][0]["message"]

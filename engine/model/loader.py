@@ -71,7 +71,7 @@ def load_model(source: ModelSource, cfg: ModelConfig, backend: AttentionBackend,
         model = LlamaForCausalLM(cfg, backend, max_positions)
     model = model.to_empty(device="cpu")
     with torch.device("cpu"):
-        model.layers[0].self_attn.rope.build()  # shared by all layers
+        model.rope.build()  # shared by all layers
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
     if source.is_gguf:
@@ -81,7 +81,7 @@ def load_model(source: ModelSource, cfg: ModelConfig, backend: AttentionBackend,
         load_weights(model, iter_safetensors(source.path))
     model = model.to(device=device, dtype=dtype).eval()
     with torch.device(device):
-        model.layers[0].self_attn.rope.build()  # keep the table in fp32 whatever the dtype
+        model.rope.build()  # keep the table in fp32 whatever the dtype
     return model
 
 

@@ -1,0 +1,202 @@
+"""Offline throughput of the engine against the bare model forward, in one run.
+
+    python -m engine.bench [--num-prompts 256] [--input-len 16:128] [--output-len 32:384]
+
+The engine serves every request at once (ignore_eos, so each generates exactly its
+drawn length). Every step's batch shape and time are recorded. Then the bare
+model forward (input packing, model, logits; no scheduler, sampler or
+detokenizer) is timed on decode batches of the same sizes and context lengths,
+on the same cache, and the two rates are compared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import time
+from collections import defaultdict
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from engine.llm import LLM
+from engine.outputs import RequestTimes
+from engine.sampling_params import SamplingParams
+from engine.scheduler import ScheduledSeq
+from engine.sequence import Sequence
+
+
+@dataclass
+class StepRecord:
+    num_decodes: int
+    num_prefill_tokens: int
+    mean_seq_len: float
+    seconds: float
+    forward_seconds: float
+
+
+def parse_range(text: str) -> tuple[int, int]:
+    lo, _, hi = text.partition(":")
+    return int(lo), int(hi or lo)
+
+
+def prose_token_ids(llm: LLM, lengths: list[int], seed: int) -> list[list[int]]:
+    """Spans of real prose (Python's own documentation text) of exact token lengths."""
+    from pydoc_data.topics import topics
+
+    text = "\n".join(topics[k] for k in sorted(topics))
+    ids = llm.tokenizer(text[:400_000]).input_ids
+    rng = random.Random(seed)
+    return [ids[(s := rng.randrange(len(ids) - n)):s + n] for n in lengths]
+
+
+def run_engine(llm: LLM, prompts: list[list[int]], outputs: list[int]) -> tuple[list[StepRecord], float, int]:
+    engine, runner = llm.engine, llm.engine.runner
+    forward_time = [0.0]
+    forward = runner.forward
+
+    def timed_forward(inputs):  # type: ignore[no-untyped-def]
+        start = time.perf_counter()
+        result = forward(inputs)
+        forward_time[0] += time.perf_counter() - start
+        return result
+
+    runner.forward = timed_forward  # type: ignore[method-assign]
+    for i, (p, n) in enumerate(zip(prompts, outputs, strict=True)):
+        engine.add_request(f"bench-{i}", p, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
+    records: list[StepRecord] = []
+    generated = 0
+    start = time.perf_counter()
+    last_report = start
+    while engine.has_unfinished():
+        forward_time[0] = 0.0
+        t0 = time.perf_counter()
+        shapes = [(len(s.block_table), len(s)) for s in engine.scheduler.running]
+        deltas = engine.step()
+        dt = time.perf_counter() - t0
+        generated += sum(len(d.token_ids) for d in deltas)
+        records.append(_record(engine, dt, forward_time[0], shapes))
+        if time.perf_counter() - last_report > 10:
+            last_report = time.perf_counter()
+            print(f"  {generated} tokens, {generated / (last_report - start):.1f} tok/s, "
+                  f"{len(engine.scheduler.running)} running, {len(engine.scheduler.waiting)} waiting",
+                  flush=True)
+    runner.forward = forward  # type: ignore[method-assign]
+    return records, time.perf_counter() - start, generated
+
+
+def _record(engine: Any, seconds: float, forward_seconds: float, shapes: list[tuple[int, int]]) -> StepRecord:
+    out = engine.last_schedule
+    decodes = [s for s in out.scheduled if s.num_new_tokens == 1]
+    prefill = sum(s.num_new_tokens for s in out.scheduled if s.num_new_tokens > 1)
+    lens = [len(s.seq) for s in decodes] or [0]
+    return StepRecord(len(decodes), prefill, statistics.fmean(lens), seconds, forward_seconds)
+
+
+def bare_forward_rate(llm: LLM, batch: int, seq_len: int, reps: int) -> float:
+    """Decode tokens per second of packing + model + logits alone, at this shape."""
+    engine = llm.engine
+    bm, runner = engine.block_manager, engine.runner
+    seqs = []
+    for i in range(batch):
+        seq = Sequence(f"bare-{i}", [random.randrange(1000, 2000) for _ in range(seq_len)],
+                       SamplingParams(), RequestTimes(0.0))
+        bm.allocate(seq, seq_len)
+        seq.num_computed_tokens = seq_len - 1
+        seqs.append(seq)
+    scheduled = [ScheduledSeq(s, 1) for s in seqs]
+    runner.forward(runner.prepare(scheduled))  # warm-up
+    start = time.perf_counter()
+    for _ in range(reps):
+        runner.forward(runner.prepare(scheduled))
+    elapsed = (time.perf_counter() - start) / reps
+    for s in seqs:
+        bm.free(s)
+    return batch / elapsed
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--num-prompts", type=int, default=256)
+    ap.add_argument("--input-len", default="16:128")
+    ap.add_argument("--output-len", default="32:384")
+    ap.add_argument("--kv-cache-memory", default="1GiB")
+    ap.add_argument("--max-num-seqs", type=int, default=256)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    ap.add_argument("--policy", default="paged")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--json", default=None, help="write the results here")
+    args = ap.parse_args(argv)
+    torch.manual_seed(args.seed)
+    llm = LLM(model=args.model, kv_cache_memory=args.kv_cache_memory, max_num_seqs=args.max_num_seqs,
+              max_num_batched_tokens=args.max_num_batched_tokens, policy=args.policy, max_model_len=1024)
+    rng = random.Random(args.seed)
+    lo_in, hi_in = parse_range(args.input_len)
+    lo_out, hi_out = parse_range(args.output_len)
+    lengths = [rng.randint(lo_in, hi_in) for _ in range(args.num_prompts)]
+    outputs = [rng.randint(lo_out, hi_out) for _ in range(args.num_prompts)]
+    prompts = prose_token_ids(llm, lengths, args.seed)
+    llm.generate(prompts[:4], SamplingParams(temperature=0, max_tokens=8))  # warm-up
+    print(f"engine: {args.num_prompts} requests, {sum(outputs)} output tokens, torch threads "
+          f"{torch.get_num_threads()}", flush=True)
+    records, wall, generated = run_engine(llm, prompts, outputs)
+    summary = summarize(llm, records, wall, generated, args.reps)
+    summary["config"] = vars(args)
+    print(json.dumps({k: v for k, v in summary.items() if k != "buckets"}, indent=2))
+    print_buckets(summary["buckets"])
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({**summary, "steps": [asdict(r) for r in records]}, f, indent=2)
+
+
+def summarize(llm: LLM, records: list[StepRecord], wall: float, generated: int, reps: int) -> dict[str, Any]:
+    decode_only = [r for r in records if r.num_prefill_tokens == 0 and r.num_decodes > 0]
+    buckets: dict[int, list[StepRecord]] = defaultdict(list)
+    for r in decode_only:
+        buckets[_bucket(r.num_decodes)].append(r)
+    rows = []
+    bare_total = engine_total = 0.0
+    for size in sorted(buckets):
+        recs = buckets[size]
+        batch = round(statistics.fmean(r.num_decodes for r in recs))
+        seq_len = max(2, round(statistics.fmean(r.mean_seq_len for r in recs)))
+        bare = bare_forward_rate(llm, batch, seq_len, reps)
+        engine_rate = sum(r.num_decodes for r in recs) / sum(r.seconds for r in recs)
+        bare_total += sum(r.num_decodes for r in recs) / bare
+        engine_total += sum(r.seconds for r in recs)
+        rows.append({"batch": batch, "seq_len": seq_len, "steps": len(recs),
+                     "engine_tok_s": round(engine_rate, 1), "bare_forward_tok_s": round(bare, 1),
+                     "ratio": round(engine_rate / bare, 3)})
+    return {
+        "output_tokens": generated, "seconds": round(wall, 2),
+        "output_tok_s": round(generated / wall, 1),
+        "steps": len(records), "decode_only_steps": len(decode_only),
+        "forward_share_of_step_time": round(sum(r.forward_seconds for r in records) / sum(r.seconds for r in records), 3),
+        "engine_vs_bare_forward": round(bare_total / engine_total, 3) if engine_total else None,
+        "max_concurrent_seqs": llm.engine.scheduler.max_concurrent,
+        "preemptions": llm.engine.stats().num_preemptions_total,
+        "buckets": rows,
+    }
+
+
+def _bucket(n: int) -> int:
+    for edge in (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256):
+        if n <= edge:
+            return edge
+    return n
+
+
+def print_buckets(rows: list[dict[str, Any]]) -> None:
+    print(f"{'batch':>6} {'ctx':>5} {'steps':>6} {'engine tok/s':>13} {'bare tok/s':>11} {'ratio':>6}")
+    for r in rows:
+        print(f"{r['batch']:>6} {r['seq_len']:>5} {r['steps']:>6} {r['engine_tok_s']:>13} "
+              f"{r['bare_forward_tok_s']:>11} {r['ratio']:>6}")
+
+
+if __name__ == "__main__":
+    main()

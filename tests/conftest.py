@@ -1,0 +1,32 @@
+"""Shared fixtures: the real default model, and transformers' reference on the same weights."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+pytest_plugins = [p for p in ("server_fixtures",)
+                  if os.path.exists(os.path.join(os.path.dirname(__file__), f"{p}.py"))]
+
+
+@pytest.fixture(scope="session")
+def default_model_path() -> str:
+    from engine.model.loader import default_model_path as find
+
+    return str(find())
+
+
+@pytest.fixture(scope="session")
+def hf_reference(default_model_path: str) -> Iterator[torch.nn.Module]:
+    """transformers' LlamaForCausalLM, dequantized from the same GGUF file."""
+    from transformers import AutoModelForCausalLM
+
+    folder, name = os.path.split(default_model_path)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    model.eval()
+    yield model

@@ -1,0 +1,107 @@
+"""The block manager's invariants hold after every step of random workloads (hypothesis)."""
+
+from __future__ import annotations
+
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine.block_manager import BlockManager
+from engine.config import EngineConfig
+from engine.outputs import RequestTimes
+from engine.sampling_params import SamplingParams
+from engine.scheduler import Scheduler
+from engine.sequence import Sequence
+
+BLOCK = 4
+
+
+def _seq(i: int, tokens: list[int]) -> Sequence:
+    return Sequence(f"r{i}", list(tokens), SamplingParams(max_tokens=64), RequestTimes(0.0))
+
+
+def _simulate_step(sched: Scheduler, rng: random.Random, max_len: int) -> None:
+    """What the engine does around the model: advance, append a token, finish some."""
+    out = sched.schedule()
+    sampled = [s.seq for s in out.scheduled if s.completes_prefill]
+    sched.advance(out)
+    for seq in sampled:
+        seq.append_token(rng.randrange(8))  # a tiny vocabulary makes prefix hits likely
+        if len(seq) >= max_len or rng.random() < 0.1:
+            sched.remove(seq)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    policy=st.sampled_from(["paged", "continuous", "static"]),
+    num_blocks=st.integers(min_value=8, max_value=40),
+    budget=st.integers(min_value=1, max_value=24),
+    prefix_caching=st.booleans(),
+    prompts=st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=12), min_size=1, max_size=14),
+    seed=st.integers(0, 2**16),
+)
+def test_invariants_hold_after_every_step(policy: str, num_blocks: int, budget: int,
+                                          prefix_caching: bool, prompts: list[list[int]],
+                                          seed: int) -> None:
+    rng = random.Random(seed)
+    max_len = 6 * BLOCK
+    config = EngineConfig(policy=policy, block_size=BLOCK, max_num_seqs=6,  # type: ignore[arg-type]
+                          max_num_batched_tokens=budget, enable_prefix_caching=prefix_caching)
+    bm = BlockManager(num_blocks, BLOCK, prefix_caching)
+    sched = Scheduler(config, bm, max_model_len=max_len)
+    alive: list[Sequence] = []
+    for step in range(200):
+        if prompts and rng.random() < 0.5:
+            seq = _seq(step, prompts.pop())
+            sched.add(seq)
+            alive.append(seq)
+        if alive and rng.random() < 0.05:  # abort, as a client disconnect does
+            sched.remove(alive.pop(rng.randrange(len(alive))))
+        _simulate_step(sched, rng, max_len)
+        alive = [s for s in alive if not s.is_finished]
+        bm.check_invariants(list(sched.running) + list(sched.waiting))
+        if policy == "continuous":
+            assert len(sched.running) <= num_blocks // (max_len // BLOCK)
+        if not sched.has_unfinished() and not prompts:
+            break
+    for seq in list(sched.running) + list(sched.waiting):
+        sched.remove(seq)
+    bm.check_invariants([])
+    assert bm.num_used == 0 and bm.num_free == num_blocks
+
+
+def test_freed_prefix_stays_reusable_until_reallocated() -> None:
+    bm = BlockManager(num_blocks=4, block_size=BLOCK)
+    a = _seq(0, [1, 2, 3, 4, 5, 6, 7, 8, 9])
+    bm.allocate(a, len(a))
+    a.num_computed_tokens = len(a)
+    bm.commit_full_blocks(a)
+    bm.free(a)
+    assert bm.num_cached_idle == 2  # two full blocks keep their hashes while free
+    b = _seq(1, [1, 2, 3, 4, 5, 6, 7, 8, 0])
+    bm.allocate(b, len(b))
+    assert b.num_cached_tokens == 8 and bm.prefix_hits == 8
+    bm.free(b)
+    # Take every block: the cached ones are evicted only now, least recently freed first.
+    c = _seq(2, list(range(100, 116)))
+    bm.allocate(c, len(c))
+    assert bm.num_cached_idle == 0
+    d = _seq(3, [1, 2, 3, 4, 5, 6, 7, 8, 9])
+    bm.free(c)
+    bm.allocate(d, len(d))
+    assert d.num_cached_tokens == 0
+    bm.check_invariants([d])
+
+
+def test_last_prompt_token_is_always_recomputed() -> None:
+    bm = BlockManager(num_blocks=4, block_size=BLOCK)
+    a = _seq(0, [1, 2, 3, 4, 5, 6, 7, 8])
+    bm.allocate(a, len(a))
+    a.num_computed_tokens = len(a)
+    bm.commit_full_blocks(a)
+    b = _seq(1, [1, 2, 3, 4, 5, 6, 7, 8])  # identical prompt: 8 tokens, two full blocks
+    bm.allocate(b, len(b))
+    assert b.num_cached_tokens == 4  # not 8: the last token must produce logits
+    bm.check_invariants([a, b])
+    assert bm.blocks[a.block_table[0]].ref_count == 2

@@ -1,0 +1,86 @@
+"""loadgen against a real `pagode serve` on loopback: no failures, and token counts
+that match the server's own usage and Prometheus counters.
+
+The server is started as a separate process (`python -m server.cli serve`), the way
+a user would run it; loadgen itself never imports the server or the engine.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from loadgen.cli import main
+from loadgen.scrape import parse_prometheus
+from loadgen.server_process import REPO_ROOT, running_server
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.timeout(600),
+    pytest.mark.skipif(not (REPO_ROOT / "server" / "cli.py").exists(), reason="server/cli.py not written yet"),
+]
+
+
+@pytest.fixture(scope="module")
+def pagode_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    log = tmp_path_factory.mktemp("pagode") / "server.log"
+    args = ["--kv-cache-memory", "64MiB", "--max-model-len", "512", "--block-size", "16",
+            "--disable-access-log"]
+    with running_server(args, log, startup_timeout=300) as url:
+        yield url
+
+
+def counters(url: str) -> dict[str, float]:
+    return parse_prometheus(httpx.get(url + "/metrics", timeout=10).text)
+
+
+def run(url: str, out: Path, *extra: str) -> dict[str, Any]:
+    code = main(["--url", url, "--seed", "1", "--ignore-eos", "--no-progress", "--no-plots",
+                 "--scrape-interval", "0.5", "--out", str(out), *extra])
+    assert code == 0
+    results: dict[str, Any] = json.loads((out / "results.json").read_text())
+    return results
+
+
+def test_short_run_matches_the_servers_usage(pagode_url: str, tmp_path: Path) -> None:
+    before = counters(pagode_url)
+    results = run(pagode_url, tmp_path, "--rate", "8", "--num-prompts", "12",
+                  "--input-len", "16:64", "--output-len", "4:16")
+    after = counters(pagode_url)
+    assert results["dataset"]["exact_prompt_lengths"] and results["dataset"]["warnings"] == []
+    assert results["dataset"]["prompts_off_target"] == 0
+    run_ = results["runs"][0]
+    summary, requests = run_["summary"], run_["requests"]
+    assert summary["completed"] == 12 and summary["failed"] == 0, summary["errors"]
+    for rec in requests:
+        assert rec["usage_reported"]
+        # ignore_eos: the server generates exactly what was asked, and says so in usage.
+        assert rec["output_tokens"] == rec["max_tokens"] and rec["finish_reason"] == "length"
+        assert 1 <= len(rec["content_times"]) <= rec["output_tokens"]
+        # Prompts were cut with the server's /tokenize, so its usage agrees with the plan.
+        assert rec["prompt_tokens"] == rec["prompt_len"] and 16 <= rec["prompt_len"] <= 64
+        assert 0 < rec["ttft"] <= rec["e2e"]
+    # The server's counters moved by exactly what loadgen measured.
+    gen = "pagode:generation_tokens_total"
+    assert after[gen] - before[gen] == summary["total_output_tokens"]
+    done = "pagode:request_success_total"
+    assert after[done] - before[done] == 12
+    assert run_["server"]["available"] and run_["server"]["max_running"] >= 1
+    assert run_["server"]["queue_time_count"] == 12
+    assert run_["server"]["queue_time_mean_s"] is not None and run_["server"]["queue_time_mean_s"] >= 0
+
+
+def test_chat_endpoint_against_pagode(pagode_url: str, tmp_path: Path) -> None:
+    results = run(pagode_url, tmp_path, "--endpoint", "/v1/chat/completions", "--rate", "inf",
+                  "--num-prompts", "4", "--input-len", "16:32", "--output-len", "4:8")
+    summary = results["runs"][0]["summary"]
+    assert summary["completed"] == 4 and summary["failed"] == 0, summary["errors"]
+    for rec in results["runs"][0]["requests"]:
+        assert rec["output_tokens"] == rec["max_tokens"]
+        # The chat template adds its own tokens around the user's prompt.
+        assert rec["prompt_tokens"] > rec["prompt_len"]

