@@ -23,6 +23,7 @@ serve: $(STAMP)
 	$(VENV)/bin/pagode serve $(ARGS)
 
 test: $(STAMP)
+	bash scripts/install-deploy-tools.sh
 	$(PY) -m pytest -q -ra $(ARGS)
 
 lint: $(STAMP)

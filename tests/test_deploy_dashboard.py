@@ -126,7 +126,7 @@ def stop_process(proc: subprocess.Popen[bytes]) -> None:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def pagode_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port = free_port()
     log_path = tmp_path_factory.mktemp("server") / "server.log"
     proc = start_server(port, log_path, SERVER_ARGS)
@@ -192,9 +192,9 @@ def histogram_family(name: str) -> str | None:
     return None
 
 
-def test_dashboard_metrics_exist_in_a_real_scrape(server: str) -> None:
-    drive_traffic(server, 3)
-    declared, samples = scrape(server)
+def test_dashboard_metrics_exist_in_a_real_scrape(pagode_server: str) -> None:
+    drive_traffic(pagode_server, 3)
+    declared, samples = scrape(pagode_server)
     assert any(n.startswith("pagode:") for n in samples), "the server exports no pagode: series"
     used: dict[str, str] = {}
     for target in dashboard_targets():
@@ -214,8 +214,8 @@ def test_dashboard_metrics_exist_in_a_real_scrape(server: str) -> None:
         assert "model_name" in samples[name], f"{name} lacks the model_name label"
 
 
-def test_dashboard_grouping_labels_exist_on_the_series(server: str) -> None:
-    _, samples = scrape(server)
+def test_dashboard_grouping_labels_exist_on_the_series(pagode_server: str) -> None:
+    _, samples = scrape(pagode_server)
     added_by_prometheus = {"instance", "job"}
     for target in dashboard_targets():
         labels = grouping_labels(target["expr"]) - added_by_prometheus
@@ -235,8 +235,8 @@ def healthcheck_command(port: int) -> list[str]:
     return [sys.executable, *[a.replace("127.0.0.1:8000", f"127.0.0.1:{port}") for a in argv[1:]]]
 
 
-def test_dockerfile_healthcheck_probes_a_real_server(server: str) -> None:
-    port = int(server.rsplit(":", 1)[1])
+def test_dockerfile_healthcheck_probes_a_real_server(pagode_server: str) -> None:
+    port = int(pagode_server.rsplit(":", 1)[1])
     assert subprocess.run(healthcheck_command(port), timeout=30).returncode == 0
     dead = subprocess.run(healthcheck_command(free_port()), capture_output=True, timeout=30)
     assert dead.returncode == 1
@@ -277,18 +277,21 @@ def wait_for(condition: Any, timeout: float, what: str) -> None:
         try:
             if condition():
                 return
-        except httpx.HTTPError:
+        except (httpx.HTTPError, ValueError):  # not up yet, or a non-JSON 503
             pass
         time.sleep(0.5)
     pytest.fail(f"timed out waiting for {what}")
 
 
-def test_every_panel_returns_data_from_a_real_prometheus(server: str, tmp_path: Path) -> None:
-    proc, prometheus = start_prometheus(server.removeprefix("http://"), tmp_path)
+def test_every_panel_returns_data_from_a_real_prometheus(pagode_server: str, tmp_path: Path) -> None:
+    proc, prometheus = start_prometheus(pagode_server.removeprefix("http://"), tmp_path)
     try:
+        # Until it is ready, Prometheus answers queries with a plain-text 503.
+        wait_for(lambda: httpx.get(f"{prometheus}/-/ready", timeout=2).status_code == 200,
+                 60, "Prometheus to be ready")
         wait_for(lambda: query(prometheus, 'up{job="pagode"} == 1'), 60, "the first scrape")
         before = sum(float(r["value"][1]) for r in query(prometheus, "pagode:request_success_total"))
-        drive_traffic(server, 4)
+        drive_traffic(pagode_server, 4)
         # Rates need the increase inside the window: wait for a scrape that saw it.
         wait_for(lambda: sum(float(r["value"][1]) for r in query(
             prometheus, "pagode:request_success_total")) >= before + 4, 30, "the traffic's scrape")

@@ -1,8 +1,9 @@
-"""Attention in plain torch, for the CPU.
+"""Attention for the CPU (and the reference for other backends).
 
-It never copies the whole cache: a step reads only the blocks of the sequences in
-the batch, through their block tables. Decodes are batched into one padded
-matmul; each prefill chunk is one scaled_dot_product_attention call.
+It never copies the whole cache. Decodes go to a C++ kernel that reads K/V in
+place through the block tables (engine/attention/csrc); where it cannot be built,
+they fall back to one padded matmul over a gather of only the batch's blocks.
+Each prefill chunk is one scaled_dot_product_attention call.
 """
 
 from __future__ import annotations
@@ -10,12 +11,16 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from engine.attention import cpu_kernels
 from engine.attention.backend import AttentionBackend
 from engine.attention.metadata import AttentionMetadata
 
 
 class TorchAttentionBackend(AttentionBackend):
     name = "torch"
+
+    def __init__(self, use_cpu_kernel: bool = True) -> None:
+        self.use_cpu_kernel = use_cpu_kernel
 
     def write_kv(self, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
                  slot_mapping: torch.Tensor) -> None:
@@ -26,6 +31,15 @@ class TorchAttentionBackend(AttentionBackend):
 
     def decode(self, query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,
                scale: float) -> torch.Tensor:
+        nd = meta.num_decodes
+        if self.use_cpu_kernel and cpu_kernels.available(query.dtype, query.device):
+            return cpu_kernels.paged_decode_attention(query, kv_cache, meta.block_tables[:nd],
+                                                      meta.seq_lens[:nd], scale)
+        return self.decode_gathered(query, kv_cache, meta, scale)
+
+    def decode_gathered(self, query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,
+                        scale: float) -> torch.Tensor:
+        """Pure torch: gather the batch's blocks, then one padded batched matmul."""
         nd = meta.num_decodes
         block_size, kv_heads, head_dim = kv_cache.shape[2:]
         max_len = max(meta.seq_lens_cpu[:nd])
