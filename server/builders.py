@@ -3,11 +3,11 @@ and whole responses by accumulating the same deltas."""
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
 from engine.outputs import TokenLogprob
-from server.errors import APIError
 from server.generation import ChoiceEvent
 from server.prompts import PromptInput
 from server.protocol import (
@@ -67,7 +67,7 @@ def chat_logprobs(logprobs: list[TokenLogprob], num_top: int) -> list[ChatTokenL
     ]
 
 
-class ResponseBuilder:
+class ResponseBuilder(ABC):
     """Shared bookkeeping: choices by index, usage over all of them."""
 
     def __init__(self, request_id: str, model: str, prompts: list[PromptInput], n: int) -> None:
@@ -98,14 +98,17 @@ class ResponseBuilder:
             choice.stop_reason = delta.stop_reason
         return choice, delta.text
 
+    @abstractmethod
     def usage_chunk(self) -> dict[str, Any]:
-        raise NotImplementedError
+        """The last stream chunk: no choices, the usage of all of them."""
 
+    @abstractmethod
     def chunk(self, event: ChoiceEvent) -> dict[str, Any] | None:
-        raise NotImplementedError
+        """Fold an event in; return its stream chunk, or None when it has nothing to show."""
 
+    @abstractmethod
     def response(self) -> dict[str, Any]:
-        raise NotImplementedError
+        """The whole non-streaming body, once every choice has finished."""
 
 
 class CompletionBuilder(ResponseBuilder):
@@ -220,5 +223,3 @@ def consume_event(builder: ResponseBuilder, event: ChoiceEvent) -> None:
         raise event.error
     builder.chunk(event)
 
-
-__all__ = ["APIError", "ChatBuilder", "CompletionBuilder", "ResponseBuilder", "consume_event"]

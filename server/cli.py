@@ -84,6 +84,16 @@ def add_server_flags(parser: argparse.ArgumentParser) -> None:
                        help="turn off uvicorn's one line per HTTP request")
 
 
+class HelpFormatter(argparse.HelpFormatter):
+    """Shows a flag's default unless its help already explains it or there is none."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if "default" in text or action.default in (None, False, argparse.SUPPRESS):
+            return text
+        return text + " (default: %(default)s)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pagode", description="pagode: an LLM inference "
                                      "server with an OpenAI-compatible API")
@@ -92,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
         "serve", help="serve a model over HTTP",
         description="Serve one model with the OpenAI-compatible API (/v1/completions, "
         "/v1/chat/completions, /v1/models, /tokenize, /detokenize, /health, /metrics).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=HelpFormatter)
     add_server_flags(serve)
     add_engine_flags(serve)
     return parser
@@ -116,7 +126,7 @@ def server_settings(args: argparse.Namespace) -> ServerSettings:
     return ServerSettings(
         served_model_name=args.served_model_name, api_key=args.api_key or None,
         max_num_queued_reqs=args.max_num_queued_reqs, shutdown_timeout=args.shutdown_timeout,
-        log_requests_text=args.log_requests_text,
+        log_requests_text=args.log_requests_text, url=f"http://{args.host}:{args.port}",
         debug_endpoints=os.environ.get("PAGODE_DEBUG_ENDPOINTS") == "1")
 
 

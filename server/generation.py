@@ -122,7 +122,7 @@ class GenerationService:
     async def pump(self, sub: SubRequest, slot: QueueSlot,
                    queue: asyncio.Queue[ChoiceEvent]) -> None:
         record = RequestRecord(sub)
-        finished = False
+        final: ChoiceEvent | None = None  # the choice's last event, sent after accounting
         try:
             stream = self.engine.generate(sub.prompt_ids, sub.params, sub.request_id)
             async with contextlib.aclosing(stream):
@@ -131,26 +131,30 @@ class GenerationService:
                     self.observe_delta(record, delta)
                     if delta.error:
                         raise RequestFailedError(delta.error)
-                    finished = delta.finished
-                    queue.put_nowait(ChoiceEvent(sub.index, delta))
-                    if finished:
+                    if delta.finished:
+                        final = ChoiceEvent(sub.index, delta)
                         break
-            if not finished:  # the engine ended the stream without a final delta
-                finished = True
-                queue.put_nowait(ChoiceEvent(sub.index, abort_delta(sub, record)))
+                    queue.put_nowait(ChoiceEvent(sub.index, delta))
+            if final is None:  # the engine ended the stream without a final delta
+                final = ChoiceEvent(sub.index, abort_delta(sub, record))
         except asyncio.CancelledError:
             # Client gone or shutdown: abort now (in `finally`) and end the choice.
             record.finish_reason = "abort"
-            queue.put_nowait(ChoiceEvent(sub.index, abort_delta(sub, record)))
+            final = ChoiceEvent(sub.index, abort_delta(sub, record))
         except Exception as exc:  # noqa: BLE001 - every failure becomes an error event
             record.finish_reason = "error"
-            queue.put_nowait(ChoiceEvent(sub.index, error=api_error_from(exc)))
+            final = ChoiceEvent(sub.index, error=api_error_from(exc))
         finally:
             slot.release()
-            if not finished:
+            if final is None or final.error is not None or (
+                    final.delta is not None and final.delta.finish_reason == "abort"):
                 self.abort_in_engine(sub.request_id)
             self.active.pop(sub.request_id, None)
+            # Log and count before the last event goes out, so that a client that has
+            # its response finds the request in the log and the metrics.
             self.account(record)
+            if final is not None:
+                queue.put_nowait(final)
 
     def abort_in_engine(self, request_id: str) -> None:
         try:

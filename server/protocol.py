@@ -9,7 +9,14 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from engine.sampling_params import MAX_LOGPROBS
 
@@ -74,11 +81,14 @@ class SamplingFields(OpenAIModel):
                 raise ValueError(f"logit_bias keys must be token ids, got {key!r}")
         return bias
 
-    @model_validator(mode="after")
-    def check_stream_options(self) -> SamplingFields:
-        if self.stream_options is not None and not self.stream:
+    @field_validator("stream_options")
+    @classmethod
+    def check_stream_options(cls, options: StreamOptions | None,
+                             info: ValidationInfo) -> StreamOptions | None:
+        # `stream` is declared before `stream_options`, so it is validated already.
+        if options is not None and not info.data.get("stream", False):
             raise ValueError("stream_options can only be set when stream is true")
-        return self
+        return options
 
     def stop_list(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -117,11 +127,12 @@ class ChatCompletionRequest(SamplingFields):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
 
-    @model_validator(mode="after")
-    def check_top_logprobs(self) -> ChatCompletionRequest:
-        if self.top_logprobs and not self.logprobs:
+    @field_validator("top_logprobs")
+    @classmethod
+    def check_top_logprobs(cls, top: int | None, info: ValidationInfo) -> int | None:
+        if top and not info.data.get("logprobs", False):
             raise ValueError("top_logprobs requires logprobs to be true")
-        return self
+        return top
 
 
 class TokenizeRequest(OpenAIModel):

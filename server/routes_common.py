@@ -72,7 +72,8 @@ def fan_out(request_id: str, prompts: list[PromptInput], body: SamplingFields,
         max_tokens = max_tokens_for(prompt)
         check_context(len(prompt.token_ids), max_tokens, max_model_len)
         for i in range(body.n):
-            seed = None if body.seed is None else body.seed + i
+            # torch generators take seeds in [0, 2**64); any integer maps there stably.
+            seed = None if body.seed is None else (body.seed + i) % 2**63
             index = p * body.n + i
             subs.append(SubRequest(index, f"{request_id}-{index}", prompt.token_ids,
                                    sampling_params(body, max_tokens, logprobs, seed),

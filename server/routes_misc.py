@@ -1,4 +1,4 @@
-"""GET /v1/models, /health, /metrics; POST /tokenize, /detokenize (vLLM's shapes);
+"""GET /v1/models, /health (and /ping), /version, /metrics; POST /tokenize, /detokenize (vLLM's shapes);
 POST /debug/kill-engine-loop when debug endpoints are on (tests only)."""
 
 from __future__ import annotations
@@ -25,6 +25,23 @@ async def health(request: Request) -> Response:
     if problem is not None:
         return error_response(503, problem)
     return JSONResponse({"status": "ok"})
+
+
+@router.get("/ping")
+async def ping(request: Request) -> Response:
+    """vLLM's alias of /health (SageMaker-style probes use it)."""
+    return await health(request)
+
+
+@router.get("/version")
+async def version() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as package_version
+
+    try:
+        return {"version": package_version("pagode")}
+    except PackageNotFoundError:
+        return {"version": "unknown"}
 
 
 @router.get("/v1/models")

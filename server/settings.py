@@ -14,6 +14,7 @@ class ServerSettings:
     log_requests_text: bool = False  # log prompt and output text in the request log
     debug_endpoints: bool = False  # POST /debug/kill-engine-loop (tests only)
     retry_after_s: int = 1  # Retry-After on 429 and 503
+    url: str | None = None  # where it listens, for the startup log line
 
     def __post_init__(self) -> None:
         if self.max_num_queued_reqs is not None and self.max_num_queued_reqs < 0:

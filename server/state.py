@@ -45,7 +45,10 @@ class ServerState:
         try:
             engine: Any = self.engine
             if engine is None:
+                logger.info("loading the engine (/health answers 503 until it is ready)")
                 from engine.async_engine import AsyncEngine
+
+                assert self.engine_config is not None
 
                 engine = await asyncio.to_thread(AsyncEngine, self.engine_config)
                 self.engine = engine
@@ -70,9 +73,10 @@ class ServerState:
         self.ready = True
         blocks = engine.num_blocks
         logger.info(
-            "Serving %s as %r: %d KV blocks of %d tokens (%d tokens), max_model_len %d, "
-            "policy %s", engine.model_name, self.served_model_name, blocks, engine.block_size,
-            blocks * engine.block_size, engine.max_model_len, getattr(config, "policy", "?"))
+            "Serving %s as %r at %s: %d KV blocks of %d tokens (%d tokens), max_model_len %d, "
+            "policy %s", engine.model_name, self.served_model_name, self.settings.url or "?",
+            blocks, engine.block_size, blocks * engine.block_size, engine.max_model_len,
+            getattr(config, "policy", "?"))
 
     async def close(self) -> None:
         if self.generation is not None:

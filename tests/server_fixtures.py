@@ -44,6 +44,7 @@ class ServerProcess:
     port: int
     log_path: Path
     args: list[str] = field(default_factory=list)
+    health_statuses: list[int] = field(default_factory=list)  # what /health said at startup
 
     @property
     def base_url(self) -> str:
@@ -59,17 +60,19 @@ class ServerProcess:
     def log_tail(self, chars: int = 4000) -> str:
         return self.log()[-chars:]
 
+    def is_healthy(self) -> bool:
+        """Poll /health once; raise if the process died."""
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"server exited with {self.proc.returncode} during startup:"
+                               f"\n{self.log_tail()}")
+        with contextlib.suppress(httpx.HTTPError):
+            status = httpx.get(f"{self.base_url}/health", timeout=2.0).status_code
+            self.health_statuses.append(status)
+            return status == 200
+        return False
+
     def wait_healthy(self, timeout: float = STARTUP_TIMEOUT_S) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode} during startup:"
-                                   f"\n{self.log_tail()}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{self.base_url}/health", timeout=2.0).status_code == 200:
-                    return
-            time.sleep(0.25)
-        raise TimeoutError(f"server not healthy after {timeout}s:\n{self.log_tail()}")
+        wait_all_healthy([self], timeout)
 
     def signal(self, sig: int = signal.SIGTERM) -> None:
         self.proc.send_signal(sig)
@@ -85,6 +88,17 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+def wait_all_healthy(servers: list[ServerProcess], timeout: float = STARTUP_TIMEOUT_S) -> None:
+    """Wait for servers loading side by side, polling each in turn."""
+    deadline = time.monotonic() + timeout
+    pending = list(servers)
+    while pending:
+        pending = [s for s in pending if not s.is_healthy()]
+        if pending and time.monotonic() > deadline:
+            raise TimeoutError(f"server not healthy after {timeout}s:\n{pending[0].log_tail()}")
+        time.sleep(0.25)
 
 
 def launch_server(args: list[str], log_dir: Path, env: dict[str, str] | None = None,
@@ -124,16 +138,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
 async def http(server: ServerProcess) -> AsyncIterator[httpx.AsyncClient]:
     async with httpx.AsyncClient(base_url=server.base_url, timeout=60.0) as client:
         yield client
-
-
-def sse_data(lines: list[str]) -> list[str]:
-    """The `data:` payloads of an SSE body split into lines."""
-    return [line[len("data:"):].strip() for line in lines if line.startswith("data:")]
-
-
-async def read_sse(response: httpx.Response) -> list[str]:
-    lines = [line async for line in response.aiter_lines()]
-    return sse_data(lines)
 
 
 def metric_value(text: str, name: str, labels: dict[str, str] | None = None) -> float:

@@ -1,0 +1,155 @@
+"""Many streams at once: concurrent greedy streams stay correct, and streams cut by their
+clients are aborted and give their KV blocks back."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+import httpx
+import pytest
+from server_fixtures import ServerProcess, metric_value
+
+pytestmark = pytest.mark.slow
+
+TOPICS = ["the sea", "a fox", "Mars", "bread", "a violin", "winter", "a lighthouse", "tea",
+          "chess", "a bridge", "rain", "the moon"]
+STYLES = ["Write one sentence about", "Tell me a fact about", "Describe", "A poem about"]
+SETTLE_TIMEOUT_S = 60.0
+
+
+def stream_prompt(i: int) -> str:
+    return f"{STYLES[i % len(STYLES)]} {TOPICS[i % len(TOPICS)]} (#{i}):"
+
+
+async def metrics(http: httpx.AsyncClient) -> str:
+    response = await http.get("/metrics")
+    assert response.status_code == 200
+    return response.text
+
+
+async def wait_until_idle(http: httpx.AsyncClient) -> str:
+    """Poll /metrics until no request runs or waits and the KV cache is empty."""
+    deadline = time.monotonic() + SETTLE_TIMEOUT_S
+    while True:
+        text = await metrics(http)
+        busy = (metric_value(text, "pagode:num_requests_running")
+                + metric_value(text, "pagode:num_requests_waiting")
+                + metric_value(text, "pagode:kv_cache_usage_perc"))
+        if busy == 0 or time.monotonic() > deadline:
+            return text
+        await asyncio.sleep(0.1)
+
+
+async def stream_text(http: httpx.AsyncClient, body: dict[str, Any]) -> tuple[str, str]:
+    """Stream a completion; return its text and finish reason."""
+    text, finish = [], None
+    async with http.stream("POST", "/v1/completions", json={**body, "stream": True}) as response:
+        assert response.status_code == 200
+        async for line in response.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[len("data: "):])
+            assert "error" not in chunk, chunk
+            text.append(chunk["choices"][0]["text"])
+            finish = chunk["choices"][0]["finish_reason"] or finish
+    assert finish is not None
+    return "".join(text), finish
+
+
+async def test_64_concurrent_greedy_streams_match_solo(http: httpx.AsyncClient) -> None:
+    bodies = [{"prompt": stream_prompt(i), "max_tokens": 6 + i % 11, "temperature": 0}
+              for i in range(64)]
+    limits = httpx.Limits(max_connections=100)
+    peak = 0.0
+
+    async def watch_running() -> None:
+        nonlocal peak
+        while True:
+            running = metric_value(await metrics(http), "pagode:num_requests_running")
+            peak = max(peak, running)
+            await asyncio.sleep(0.05)
+
+    watcher = asyncio.create_task(watch_running())
+    try:
+        async with httpx.AsyncClient(base_url=str(http.base_url), timeout=300.0,
+                                     limits=limits) as wide:
+            together = await asyncio.gather(*(stream_text(wide, b) for b in bodies))
+    finally:
+        watcher.cancel()
+    assert peak >= 32  # they really ran together, in one batch
+    for body, (streamed, finish) in zip(bodies, together, strict=True):
+        alone = (await http.post("/v1/completions", json=body)).json()["choices"][0]
+        assert streamed == alone["text"], body
+        assert finish == alone["finish_reason"]
+
+
+async def cut_stream(base_url: str, body: dict[str, Any], events_before_cut: int) -> int:
+    """Open a stream, read a few events, then drop the connection. Returns events read."""
+    seen = 0
+    async with httpx.AsyncClient(base_url=base_url, timeout=120.0) as client, \
+            client.stream("POST", "/v1/completions", json={**body, "stream": True}) as response:
+        assert response.status_code == 200
+        async for line in response.aiter_lines():
+            if line.startswith("data: {"):
+                seen += 1
+                if seen >= events_before_cut:
+                    break  # leaving the blocks closes the socket mid-stream
+    return seen
+
+
+async def test_disconnects_abort_and_free_kv_blocks(http: httpx.AsyncClient,
+                                                    server: ServerProcess) -> None:
+    before = await wait_until_idle(http)
+    aborts_before = metric_value(before, "pagode:request_success_total",
+                                 {"finished_reason": "abort"})
+    generated_before = metric_value(before, "pagode:generation_tokens_total")
+    max_tokens = 400
+    bodies = [{"prompt": stream_prompt(i), "max_tokens": max_tokens, "temperature": 0,
+               "ignore_eos": True} for i in range(50)]
+    seen = await asyncio.gather(*(cut_stream(server.base_url, b, 2 + i % 3)
+                                  for i, b in enumerate(bodies)))
+    assert all(2 <= s <= 4 for s in seen)
+    after = await wait_until_idle(http)
+    assert metric_value(after, "pagode:num_requests_running") == 0
+    assert metric_value(after, "pagode:num_requests_waiting") == 0
+    assert metric_value(after, "pagode:kv_cache_usage_perc") == 0
+    aborts = metric_value(after, "pagode:request_success_total",
+                          {"finished_reason": "abort"}) - aborts_before
+    assert aborts == 50
+    # Aborted early: nowhere near the 50 x 400 tokens they asked for.
+    generated = metric_value(after, "pagode:generation_tokens_total") - generated_before
+    assert generated < 50 * max_tokens / 4
+    # Each cut request logged its abort, with far fewer tokens than asked.
+    lines = [line for line in server.log().splitlines()
+             if "finish_reason=abort" in line and "request finished" in line]
+    counts = [int(line.split("output_tokens=")[1].split()[0]) for line in lines[-50:]]
+    assert len(counts) == 50 and max(counts) < max_tokens / 4, counts
+    # The next request is served normally.
+    text, finish = await stream_text(http, {"prompt": "Hello", "max_tokens": 5,
+                                            "temperature": 0, "ignore_eos": True})
+    assert finish == "length" and text
+
+
+async def test_non_streaming_disconnect_aborts(http: httpx.AsyncClient,
+                                               server: ServerProcess) -> None:
+    before = await wait_until_idle(http)
+    aborts_before = metric_value(before, "pagode:request_success_total",
+                                 {"finished_reason": "abort"})
+    body = {"prompt": "Count to a thousand:", "max_tokens": 500, "temperature": 0,
+            "ignore_eos": True}
+    async with httpx.AsyncClient(base_url=server.base_url) as client:
+        task = asyncio.create_task(client.post("/v1/completions", json=body))
+        deadline = time.monotonic() + SETTLE_TIMEOUT_S
+        while metric_value(await metrics(http), "pagode:num_requests_running") == 0:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.05)
+        task.cancel()  # drops the connection
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    after = await wait_until_idle(http)
+    assert metric_value(after, "pagode:request_success_total",
+                        {"finished_reason": "abort"}) == aborts_before + 1
+    assert metric_value(after, "pagode:kv_cache_usage_perc") == 0

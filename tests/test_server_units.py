@@ -1,0 +1,74 @@
+"""Fast checks of the server's pure parts (no model, no HTTP)."""
+
+from __future__ import annotations
+
+import pytest
+
+from server.admission import Admission
+from server.auth import bearer_matches, is_protected
+from server.errors import APIError
+from server.metrics import REQUEST_TIME_BUCKETS, TTFT_BUCKETS, build_1_2_5_buckets
+from server.prompts import check_context, split_prompts
+
+
+def test_admission_bounds_the_queue_and_releases_once() -> None:
+    admission = Admission(max_queued=2, retry_after_s=3)
+    first = admission.admit(2)
+    with pytest.raises(APIError) as refused:
+        admission.admit(1)
+    assert refused.value.status == 429
+    assert refused.value.headers == {"Retry-After": "3"}
+    first[0].release()
+    first[0].release()  # idempotent: a slot is given back once
+    assert admission.queued == 1
+    admission.admit(1)
+    assert admission.queued == 2
+
+
+def test_admission_lets_a_wide_request_in_only_when_nothing_waits() -> None:
+    admission = Admission(max_queued=2)
+    slots = admission.admit(5)  # n=5 is wider than the bound: delayed, not refused forever
+    assert admission.queued == 5
+    with pytest.raises(APIError):
+        admission.admit(5)
+    for slot in slots:
+        slot.release()
+    assert admission.queued == 0
+    assert Admission(max_queued=None).admit(1000)
+
+
+def test_bearer_check() -> None:
+    assert bearer_matches("Bearer k1", "k1")
+    assert bearer_matches("bearer k1", "k1")
+    assert not bearer_matches("Bearer k2", "k1")
+    assert not bearer_matches("k1", "k1")
+    assert not bearer_matches(None, "k1")
+    assert is_protected("/v1/completions") and is_protected("/tokenize")
+    assert not is_protected("/health") and not is_protected("/metrics")
+
+
+def test_buckets_resolve_cpu_latencies() -> None:
+    assert build_1_2_5_buckets(1024) == [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000]
+    # At least four buckets per decade between 10 ms and 10 s, where CPU latencies fall.
+    for buckets in (TTFT_BUCKETS, REQUEST_TIME_BUCKETS):
+        for low in (0.01, 0.1, 1.0):
+            assert sum(low <= b < low * 10 for b in buckets) >= 4, (buckets, low)
+
+
+def test_context_checks_name_the_right_param() -> None:
+    with pytest.raises(APIError) as too_long:
+        check_context(1024, 1, 1024)
+    assert too_long.value.param == "input_tokens"
+    with pytest.raises(APIError) as too_many:
+        check_context(1000, 25, 1024)
+    assert too_many.value.param == "max_tokens"
+    check_context(1000, 24, 1024)
+
+
+def test_prompt_shapes() -> None:
+    assert split_prompts("a") == ["a"]
+    assert split_prompts(["a", "b"]) == ["a", "b"]
+    assert split_prompts([1, 2]) == [[1, 2]]
+    assert split_prompts([[1], [2, 3]]) == [[1], [2, 3]]
+    with pytest.raises(APIError):
+        split_prompts([])
