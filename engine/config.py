@@ -56,7 +56,7 @@ class EngineConfig:
     block_size: int = 16
     max_model_len: int | None = None  # None: the model's context, capped at 2048
     max_num_seqs: int = 256
-    max_num_batched_tokens: int = 2048
+    max_num_batched_tokens: int | None = None  # None: 512 on CPU, 2048 on CUDA
     watermark: float = 0.10
     enable_prefix_caching: bool = True
     dtype: str | None = None
@@ -72,9 +72,18 @@ class EngineConfig:
             raise ValueError("block_size must be a power of two")
         if not 0.0 <= self.watermark < 1.0:
             raise ValueError("watermark must be in [0, 1)")
+        if self.max_num_batched_tokens is None:
+            # A CPU step of 2048 prefill tokens takes seconds and stalls every decode.
+            self.max_num_batched_tokens = 2048 if self.torch_device.type == "cuda" else 512
         if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be positive")
         parse_bytes(self.kv_cache_memory)
+
+    @property
+    def token_budget(self) -> int:
+        """max_num_batched_tokens, resolved for the device."""
+        assert self.max_num_batched_tokens is not None  # set in __post_init__
+        return self.max_num_batched_tokens
 
     @property
     def kv_cache_bytes(self) -> int:

@@ -87,7 +87,7 @@ class Scheduler:
     # ---- the step ------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
-        budget = self._schedule_running(out, self.config.max_num_batched_tokens)
+        budget = self._schedule_running(out, self.config.token_budget)
         if not out.preempted and self._may_admit():
             self._schedule_waiting(out, budget)
         out.scheduled.sort(key=lambda s: s.num_new_tokens != 1)  # decodes first, stable

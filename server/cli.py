@@ -41,8 +41,9 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
                             "(default: the model's context, capped at 2048)")
     group.add_argument("--max-num-seqs", type=int, default=256,
                        help="most requests in one running batch")
-    group.add_argument("--max-num-batched-tokens", type=int, default=2048,
-                       help="token budget of one engine step (long prefills are chunked)")
+    group.add_argument("--max-num-batched-tokens", type=int, default=None,
+                       help="token budget of one engine step; long prefills are chunked "
+                            "(default: 512 on CPU, 2048 on CUDA)")
     group.add_argument("--watermark", type=float, default=0.10,
                        help="fraction of KV blocks kept free when admitting new requests")
     group.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,

@@ -1,5 +1,4 @@
 // Paged decode attention for the CPU, reading K/V in place through block tables.
-// One task per (sequence, KV head): its G query heads share each K/V row read.
 // Plain C ABI, loaded with ctypes: compiles in about a second, no torch headers.
 #include <algorithm>
 #include <cmath>
@@ -25,38 +24,39 @@ inline void axpy(float w, const float* __restrict x, float* __restrict y, int64_
 extern "C" {
 
 // query/out [B, H, D]; k_cache/v_cache [NB, BS, KVH, D]; block_tables [B, MB]; seq_lens [B].
+// One task per sequence: its K/V rows of all heads are contiguous, so each block is
+// streamed once from memory (decode attention is bandwidth-bound on a CPU).
 void paged_decode_attention_f32(const float* query, const float* k_cache, const float* v_cache,
                                 const int32_t* block_tables, const int32_t* seq_lens, float* out,
                                 int64_t B, int64_t H, int64_t D, int64_t BS, int64_t KVH,
                                 int64_t MB, float scale, int num_threads) {
-  const int64_t G = H / KVH;
+  const int64_t G = H / KVH, row = KVH * D;
 #pragma omp parallel num_threads(num_threads)
   {
     std::vector<float> scores;
-#pragma omp for schedule(dynamic, 4)
-    for (int64_t task = 0; task < B * KVH; ++task) {
-      const int64_t b = task / KVH, kh = task % KVH;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t b = 0; b < B; ++b) {
       const int64_t L = seq_lens[b];
-      const float* qb = query + (b * H + kh * G) * D;
-      float* ob = out + (b * H + kh * G) * D;
+      const float* qb = query + b * H * D;
+      float* ob = out + b * H * D;
       const int32_t* table = block_tables + b * MB;
-      scores.assign(G * L, 0.f);
+      scores.assign(H * L, 0.f);
       for (int64_t t = 0; t < L; ++t) {
-        const float* k = k_cache + ((static_cast<int64_t>(table[t / BS]) * BS + t % BS) * KVH + kh) * D;
-        for (int64_t g = 0; g < G; ++g) scores[g * L + t] = dot(qb + g * D, k, D) * scale;
+        const float* k = k_cache + (static_cast<int64_t>(table[t / BS]) * BS + t % BS) * row;
+        for (int64_t h = 0; h < H; ++h) scores[h * L + t] = dot(qb + h * D, k + (h / G) * D, D) * scale;
       }
-      for (int64_t g = 0; g < G; ++g) {
-        float* s = scores.data() + g * L;
+      for (int64_t h = 0; h < H; ++h) {
+        float* s = scores.data() + h * L;
         const float m = *std::max_element(s, s + L);
         float sum = 0.f;
         for (int64_t t = 0; t < L; ++t) sum += (s[t] = std::exp(s[t] - m));
         const float inv = 1.f / sum;
         for (int64_t t = 0; t < L; ++t) s[t] *= inv;
       }
-      std::fill(ob, ob + G * D, 0.f);
+      std::fill(ob, ob + H * D, 0.f);
       for (int64_t t = 0; t < L; ++t) {
-        const float* v = v_cache + ((static_cast<int64_t>(table[t / BS]) * BS + t % BS) * KVH + kh) * D;
-        for (int64_t g = 0; g < G; ++g) axpy(scores[g * L + t], v, ob + g * D, D);
+        const float* v = v_cache + (static_cast<int64_t>(table[t / BS]) * BS + t % BS) * row;
+        for (int64_t h = 0; h < H; ++h) axpy(scores[h * L + t], v + (h / G) * D, ob + h * D, D);
       }
     }
   }
