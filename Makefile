@@ -31,7 +31,7 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy engine server loadgen cuda_kernels
 
 bench-engine: $(STAMP)
-	$(PY) -m engine.bench $(ARGS)
+	$(PY) -m engine.bench --json docs/bench/engine.json --plot docs/bench/engine.png $(ARGS)
 
 bench-kernels: $(STAMP)
 	$(PY) -m cuda_kernels.bench $(ARGS)

@@ -131,6 +131,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--json", default=None, help="write the results here")
+    ap.add_argument("--plot", default=None, help="write a PNG of engine vs bare rate by batch size")
     args = ap.parse_args(argv)
     torch.manual_seed(args.seed)
     llm = LLM(model=args.model, kv_cache_memory=args.kv_cache_memory, max_num_seqs=args.max_num_seqs,
@@ -152,6 +153,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({**summary, "steps": [asdict(r) for r in records]}, f, indent=2)
+    if args.plot:
+        plot(summary, records, args.plot)
 
 
 def summarize(llm: LLM, records: list[StepRecord], wall: float, generated: int, reps: int) -> dict[str, Any]:
@@ -196,6 +199,32 @@ def print_buckets(rows: list[dict[str, Any]]) -> None:
     for r in rows:
         print(f"{r['batch']:>6} {r['seq_len']:>5} {r['steps']:>6} {r['engine_tok_s']:>13} "
               f"{r['bare_forward_tok_s']:>11} {r['ratio']:>6}")
+
+
+def plot(summary: dict[str, Any], records: list[StepRecord], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    rows = summary["buckets"]
+    batches = [r["batch"] for r in rows]
+    left.plot(batches, [r["engine_tok_s"] for r in rows], "o-", label="engine (decode-only steps)")
+    left.plot(batches, [r["bare_forward_tok_s"] for r in rows], "s--", label="bare model forward")
+    left.set(xlabel="decode batch size", ylabel="output tokens/s", xscale="log",
+             title="Engine vs bare forward, same run")
+    left.legend()
+    elapsed, clock = [], 0.0
+    for r in records:
+        clock += r.seconds
+        elapsed.append(clock)
+    right.plot(elapsed, [r.num_decodes for r in records], label="sequences decoding")
+    right.plot(elapsed, [r.num_prefill_tokens for r in records], label="prefill tokens in step", alpha=0.6)
+    right.set(xlabel="seconds", title=f"{summary['output_tok_s']} output tok/s overall")
+    right.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 if __name__ == "__main__":
