@@ -95,26 +95,34 @@ def _record(engine: Any, seconds: float, forward_seconds: float) -> StepRecord:
     return StepRecord(len(decodes), prefill, statistics.fmean(lens), seconds, forward_seconds)
 
 
+def probe_decode_batch(llm: LLM, batch: int, context: int) -> list[ScheduledSeq]:
+    """A decode step of `batch` sequences of `context` random tokens, holding real blocks."""
+    scheduled = []
+    for i in range(batch):
+        seq = Sequence(f"probe-{i}", [random.randrange(1000, 9000) for _ in range(context)],
+                       SamplingParams(), RequestTimes(0.0))
+        llm.engine.block_manager.allocate(seq, context)
+        seq.num_computed_tokens = context - 1
+        scheduled.append(ScheduledSeq(seq, 1))
+    return scheduled
+
+
+def release(llm: LLM, scheduled: list[ScheduledSeq]) -> None:
+    for s in scheduled:
+        llm.engine.block_manager.free(s.seq)
+
+
 def bare_forward_rate(llm: LLM, batch: int, seq_len: int, reps: int) -> float:
     """Decode tokens per second of packing + model + logits alone, at this shape."""
-    engine = llm.engine
-    bm, runner = engine.block_manager, engine.runner
-    seqs = []
-    for i in range(batch):
-        seq = Sequence(f"bare-{i}", [random.randrange(1000, 2000) for _ in range(seq_len)],
-                       SamplingParams(), RequestTimes(0.0))
-        bm.allocate(seq, seq_len)
-        seq.num_computed_tokens = seq_len - 1
-        seqs.append(seq)
-    scheduled = [ScheduledSeq(s, 1) for s in seqs]
+    runner = llm.engine.runner
+    scheduled = probe_decode_batch(llm, batch, seq_len)
     for _ in range(2):  # warm-up: the BLAS picks its kernels for this shape
         runner.forward(runner.prepare(scheduled))
     start = time.perf_counter()
     for _ in range(reps):
         runner.forward(runner.prepare(scheduled))
     elapsed = (time.perf_counter() - start) / reps
-    for s in seqs:
-        bm.free(s)
+    release(llm, scheduled)
     return batch / elapsed
 
 

@@ -10,7 +10,6 @@ the C++ kernel path and for the pure-torch gather path, in one run.
 from __future__ import annotations
 
 import argparse
-import random
 import time
 from collections.abc import Callable
 from typing import Any
@@ -18,11 +17,8 @@ from typing import Any
 import torch
 
 from engine.attention import cpu_kernels
+from engine.bench import probe_decode_batch, release
 from engine.llm import LLM
-from engine.outputs import RequestTimes
-from engine.sampling_params import SamplingParams
-from engine.scheduler import ScheduledSeq
-from engine.sequence import Sequence
 
 
 class Stopwatch:
@@ -41,18 +37,10 @@ class Stopwatch:
 
 def measure(llm: LLM, batch: int, context: int, reps: int, use_kernel: bool) -> tuple[float, float]:
     """(seconds per decode step, attention share of it)."""
-    engine = llm.engine
-    runner, bm = engine.runner, engine.block_manager
+    runner = llm.engine.runner
     backend = runner.backend
     backend.use_cpu_kernel = use_kernel  # type: ignore[attr-defined]
-    seqs = []
-    for i in range(batch):
-        seq = Sequence(f"probe-{i}", [random.randrange(1000, 9000) for _ in range(context)],
-                       SamplingParams(), RequestTimes(0.0))
-        bm.allocate(seq, context)
-        seq.num_computed_tokens = context - 1
-        seqs.append(seq)
-    scheduled = [ScheduledSeq(s, 1) for s in seqs]
+    scheduled = probe_decode_batch(llm, batch, context)
     watch = Stopwatch()
     originals = backend.write_kv, backend.decode
     backend.write_kv, backend.decode = watch.wrap(backend.write_kv), watch.wrap(backend.decode)  # type: ignore[method-assign]
@@ -65,8 +53,7 @@ def measure(llm: LLM, batch: int, context: int, reps: int, use_kernel: bool) -> 
         step = (time.perf_counter() - start) / reps
     finally:
         backend.write_kv, backend.decode = originals  # type: ignore[method-assign]
-        for s in seqs:
-            bm.free(s)
+        release(llm, scheduled)
     return step, watch.seconds / reps / step
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_models import WORDS, save_tiny_model
 
 import cuda_kernels
 
@@ -22,35 +23,13 @@ if not torch.cuda.is_available():
 
 pytestmark = pytest.mark.skipif(not cuda_kernels.triton_available(), reason="triton missing")
 
-VOCAB_WORDS = 300
-
-
-def save_tiny_llama(path: Path) -> None:
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    specials = ["<unk>", "<s>", "</s>"]
-    vocab = {tok: i for i, tok in enumerate(specials + [f"w{i}" for i in range(VOCAB_WORDS)])}
-    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>",
-                                        bos_token="<s>", eos_token="</s>")
-    tokenizer.save_pretrained(path)
-    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, vocab_size=len(vocab),
-                         max_position_embeddings=256, bos_token_id=1, eos_token_id=2,
-                         initializer_range=0.2)  # wide logits: no near-ties for argmax
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(path)
-
-
 DEVICES = [
     pytest.param("cpu", marks=pytest.mark.skipif(
         torch.cuda.is_available(), reason="with CUDA the kernels are compiled for the GPU")),
     pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
         not torch.cuda.is_available(), reason="needs CUDA")]),
 ]
-SHARED = [3 + (7 * i) % VOCAB_WORDS for i in range(40)]  # 2.5 blocks
+SHARED = [3 + (7 * i) % WORDS for i in range(40)]  # 2.5 blocks
 BATCHES = [
     [SHARED + [10, 11, 12],  # 43 tokens: chunked prefill over two steps of 32
      [5],
@@ -77,7 +56,7 @@ def greedy_tokens(model_dir: Path, backend: str, batches: list[list[list[int]]],
 @pytest.mark.parametrize("device", DEVICES)
 def test_greedy_generation_matches_torch_backend(tmp_path: Path, device: str,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    save_tiny_llama(tmp_path)
+    save_tiny_model(tmp_path)
     expected = greedy_tokens(tmp_path, "torch", BATCHES, device)
     assert all(len(tokens) == 10 for tokens in expected)
 
@@ -107,6 +86,6 @@ def test_greedy_generation_matches_torch_backend(tmp_path: Path, device: str,
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_graph_decode_matches_eager(tmp_path: Path) -> None:
-    save_tiny_llama(tmp_path)
+    save_tiny_model(tmp_path)
     eager = greedy_tokens(tmp_path, "triton", BATCHES, "cuda", enforce_eager=True)
     assert greedy_tokens(tmp_path, "triton", BATCHES, "cuda", enforce_eager=False) == eager
