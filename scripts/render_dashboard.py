@@ -20,8 +20,6 @@ import datetime as dt
 import json
 import re
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -40,6 +38,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
+from loadgen.server_process import free_port, stop  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 DASHBOARD = ROOT / "docker" / "grafana" / "dashboards" / "pagode.json"
 SCRAPE_INTERVAL_S = 1
@@ -49,13 +49,6 @@ SERVER_ARGS = ["--kv-cache-memory", "32MiB", "--max-model-len", "512",
 # Grafana's dark theme and its classic palette.
 BACKGROUND, PANEL, GRID, TEXT = "#111217", "#181b1f", "#2c3235", "#ccccdc"
 PALETTE = ["#73BF69", "#FADE2A", "#5794F2", "#FF9830", "#F2495C", "#B877D9", "#8AB8FF", "#FFB357"]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def wait_until_ok(url: str, timeout: float, proc: subprocess.Popen[bytes] | None = None) -> None:
@@ -72,16 +65,6 @@ def wait_until_ok(url: str, timeout: float, proc: subprocess.Popen[bytes] | None
     raise SystemExit(f"{url} did not answer 200 within {timeout} s")
 
 
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 @contextmanager
 def pagode_server(workdir: Path) -> Iterator[str]:
     port = free_port()
@@ -95,7 +78,7 @@ def pagode_server(workdir: Path) -> Iterator[str]:
         wait_until_ok(f"{url}/health", 300, proc)
         yield url
     finally:
-        stop(proc)
+        stop(proc, grace=30)
 
 
 @contextmanager
@@ -118,7 +101,7 @@ def prometheus(target: str, workdir: Path) -> Iterator[str]:
         wait_until_ok(f"{url}/-/ready", 60, proc)
         yield url
     finally:
-        stop(proc)
+        stop(proc, grace=30)
 
 
 def run_loadgen(url: str, workdir: Path, name: str, rate: str, num_prompts: int) -> None:

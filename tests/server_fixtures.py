@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,17 +24,13 @@ from typing import Any
 import httpx
 import pytest
 
+from loadgen.server_process import free_port, stop
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SESSION_ARGS = ["--kv-cache-memory", "512MiB", "--max-model-len", "1024"]
 SMALL_ARGS = ["--kv-cache-memory", "128MiB", "--max-model-len", "512"]
 STARTUP_TIMEOUT_S = 300.0  # model loading on a busy 2-core CI machine
 STOP_TIMEOUT_S = 60.0
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass
@@ -81,13 +76,7 @@ class ServerProcess:
         return self.proc.wait(timeout=timeout)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop(self.proc, grace=STOP_TIMEOUT_S)
 
 
 def wait_all_healthy(servers: list[ServerProcess], timeout: float = STARTUP_TIMEOUT_S) -> None:

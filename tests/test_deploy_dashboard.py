@@ -13,8 +13,6 @@ import math
 import os
 import re
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +24,8 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+
+from loadgen.server_process import free_port, stop
 
 ROOT = Path(__file__).resolve().parents[1]
 DASHBOARD = ROOT / "docker" / "grafana" / "dashboards" / "pagode.json"
@@ -87,13 +87,6 @@ def dashboard_targets() -> list[dict[str, Any]]:
 # --- a real server ------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def start_server(port: int, log_path: Path, extra: list[str]) -> subprocess.Popen[bytes]:
     log = open(log_path, "wb")  # noqa: SIM115 - closed with the process
     return subprocess.Popen(
@@ -115,16 +108,6 @@ def wait_healthy(proc: subprocess.Popen[bytes], url: str, log_path: Path) -> Non
     pytest.fail(f"server not healthy after {STARTUP_TIMEOUT_S} s:\n{log_path.read_text()[-3000:]}")
 
 
-def stop_process(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 @pytest.fixture(scope="module")
 def pagode_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port = free_port()
@@ -135,7 +118,7 @@ def pagode_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         wait_healthy(proc, url, log_path)
         yield url
     finally:
-        stop_process(proc)
+        stop(proc, grace=20)
 
 
 def model_name(url: str) -> str:
@@ -303,4 +286,4 @@ def test_every_panel_returns_data_from_a_real_prometheus(pagode_server: str, tmp
             if "histogram_quantile" in expr:
                 assert all(math.isfinite(v) and v > 0 for v in values), (expr, values)
     finally:
-        stop_process(proc)
+        stop(proc, grace=20)

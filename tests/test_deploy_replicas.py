@@ -16,7 +16,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -29,19 +28,14 @@ from typing import Any
 import httpx
 import pytest
 
+from loadgen.server_process import free_port, stop
+
 ROOT = Path(__file__).resolve().parents[1]
 NGINX_TEMPLATE = ROOT / "docker" / "nginx.conf"
 REPLICA_ARGS = ["--kv-cache-memory", "256MiB", "--max-model-len", "512"]
 STARTUP_TIMEOUT_S = 180.0
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def require_nginx() -> str:
@@ -73,13 +67,7 @@ class Process:
         return self.log.read_text(errors="replace")[-3000:] if self.log.exists() else ""
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop(self.proc, grace=20)
 
 
 def spawn(argv: list[str], url: str, log: Path) -> Process:
