@@ -14,7 +14,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -33,9 +33,17 @@ MAX_CONSECUTIVE_FAILED_STEPS = 3
 @dataclass
 class _Pending:
     request_id: str
-    token_ids: list[int]
+    prompt: str | list[int]
     params: SamplingParams
     arrival: float
+
+
+@dataclass
+class _Refused:
+    """add_request raised: the caller's generate() raises the same exception."""
+
+    request_id: str
+    error: BaseException
 
 
 class AsyncEngine:
@@ -47,6 +55,7 @@ class AsyncEngine:
         self.max_model_len = self.engine.max_model_len
         self.num_blocks = self.engine.num_blocks
         self.block_size = self.engine.block_size
+        self.limits = self.engine.limits
         self.dead_error: BaseException | None = None
         self._queues: dict[str, asyncio.Queue[StreamDelta | BaseException]] = {}
         self._inbox: list[_Pending] = []
@@ -89,19 +98,19 @@ class AsyncEngine:
 
     # ---- requests ------------------------------------------------------
     async def generate(self, prompt: str | list[int], params: SamplingParams,
-                       request_id: str) -> AsyncIterator[StreamDelta]:
+                       request_id: str) -> AsyncGenerator[StreamDelta, None]:
         if not self.is_running:
             raise EngineDeadError(f"the engine loop is not running: {self.dead_error!r}")
         if params.n != 1:
             raise InvalidRequestError("AsyncEngine.generate serves n=1; fan out choices", "n")
         if request_id in self._queues:
             raise InvalidRequestError(f"request id {request_id!r} is already in use", "request_id")
-        token_ids = self.engine.tokenize(prompt)
-        self.engine.validate(token_ids, params)
+        # Tokenizing and validation run in the worker thread, in add_request: engine state
+        # is touched by that thread only, and a long prompt never blocks the event loop.
         queue: asyncio.Queue[StreamDelta | BaseException] = asyncio.Queue()
         self._queues[request_id] = queue
         with self._lock:
-            self._inbox.append(_Pending(request_id, token_ids, params, time.monotonic()))
+            self._inbox.append(_Pending(request_id, prompt, params, time.monotonic()))
             self._num_pending += 1
         self._wakeup.set()
         finished = False
@@ -153,18 +162,18 @@ class AsyncEngine:
     def _has_work(self) -> bool:
         return bool(self._inbox or self._aborts or self.engine.has_unfinished())
 
-    def _step(self) -> tuple[list[StreamDelta], bool]:
+    def _step(self) -> tuple[list[StreamDelta | _Refused], bool]:
         """Runs in the worker thread: apply aborts and arrivals, then one engine step."""
         with self._lock:
             inbox, self._inbox = self._inbox, []
             aborts, self._aborts = self._aborts, []
             self._num_pending = 0
-        deltas: list[StreamDelta] = []
+        deltas: list[StreamDelta | _Refused] = []
         for p in inbox:
             try:
-                self.engine.add_request(p.request_id, p.token_ids, p.params, p.arrival)
-            except Exception as err:
-                deltas.append(StreamDelta(p.request_id, "", [], True, "abort", error=str(err)))
+                self.engine.add_request(p.request_id, p.prompt, p.params, p.arrival)
+            except Exception as err:  # noqa: BLE001 - the caller gets the error itself
+                deltas.append(_Refused(p.request_id, err))
         for request_id in aborts:
             delta = self.engine.abort_request(request_id)
             if delta is not None:
@@ -172,17 +181,17 @@ class AsyncEngine:
         step_failed = False
         try:
             step_deltas = self.engine.step()
-            step_failed = any(d.error for d in step_deltas) and all(d.error for d in step_deltas)
+            step_failed = bool(step_deltas) and all(d.error for d in step_deltas)
             deltas.extend(step_deltas)
         finally:
             self._stats = self.engine.stats()
         return deltas, step_failed
 
-    def _dispatch(self, deltas: list[StreamDelta]) -> None:
+    def _dispatch(self, deltas: list[StreamDelta | _Refused]) -> None:
         for d in deltas:
             queue = self._queues.get(d.request_id)
             if queue is not None:
-                queue.put_nowait(d)
+                queue.put_nowait(d.error if isinstance(d, _Refused) else d)
 
     def _fail_all(self, err: BaseException) -> None:
         for queue in self._queues.values():

@@ -1,6 +1,9 @@
 """Paged KV-cache bookkeeping: ref-counted blocks, a free list, and prefix reuse.
 
-A full block is known by a chained hash of (parent hash, its token ids). When the
+A full block is known by a chained hash of (parent hash, its token ids): a 128-bit
+blake2b digest, not Python's hash(), so that nobody can craft a prompt whose blocks
+collide with another user's cached blocks and poison their output (vLLM moved to sha256
+after CVE-2025-25183 for the same reason). When the
 last owner frees it, it goes to the tail of the free list but keeps its hash, so a
 later request with the same prefix can take it back; it is evicted only when the
 free list hands it out again (lazy, least recently freed first).
@@ -8,6 +11,8 @@ free list hands it out again (lazy, least recently freed first).
 
 from __future__ import annotations
 
+import hashlib
+from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -28,7 +33,10 @@ class Block:
 
 
 def chain_hash(parent: int | None, token_ids: tuple[int, ...]) -> int:
-    return hash((parent, token_ids))
+    digest = hashlib.blake2b(digest_size=16)
+    digest.update(b"root" if parent is None else parent.to_bytes(16, "little"))
+    digest.update(array("q", token_ids).tobytes())
+    return int.from_bytes(digest.digest(), "little")
 
 
 class BlockManager:

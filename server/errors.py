@@ -24,7 +24,9 @@ ERROR_TYPES = {
     401: "AuthenticationError",
     404: "NotFoundError",
     405: "MethodNotAllowedError",
+    408: "RequestTimeoutError",
     413: "RequestTooLargeError",
+    431: "RequestHeaderFieldsTooLargeError",
     429: "RateLimitError",
     500: "InternalServerError",
     503: "ServiceUnavailableError",
@@ -56,8 +58,12 @@ def bad_request(message: str, param: str | None = None) -> APIError:
     return APIError(400, message, param)
 
 
+def error_type(status: int) -> str:
+    return ERROR_TYPES.get(status) or HTTPStatus(status).phrase.replace(" ", "") + "Error"
+
+
 def error_body(status: int, message: str, param: str | None = None) -> dict[str, Any]:
-    kind = ERROR_TYPES.get(status) or HTTPStatus(status).phrase.replace(" ", "") + "Error"
+    kind = error_type(status)
     return {"error": {"message": message, "type": kind, "param": param, "code": status}}
 
 
@@ -66,20 +72,23 @@ def error_response(status: int, message: str, param: str | None = None,
     return JSONResponse(error_body(status, message, param), status_code=status, headers=headers)
 
 
-def api_error_from(exc: BaseException) -> APIError:
-    """Map an exception raised while serving a request to the status it deserves."""
+def api_error_from(exc: BaseException, request_id: str | None = None) -> APIError:
+    """Map an exception raised while serving a request to the status it deserves. Internal
+    faults are logged with the request id; their text never reaches the client."""
     if isinstance(exc, APIError):
         return exc
     if isinstance(exc, InvalidRequestError):
         return APIError(400, str(exc), exc.param)
+    where = f" (request {request_id})" if request_id else ""
     if isinstance(exc, EngineDeadError):
-        return APIError(503, f"The engine is not running: {exc}")
+        logger.error("engine not running%s: %s", where, exc)
+        return APIError(503, "The engine is not running; retry later.")
     if isinstance(exc, RequestFailedError):
-        return APIError(500, f"The request failed inside the engine: {exc}")
-    if isinstance(exc, ValueError):
-        return APIError(400, str(exc), guess_param(str(exc)))
-    logger.exception("internal error", exc_info=exc)
-    return APIError(500, f"Internal server error: {type(exc).__name__}: {exc}")
+        logger.error("request failed inside the engine%s: %s", where, exc)
+        return APIError(500, f"The request failed inside the engine{where}; "
+                        "the server log has the details.")
+    logger.error("internal error%s", where, exc_info=exc)
+    return APIError(500, f"Internal server error{where}.")
 
 
 def guess_param(message: str) -> str | None:
@@ -113,6 +122,7 @@ def describe_validation_error(exc: RequestValidationError) -> tuple[str, str | N
 async def handle_validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     message, param = describe_validation_error(exc)
+    message = message if len(message) <= 300 else message[:300] + "..."
     return error_response(400, message, param)
 
 
@@ -131,6 +141,9 @@ async def handle_http_exception(request: Request, exc: Exception) -> JSONRespons
 
 async def handle_unexpected(request: Request, exc: Exception) -> JSONResponse:
     error = api_error_from(exc)
+    state = getattr(request.app.state, "server", None)
+    if state is not None:  # sent outside the counting middleware, so count it here
+        state.count_response(error.status)
     return error_response(error.status, error.message, error.param)
 
 

@@ -15,12 +15,12 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from engine.errors import RequestFailedError
 from engine.outputs import StreamDelta
 from engine.sampling_params import SamplingParams
 from server.admission import QueueSlot
+from server.engine_client import EngineClient
 from server.errors import APIError, api_error_from
 from server.metrics import ServerMetrics
 
@@ -103,7 +103,8 @@ def format_seconds(value: float | None) -> str:
 class GenerationService:
     """Starts sub-requests on the engine and keeps the live ones, for shutdown."""
 
-    def __init__(self, engine: Any, metrics: ServerMetrics, log_text: bool = False) -> None:
+    def __init__(self, engine: EngineClient, metrics: ServerMetrics,
+                 log_text: bool = False) -> None:
         self.engine = engine
         self.metrics = metrics
         self.log_text = log_text
@@ -143,7 +144,9 @@ class GenerationService:
             final = ChoiceEvent(sub.index, abort_delta(sub, record))
         except Exception as exc:  # noqa: BLE001 - every failure becomes an error event
             record.finish_reason = "error"
-            final = ChoiceEvent(sub.index, error=api_error_from(exc))
+            final = ChoiceEvent(sub.index, error=api_error_from(exc, sub.request_id))
+            if isinstance(exc, RequestFailedError):
+                self.metrics.observe_engine_failure()
         finally:
             slot.release()
             if final is None or final.error is not None or (

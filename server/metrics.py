@@ -8,7 +8,7 @@ iteration sizes from the engine's step listener.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from prometheus_client import (
@@ -102,16 +102,41 @@ class EngineSnapshotCollector(Collector):
             yield counter
 
 
+class ResponseCollector(Collector):
+    """HTTP responses by status code and OpenAI error type ("none" for successes), read
+    from the counts that server/response_metrics.py keeps."""
+
+    def __init__(self, model_name: str, read_counts: Callable[[], Mapping[tuple[str, str], int]]
+                 ) -> None:
+        self.model_name = model_name
+        self.read_counts = read_counts
+
+    def collect(self) -> Iterable[Metric]:
+        family = CounterMetricFamily(
+            PREFIX + "http_responses", "HTTP responses by status code and error type "
+            "(errors sent inside a started SSE stream count under their own code).",
+            labels=["model_name", "code", "error_type"])
+        for (code, kind), count in sorted(self.read_counts().items()):
+            family.add_metric([self.model_name, code, kind], float(count))
+        yield family
+
+
 class ServerMetrics:
     """All series of one served model, in a registry of their own."""
 
     def __init__(self, model_name: str, max_model_len: int, max_num_batched_tokens: int,
                  read_stats: Callable[[], EngineStats | None],
-                 read_queued: Callable[[], int]) -> None:
+                 read_queued: Callable[[], int],
+                 read_responses: Callable[[], Mapping[tuple[str, str], int]] = dict) -> None:
         disable_created_metrics()  # no *_created series: dashboards do not use them
         self.model_name = model_name
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(EngineSnapshotCollector(model_name, read_stats, read_queued))
+        self.registry.register(ResponseCollector(model_name, read_responses))
+        self.engine_failures = Counter(
+            PREFIX + "request_engine_failures", "Requests that failed inside the engine "
+            "(an exception while sampling or post-processing them).", ["model_name"],
+            registry=self.registry).labels(model_name)
         labels = ["model_name"]
         self.request_success = Counter(
             PREFIX + "request_success", "Finished requests by finish reason.",
@@ -167,6 +192,9 @@ class ServerMetrics:
             self.queue_time.observe(queue_time)
         if ttft is not None:
             self.ttft.observe(ttft)
+
+    def observe_engine_failure(self) -> None:
+        self.engine_failures.inc()
 
     def reject(self, reason: str) -> None:
         self.rejected.labels(self.model_name, reason).inc()

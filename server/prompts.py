@@ -1,13 +1,16 @@
-"""Turning request prompts and chat messages into token ids, and checking them against
-the context, with vLLM's wording so that clients that parse these messages keep working."""
+"""Turning request prompts and chat messages into token ids. These functions are
+synchronous and CPU-bound: the routes run them in the worker pool (server/offload.py).
+Limits (vocabulary, context, characters) come from the engine's RequestLimits."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
+from engine.request_limits import RequestLimits, check_prompt_chars, check_token_ids
 from server.errors import bad_request
 from server.protocol import ChatMessage, Prompt
+from server.user_text import PlainTextEncoder, encode_chat
 
 
 @dataclass
@@ -32,26 +35,25 @@ def split_prompts(prompt: Prompt) -> list[str | list[int]]:
     return list(prompt)  # type: ignore[arg-type]
 
 
-def encode_prompts(tokenizer: Any, prompt: Prompt) -> list[PromptInput]:
-    inputs: list[PromptInput] = []
-    vocab_size = len(tokenizer)
-    for item in split_prompts(prompt):
+def check_prompt_items(items: list[str | list[int]], limits: RequestLimits) -> None:
+    """Cheap checks before any tokenizing: emptiness, characters, vocabulary."""
+    for item in items:
+        if not item:
+            raise bad_request("prompt must not be empty", "prompt")
         if isinstance(item, str):
-            if not item:
-                raise bad_request("prompt must not be empty", "prompt")
+            check_prompt_chars(item, limits)
+        else:
+            check_token_ids(item, limits, "prompt")
+
+
+def encode_prompts(tokenizer: Any, items: list[str | list[int]]) -> list[PromptInput]:
+    inputs: list[PromptInput] = []
+    for item in items:
+        if isinstance(item, str):
             inputs.append(PromptInput(tokenizer.encode(item, add_special_tokens=True), item))
         else:
-            check_token_ids(item, vocab_size, "prompt")
             inputs.append(PromptInput(list(item), tokenizer.decode(item)))
     return inputs
-
-
-def check_token_ids(token_ids: list[int], vocab_size: int, param: str) -> None:
-    if not token_ids:
-        raise bad_request(f"{param} must not be empty", param)
-    bad = [t for t in token_ids if not 0 <= t < vocab_size]
-    if bad:
-        raise bad_request(f"token ids out of the vocabulary [0, {vocab_size}): {bad[:5]}", param)
 
 
 def message_dicts(messages: list[ChatMessage]) -> list[dict[str, Any]]:
@@ -63,8 +65,8 @@ def message_dicts(messages: list[ChatMessage]) -> list[dict[str, Any]]:
             parts = []
             for part in content:
                 if part.type != "text" or part.text is None:
-                    raise bad_request(f"messages[{i}]: only text content is supported, "
-                                      f"got a {part.type!r} part", "messages")
+                    raise bad_request(f"messages[{i}]: only text content is supported",
+                                      "messages")
                 parts.append(part.text)
             content = "\n".join(parts)
         item: dict[str, Any] = {"role": message.role, "content": content or ""}
@@ -74,31 +76,24 @@ def message_dicts(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     return rendered
 
 
-def render_chat(tokenizer: Any, messages: list[ChatMessage], add_generation_prompt: bool = True,
+def render_chat(tokenizer: Any, encoder: PlainTextEncoder, messages: list[ChatMessage],
+                limits: RequestLimits, add_generation_prompt: bool = True,
                 continue_final_message: bool = False) -> PromptInput:
     """Render with the model's chat template. The template already writes the special
-    tokens, so the text is encoded without adding them a second time."""
+    tokens, so the text is encoded without adding them a second time; message content is
+    encoded as plain text (server/user_text.py)."""
     if not getattr(tokenizer, "chat_template", None):
         raise bad_request("this model has no chat template; use /v1/completions", "messages")
+    dicts = message_dicts(messages)
+    check_prompt_chars("".join(str(m["content"]) for m in dicts), limits, "messages")
+    options = {"add_generation_prompt": add_generation_prompt and not continue_final_message,
+               "continue_final_message": continue_final_message}
     try:
-        text = tokenizer.apply_chat_template(
-            message_dicts(messages), add_generation_prompt=add_generation_prompt and not
-            continue_final_message, continue_final_message=continue_final_message,
-            tokenize=False)
+        text = tokenizer.apply_chat_template(dicts, tokenize=False, **options)
+        ids = encode_chat(tokenizer, encoder, dicts, text, **options)
     except Exception as exc:  # jinja raises TemplateError for roles it cannot render
-        raise bad_request(f"cannot render messages with the chat template: {exc}",
-                          "messages") from exc
-    return PromptInput(tokenizer.encode(text, add_special_tokens=False), text)
-
-
-def check_context(num_prompt_tokens: int, max_tokens: int | None, max_model_len: int) -> None:
-    if num_prompt_tokens >= max_model_len:
-        raise bad_request(
-            f"This model's maximum context length is {max_model_len} tokens. However, your "
-            f"request has {num_prompt_tokens} input tokens. Please reduce the length of the "
-            "input messages.", "input_tokens")
-    if max_tokens is not None and num_prompt_tokens + max_tokens > max_model_len:
-        raise bad_request(
-            f"'max_tokens' is too large: {max_tokens}. This model's maximum context length "
-            f"is {max_model_len} tokens and your request has {num_prompt_tokens} input tokens "
-            f"({max_tokens} > {max_model_len} - {num_prompt_tokens}).", "max_tokens")
+        if getattr(exc, "status", None) == 400:
+            raise
+        raise bad_request(f"cannot render messages with the chat template: "
+                          f"{type(exc).__name__}", "messages") from exc
+    return PromptInput(ids, text)

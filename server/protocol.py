@@ -1,7 +1,9 @@
 """Request and response bodies of the OpenAI-compatible API, with vLLM's field names.
 
 Unknown fields are kept (extra="allow") so that clients written for other servers still
-work; the routes log them once per request instead of rejecting the request.
+work; server/validation.py refuses the ones whose meaning pagode does not implement and logs
+the rest once. NaN and Infinity (JSON literals Python accepts) are refused everywhere, and
+lists fail fast so that a body of a million wrong items builds one error, not a million.
 """
 
 from __future__ import annotations
@@ -27,11 +29,11 @@ NonNegativeInt = Annotated[int, Field(strict=True, ge=0)]
 Temperature = Annotated[float, Field(ge=0.0, le=2.0)]
 TopP = Annotated[float, Field(gt=0.0, le=1.0)]
 Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
-TokenIds = list[StrictInt]
+TokenIds = Annotated[list[StrictInt], Field(fail_fast=True)]
 
 
 class OpenAIModel(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
     def unknown_fields(self) -> list[str]:
         return sorted((self.model_extra or {}).keys())
@@ -52,7 +54,7 @@ class SamplingFields(OpenAIModel):
     top_k: Annotated[int, Field(strict=True, ge=-1)] = 0
     min_p: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0
     seed: StrictInt | None = None
-    stop: str | list[str] | None = None
+    stop: str | Annotated[list[str], Field(fail_fast=True)] | None = None
     stop_token_ids: TokenIds | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -97,7 +99,8 @@ class SamplingFields(OpenAIModel):
         return bool(self.stream_options and self.stream_options.include_usage)
 
 
-Prompt = str | list[str] | TokenIds | list[TokenIds]
+Prompt = (str | Annotated[list[str], Field(fail_fast=True)] | TokenIds
+          | Annotated[list[TokenIds], Field(fail_fast=True)])
 
 
 class CompletionRequest(SamplingFields):
@@ -114,12 +117,12 @@ class TextPart(OpenAIModel):
 
 class ChatMessage(OpenAIModel):
     role: str
-    content: str | list[TextPart] | None = None
+    content: str | Annotated[list[TextPart], Field(fail_fast=True)] | None = None
     name: str | None = None
 
 
 class ChatCompletionRequest(SamplingFields):
-    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    messages: Annotated[list[ChatMessage], Field(min_length=1, fail_fast=True)]
     max_tokens: PositiveInt | None = None
     max_completion_tokens: PositiveInt | None = None
     logprobs: bool = False
@@ -138,7 +141,7 @@ class ChatCompletionRequest(SamplingFields):
 class TokenizeRequest(OpenAIModel):
     model: str | None = None
     prompt: str | None = None
-    messages: list[ChatMessage] | None = None
+    messages: Annotated[list[ChatMessage], Field(fail_fast=True)] | None = None
     add_special_tokens: bool | None = None
     add_generation_prompt: bool = True
 

@@ -5,39 +5,38 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from server.body import openapi_body, parse_body
 from server.builders import ChatBuilder
+from server.offload import run_blocking
 from server.prompts import PromptInput, render_chat
 from server.protocol import ChatCompletionRequest
-from server.routes_common import (
-    check_model,
-    fan_out,
-    get_state,
-    log_unknown_fields,
-    new_request_id,
-    respond,
-)
+from server.routes_common import check_model, get_state, new_request_id, respond
+from server.validation import check_fields, checked_fan_out, fan_out
 
 router = APIRouter()
 
 
-@router.post("/v1/chat/completions")
-async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
+@router.post("/v1/chat/completions", openapi_extra=openapi_body(ChatCompletionRequest))
+async def create_chat_completion(request: Request) -> Response:
     state = get_state(request)
+    body = await parse_body(request, ChatCompletionRequest, state.settings)
     engine = state.require_engine()
     check_model(state, body.model)
     request_id = new_request_id("chatcmpl")
-    log_unknown_fields(request_id, body)
-    prompt = render_chat(engine.tokenizer, body.messages, body.add_generation_prompt,
-                         body.continue_final_message)
+    check_fields(request_id, body)
+    checked_fan_out(1, body.n, engine.limits)
+    prompt = await run_blocking(render_chat, engine.tokenizer, state.text_encoder, body.messages,
+                                engine.limits, body.add_generation_prompt,
+                                body.continue_final_message)
     requested = body.max_completion_tokens or body.max_tokens
 
-    def max_tokens_for(prompt: PromptInput) -> int:
-        # Neither given: whatever the context leaves (the prompt check comes first).
-        return requested or max(engine.max_model_len - len(prompt.token_ids), 1)
+    def max_tokens_for(prompt: PromptInput) -> int | None:
+        # Neither given: whatever the context leaves (check_prompt resolves None).
+        return requested
 
     top = body.top_logprobs or 0
     subs = fan_out(request_id, [prompt], body, max_tokens_for, top if body.logprobs else None,
-                   state.settings.log_requests_text, engine.max_model_len)
+                   state.settings.log_requests_text, engine.limits)
     builder = ChatBuilder(request_id, state.served_model_name, prompt, body.n, body.logprobs,
                           top)
     return await respond(state, request, body, subs, builder)

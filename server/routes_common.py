@@ -1,25 +1,21 @@
 """What the completions and chat routes share: the checks every generation request goes
-through, in the order clients expect (503, 404, 400, then 429), and the fan-out."""
+through, in the order clients expect (400 for a malformed body, 503, 404, 400, then 429),
+and the start of the response. The checks themselves live in server/validation.py."""
 
 from __future__ import annotations
 
-import logging
 import uuid
-from collections.abc import Callable
 
 from fastapi import Request
 from fastapi.responses import Response
 
-from engine.sampling_params import SamplingParams
+from engine.request_limits import clip
 from server.builders import ResponseBuilder
-from server.errors import APIError, bad_request, guess_param
+from server.errors import APIError
 from server.generation import SubRequest
-from server.prompts import PromptInput, check_context
-from server.protocol import OpenAIModel, SamplingFields
+from server.protocol import SamplingFields
 from server.state import ServerState
 from server.streaming import full_response, stream_response
-
-logger = logging.getLogger("pagode.server")
 
 
 def get_state(request: Request) -> ServerState:
@@ -37,48 +33,7 @@ def check_model(state: ServerState, model: str | None) -> None:
     if state.engine is not None:
         names.add(str(state.engine.model_name))
     if model is not None and model not in names:
-        raise APIError(404, f"The model `{model}` does not exist.", "model")
-
-
-def log_unknown_fields(request_id: str, body: OpenAIModel) -> None:
-    unknown = body.unknown_fields()
-    if unknown:
-        logger.warning("request %s: ignoring unknown fields %s", request_id, unknown)
-
-
-def sampling_params(body: SamplingFields, max_tokens: int, logprobs: int | None,
-                    seed: int | None) -> SamplingParams:
-    try:
-        return SamplingParams(
-            n=1, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
-            min_p=body.min_p, seed=seed, max_tokens=max_tokens, min_tokens=body.min_tokens,
-            stop=body.stop_list(), stop_token_ids=list(body.stop_token_ids or []),
-            ignore_eos=body.ignore_eos, logprobs=logprobs,
-            presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
-            repetition_penalty=body.repetition_penalty,
-            logit_bias={int(k): v for k, v in (body.logit_bias or {}).items()},
-            skip_special_tokens=body.skip_special_tokens)
-    except ValueError as exc:
-        raise bad_request(str(exc), guess_param(str(exc))) from exc
-
-
-def fan_out(request_id: str, prompts: list[PromptInput], body: SamplingFields,
-            max_tokens_for: Callable[[PromptInput], int], logprobs: int | None,
-            log_text: bool, max_model_len: int) -> list[SubRequest]:
-    """One sub-request per choice: prompt p, sample i is choice p*n+i, id f"{rid}-{index}".
-    With a seed, sample i uses seed+i so that the n choices differ but stay reproducible."""
-    subs = []
-    for p, prompt in enumerate(prompts):
-        max_tokens = max_tokens_for(prompt)
-        check_context(len(prompt.token_ids), max_tokens, max_model_len)
-        for i in range(body.n):
-            # torch generators take seeds in [0, 2**64); any integer maps there stably.
-            seed = None if body.seed is None else (body.seed + i) % 2**63
-            index = p * body.n + i
-            subs.append(SubRequest(index, f"{request_id}-{index}", prompt.token_ids,
-                                   sampling_params(body, max_tokens, logprobs, seed),
-                                   prompt.text if log_text else None))
-    return subs
+        raise APIError(404, f"The model `{clip(model)}` does not exist.", "model")
 
 
 async def respond(state: ServerState, request: Request, body: SamplingFields,

@@ -9,9 +9,13 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from server.errors import APIError, error_response
+from engine.errors import InvalidRequestError
+from engine.request_limits import check_prompt_chars, check_token_ids
+from server.body import openapi_body, parse_body
+from server.errors import APIError, bad_request, error_response
 from server.metrics import CONTENT_TYPE
-from server.prompts import check_token_ids, render_chat
+from server.offload import run_blocking
+from server.prompts import render_chat
 from server.protocol import DetokenizeRequest, TokenizeRequest, now
 from server.routes_common import check_model, get_state
 
@@ -62,27 +66,43 @@ async def metrics(request: Request) -> Response:
     return Response(state.metrics.render(), media_type=CONTENT_TYPE)
 
 
-@router.post("/tokenize")
-async def tokenize(body: TokenizeRequest, request: Request) -> dict[str, Any]:
+@router.post("/tokenize", openapi_extra=openapi_body(TokenizeRequest))
+async def tokenize(request: Request) -> dict[str, Any]:
+    """Chat messages tokenize exactly as the chat route does (content stays plain text)."""
     state = get_state(request)
+    body = await parse_body(request, TokenizeRequest, state.settings)
     engine = state.require_engine()
     check_model(state, body.model)
     if body.messages is not None:
-        tokens = render_chat(engine.tokenizer, body.messages, body.add_generation_prompt).token_ids
+        prompt = await run_blocking(render_chat, engine.tokenizer, state.text_encoder,
+                                    body.messages, engine.limits, body.add_generation_prompt)
+        tokens = prompt.token_ids
     else:
+        text = body.prompt or ""
+        try:
+            check_prompt_chars(text, engine.limits)
+        except InvalidRequestError as exc:
+            raise bad_request(str(exc), exc.param) from exc
         add_special = True if body.add_special_tokens is None else body.add_special_tokens
-        tokens = engine.tokenizer.encode(body.prompt or "", add_special_tokens=add_special)
+        tokens = await run_blocking(engine.tokenizer.encode, text,
+                                    add_special_tokens=add_special)
     return {"count": len(tokens), "max_model_len": engine.max_model_len, "tokens": tokens}
 
 
-@router.post("/detokenize")
-async def detokenize(body: DetokenizeRequest, request: Request) -> dict[str, Any]:
+@router.post("/detokenize", openapi_extra=openapi_body(DetokenizeRequest))
+async def detokenize(request: Request) -> dict[str, Any]:
     state = get_state(request)
+    body = await parse_body(request, DetokenizeRequest, state.settings)
     engine = state.require_engine()
     check_model(state, body.model)
-    if body.tokens:
-        check_token_ids(body.tokens, len(engine.tokenizer), "tokens")
-    return {"prompt": engine.tokenizer.decode(body.tokens)}
+    try:
+        check_token_ids(body.tokens, engine.limits, "tokens")
+    except InvalidRequestError as exc:
+        raise bad_request(str(exc), exc.param) from exc
+    if len(body.tokens) > engine.limits.max_prompt_chars:
+        raise bad_request("too many tokens to detokenize", "tokens")
+    text = await run_blocking(engine.tokenizer.decode, body.tokens)
+    return {"prompt": text}
 
 
 @router.post("/debug/kill-engine-loop")

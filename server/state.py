@@ -5,26 +5,29 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from collections.abc import Callable
-from typing import Any
 
 from engine.config import EngineConfig
-from server.admission import Admission, QueueSlot
-from server.errors import APIError
+from engine.stats import EngineStats
+from server.admission import Admission, QueueSlot, default_queue_bound
+from server.engine_client import EngineClient
+from server.errors import APIError, error_type
 from server.generation import ChoiceStream, GenerationService, SubRequest
 from server.metrics import ServerMetrics
 from server.settings import ServerSettings
+from server.user_text import PlainTextEncoder
 
 logger = logging.getLogger("pagode.server")
 
 
 class ServerState:
-    def __init__(self, settings: ServerSettings, engine: Any | None = None,
+    def __init__(self, settings: ServerSettings, engine: EngineClient | None = None,
                  engine_config: EngineConfig | None = None) -> None:
         if engine is None and engine_config is None:
             raise ValueError("give an engine or an engine config")
         self.settings = settings
-        self.engine: Any | None = engine
+        self.engine: EngineClient | None = engine
         self.engine_config = engine_config
         self.ready = False  # the engine is loaded and its loop started
         self.load_error: str | None = None
@@ -36,6 +39,9 @@ class ServerState:
         self.metrics: ServerMetrics | None = None
         self.generation: GenerationService | None = None
         self.on_fatal: Callable[[], None] | None = None  # the engine failed to load
+        self._text_encoder: PlainTextEncoder | None = None
+        # HTTP responses by (status, error type), counted by server/response_metrics.py
+        self.responses: Counter[tuple[str, str]] = Counter()
 
     # ---- lifecycle ----
 
@@ -43,15 +49,15 @@ class ServerState:
         """Build the engine (model loading runs in a thread, so /health answers 503 in the
         meantime), start its loop, and wire metrics."""
         try:
-            engine: Any = self.engine
+            engine = self.engine
             if engine is None:
                 logger.info("loading the engine (/health answers 503 until it is ready)")
                 from engine.async_engine import AsyncEngine
 
                 assert self.engine_config is not None
 
-                engine = await asyncio.to_thread(AsyncEngine, self.engine_config)
-                self.engine = engine
+                built: EngineClient = await asyncio.to_thread(AsyncEngine, self.engine_config)
+                self.engine = engine = built
             if not engine.is_running:
                 await engine.start()
             self.wire_engine(engine)
@@ -61,12 +67,16 @@ class ServerState:
             if self.on_fatal is not None:
                 self.on_fatal()
 
-    def wire_engine(self, engine: Any) -> None:
-        config = self.engine_config or getattr(engine, "config", None)
-        max_batched = getattr(config, "max_num_batched_tokens", 2048)
+    def wire_engine(self, engine: EngineClient) -> None:
+        config = self.engine_config or engine.config
+        max_batched = config.token_budget
+        self._text_encoder = PlainTextEncoder(engine.tokenizer)
+        if self.settings.max_num_queued_reqs is None:
+            self.admission.max_queued = default_queue_bound(engine.num_blocks * engine.block_size)
         self.metrics = ServerMetrics(self.served_model_name, engine.max_model_len, max_batched,
                                      read_stats=self.read_stats,
-                                     read_queued=lambda: self.admission.queued)
+                                     read_queued=lambda: self.admission.queued,
+                                     read_responses=lambda: self.responses)
         engine.add_step_listener(self.metrics.observe_step)
         self.generation = GenerationService(engine, self.metrics,
                                             self.settings.log_requests_text)
@@ -74,9 +84,9 @@ class ServerState:
         blocks = engine.num_blocks
         logger.info(
             "Serving %s as %r at %s: %d KV blocks of %d tokens (%d tokens), max_model_len %d, "
-            "policy %s", engine.model_name, self.served_model_name, self.settings.url or "?",
-            blocks, engine.block_size, blocks * engine.block_size, engine.max_model_len,
-            getattr(config, "policy", "?"))
+            "policy %s, queue bound %s", engine.model_name, self.served_model_name,
+            self.settings.url or "?", blocks, engine.block_size, blocks * engine.block_size,
+            engine.max_model_len, config.policy, self.admission.max_queued)
 
     async def close(self) -> None:
         if self.generation is not None:
@@ -84,7 +94,13 @@ class ServerState:
         if self.engine is not None and self.ready:
             await self.engine.stop()
 
-    def read_stats(self) -> Any:
+    @property
+    def text_encoder(self) -> PlainTextEncoder:
+        """Encodes chat message content as plain text (set once the engine is loaded)."""
+        assert self._text_encoder is not None, "the engine is not loaded"
+        return self._text_encoder
+
+    def read_stats(self) -> EngineStats | None:
         return self.engine.stats() if self.engine is not None else None
 
     # ---- what requests ask ----
@@ -112,13 +128,14 @@ class ServerState:
             return "The server is shutting down"
         return None
 
-    def require_engine(self) -> Any:
+    def require_engine(self) -> EngineClient:
         """The engine, or a 503 saying why generation cannot happen now."""
         problem = self.health_problem()
         if problem is not None:
             if self.metrics is not None:
                 self.metrics.reject("draining" if self.draining else "not_ready")
             raise APIError(503, problem, headers={"Retry-After": str(self.settings.retry_after_s)})
+        assert self.engine is not None
         return self.engine
 
     def start_generation(self, subs: list[SubRequest]) -> ChoiceStream:
@@ -130,6 +147,9 @@ class ServerState:
             self.metrics.reject("queue_full")
             raise
         return self.generation.start(subs, slots)
+
+    def count_response(self, status: int) -> None:
+        self.responses[(str(status), error_type(status) if status >= 400 else "none")] += 1
 
     def begin_request(self) -> None:
         self.in_flight += 1

@@ -52,6 +52,7 @@ async def sse_events(stream: ChoiceStream, builder: ResponseBuilder, include_usa
         failed = False
         async for event in stream:
             if event.error is not None:
+                guard.state.count_response(event.error.status)
                 yield to_json(event.error.body())
                 failed = True
                 break
@@ -69,8 +70,10 @@ def stream_response(state: ServerState, stream: ChoiceStream, builder: ResponseB
                     include_usage: bool) -> EventSourceResponse:
     guard = RequestGuard(state, stream)
     # sep="\n": frames are "data: ...\n\n", byte for byte what OpenAI and vLLM send.
+    # send_timeout: a client that stops reading is cut, and its request aborted (guard).
     return EventSourceResponse(sse_events(stream, builder, include_usage, guard), sep="\n",
-                               background=BackgroundTask(guard.close))
+                               background=BackgroundTask(guard.close),
+                               send_timeout=state.settings.sse_send_timeout_s)
 
 
 async def wait_for_disconnect(request: Request) -> None:

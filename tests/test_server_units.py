@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from engine.errors import InvalidRequestError
+from engine.request_limits import RequestLimits, check_prompt
 from server.admission import Admission
 from server.auth import bearer_matches, is_protected
 from server.errors import APIError
 from server.metrics import REQUEST_TIME_BUCKETS, TTFT_BUCKETS, build_1_2_5_buckets
-from server.prompts import check_context, split_prompts
+from server.prompts import split_prompts
 
 
 def test_admission_bounds_the_queue_and_releases_once() -> None:
@@ -56,13 +58,15 @@ def test_buckets_resolve_cpu_latencies() -> None:
 
 
 def test_context_checks_name_the_right_param() -> None:
-    with pytest.raises(APIError) as too_long:
-        check_context(1024, 1, 1024)
+    limits = RequestLimits(vocab_size=100, max_model_len=1024, max_prompt_tokens=4096)
+    with pytest.raises(InvalidRequestError) as too_long:
+        check_prompt([1] * 1024, 1, limits)
     assert too_long.value.param == "input_tokens"
-    with pytest.raises(APIError) as too_many:
-        check_context(1000, 25, 1024)
+    with pytest.raises(InvalidRequestError) as too_many:
+        check_prompt([1] * 1000, 25, limits)
     assert too_many.value.param == "max_tokens"
-    check_context(1000, 24, 1024)
+    assert check_prompt([1] * 1000, 24, limits) == 24
+    assert check_prompt([1] * 1000, None, limits) == 24
 
 
 def test_prompt_shapes() -> None:

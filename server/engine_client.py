@@ -1,0 +1,46 @@
+"""What the server may call on the engine: a small typed protocol.
+
+engine.async_engine.AsyncEngine implements it; the server never reaches past it (no
+LLMEngine, no scheduler, no runner), so the boundary stays `server -> engine` and a test
+double or another engine only has to provide these members.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Callable
+from typing import Any, Protocol
+
+from engine.config import EngineConfig
+from engine.outputs import StreamDelta
+from engine.request_limits import RequestLimits
+from engine.sampling_params import SamplingParams
+from engine.stats import EngineStats, StepStats
+
+
+class EngineClient(Protocol):
+    config: EngineConfig
+    tokenizer: Any  # a transformers tokenizer: encode, decode, apply_chat_template
+    model_name: str
+    max_model_len: int
+    num_blocks: int
+    block_size: int
+    limits: RequestLimits
+    dead_error: BaseException | None
+
+    @property
+    def is_running(self) -> bool: ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    def generate(self, prompt: str | list[int], params: SamplingParams,
+                 request_id: str) -> AsyncGenerator[StreamDelta, None]: ...
+
+    def abort(self, request_id: str) -> None: ...
+
+    def stats(self) -> EngineStats: ...
+
+    def add_step_listener(self, callback: Callable[[StepStats], None]) -> None: ...
+
+    def kill_loop_for_testing(self) -> None: ...
