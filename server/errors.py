@@ -131,6 +131,11 @@ async def handle_api_error(request: Request, exc: Exception) -> JSONResponse:
     return error_response(exc.status, exc.message, exc.param, exc.headers)
 
 
+async def handle_invalid_request(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, InvalidRequestError)
+    return error_response(400, str(exc), exc.param)
+
+
 async def handle_http_exception(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     message = exc.detail if isinstance(exc.detail, str) else HTTPStatus(exc.status_code).phrase
@@ -150,5 +155,6 @@ async def handle_unexpected(request: Request, exc: Exception) -> JSONResponse:
 def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, handle_validation_error)
     app.add_exception_handler(APIError, handle_api_error)
+    app.add_exception_handler(InvalidRequestError, handle_invalid_request)
     app.add_exception_handler(StarletteHTTPException, handle_http_exception)
     app.add_exception_handler(Exception, handle_unexpected)
