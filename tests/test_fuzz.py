@@ -1,0 +1,153 @@
+"""The test suite looks for the next hostile input by itself, on the session server.
+
+- schemathesis generates requests from the live server's OpenAPI schema for
+  /v1/completions, /v1/chat/completions, /tokenize and /detokenize (a bounded budget;
+  generation lengths and n are capped so that the budget goes to validation, not to
+  decoding). No answer is a 5xx, every error has the OpenAI shape, streams end cleanly.
+- hypothesis sends random sampling parameters (NaN, +-inf, 0, negative, huge, wrong types)
+  through the validation layer: the answer is a 400 or a valid completion, never anything
+  else, and every body is strict JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import httpx
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from server_fixtures import ServerProcess, json_error
+
+pytestmark = pytest.mark.slow
+
+FUZZED_PATHS = "^/(v1/completions|v1/chat/completions|tokenize|detokenize)$"
+EXAMPLES_PER_OPERATION = 60  # x 4 operations: a few hundred cases
+MAX_TOKENS = 4
+
+
+def strict_json(text: str) -> Any:
+    def refuse(name: str) -> None:
+        raise AssertionError(f"non-standard JSON constant {name} in {text[:200]}")
+    return json.loads(text, parse_constant=refuse)
+
+
+def cap_generation(body: Any) -> None:
+    """Keep generated requests cheap to serve: few tokens, few choices."""
+    if not isinstance(body, dict):
+        return
+    for key in ("max_tokens", "max_completion_tokens"):
+        value = body.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and MAX_TOKENS < value < 2048:
+            body[key] = MAX_TOKENS
+    if "messages" in body and body.get("max_tokens") is None and \
+            body.get("max_completion_tokens") is None:
+        body["max_tokens"] = MAX_TOKENS
+    n = body.get("n")
+    if isinstance(n, int) and not isinstance(n, bool) and 2 < n <= 128:
+        body["n"] = 2
+
+
+def check_response(status: int, text: str, streamed: bool) -> None:
+    assert status < 500, text[:500]
+    if status >= 400:
+        body = strict_json(text)
+        assert set(body) == {"error"}, body
+        assert set(body["error"]) == {"message", "type", "param", "code"}, body
+        assert body["error"]["code"] == status and len(body["error"]["message"]) < 1000
+    elif streamed:
+        events = [line.removeprefix("data: ") for line in text.splitlines() if line]
+        assert events[-1] == "[DONE]", text[-300:]
+        for event in events[:-1]:
+            assert "error" not in strict_json(event), event
+    else:
+        strict_json(text)
+
+
+def fuzzed_operations(server: ServerProcess) -> list[Any]:
+    schema = schemathesis.openapi.from_url(f"{server.base_url}/openapi.json")
+    operations = [result.ok() for result in
+                  schema.include(path_regex=FUZZED_PATHS).get_all_operations()]
+    assert len(operations) == 4, [op.label for op in operations]
+    return operations
+
+
+def test_openapi_fuzz(server: ServerProcess) -> None:
+    """schemathesis' generated cases for each operation, run with hypothesis directly
+    (its pytest plugin does not load under this pytest)."""
+    for operation in fuzzed_operations(server):
+
+        @given(case=operation.as_strategy())
+        @settings(max_examples=EXAMPLES_PER_OPERATION, deadline=None, database=None,
+                  suppress_health_check=list(HealthCheck))
+        def run(case: Any) -> None:
+            cap_generation(case.body)
+            streamed = isinstance(case.body, dict) and case.body.get("stream") is True
+            response = case.call(base_url=server.base_url, timeout=120)
+            check_response(response.status_code, response.text, streamed)
+
+        run()
+    assert httpx.get(f"{server.base_url}/health").status_code == 200
+
+
+def test_openapi_schema_covers_the_fuzzed_bodies(server: ServerProcess) -> None:
+    spec = httpx.get(f"{server.base_url}/openapi.json").json()
+    for path in ("/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"):
+        ref = spec["paths"][path]["post"]["requestBody"]["content"]["application/json"]
+        name = ref["schema"]["$ref"].rsplit("/", 1)[-1]
+        assert spec["components"]["schemas"][name]["properties"], name
+    assert httpx.get(f"{server.base_url}/health").status_code == 200
+
+
+SAMPLING_FIELDS = ["temperature", "top_p", "top_k", "min_p", "seed", "max_tokens",
+                   "min_tokens", "presence_penalty", "frequency_penalty",
+                   "repetition_penalty", "n", "logprobs", "stop", "stop_token_ids",
+                   "logit_bias", "ignore_eos", "best_of"]
+NUMBERS = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.sampled_from([0, 0.0, -0.0, -1, 1, 2, 1e-300, -1e-300, 1e300, 2**63, 2**64, 1e-5,
+                     math.nan, math.inf, -math.inf]),
+)
+VALUES = st.one_of(
+    NUMBERS, st.none(), st.booleans(), st.text(max_size=6),
+    st.lists(st.one_of(NUMBERS, st.text(max_size=4)), max_size=4),
+    st.dictionaries(st.text(max_size=6), NUMBERS, max_size=3),
+)
+
+
+@given(fields=st.dictionaries(st.sampled_from(SAMPLING_FIELDS), VALUES, max_size=5),
+       chat=st.booleans())
+@settings(max_examples=120, deadline=None, database=None,
+          suppress_health_check=list(HealthCheck))
+def test_random_sampling_params_get_400_or_a_valid_completion(
+        server: ServerProcess, fields: dict[str, Any], chat: bool) -> None:
+    body: dict[str, Any] = {"max_tokens": 2, **fields}
+    if chat:
+        body["messages"] = [{"role": "user", "content": "Hi"}]
+    else:
+        body["prompt"] = "Hi"
+    cap_generation(body)
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    raw = json.dumps(body)  # NaN and Infinity go out as the JSON literals Python writes
+    response = httpx.post(server.base_url + path, content=raw, timeout=120,
+                          headers={"content-type": "application/json"})
+    assert response.status_code in (200, 400), (body, response.status_code, response.text)
+    if response.status_code == 400:
+        json_error(response)
+        return
+    result = strict_json(response.text)
+    assert len(result["choices"]) == body.get("n", 1)
+    for choice in result["choices"]:
+        assert choice["finish_reason"] in ("stop", "length"), choice
+    assert result["usage"]["completion_tokens"] >= 0
+
+
+def test_server_healthy_after_fuzzing(server: ServerProcess) -> None:
+    assert httpx.get(f"{server.base_url}/health").status_code == 200
+    text = httpx.get(f"{server.base_url}/metrics").text
+    assert "pagode:http_responses_total" in text
+    assert 'code="500"' not in text
