@@ -169,6 +169,3 @@ def format_rate(rate: float) -> str:
 def rate_to_json(rate: float) -> float | str:
     return "inf" if math.isinf(rate) else rate
 
-
-def rate_from_json(value: float | str) -> float:
-    return math.inf if value == "inf" else float(value)

@@ -31,11 +31,6 @@ class RequestRecord:
         out.update(ttft=self.ttft, e2e=self.e2e, tpot=self.tpot)
         return out
 
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> RequestRecord:
-        names = set(cls.__dataclass_fields__)
-        return cls(**{k: v for k, v in data.items() if k in names})
-
     @property
     def ttft(self) -> float | None:
         """Time to the first event whose choices carry text."""

@@ -103,6 +103,10 @@ class ResponseBuilder(ABC):
         """The last stream chunk: no choices, the usage of all of them."""
 
     @abstractmethod
+    def fold(self, event: ChoiceEvent) -> tuple[ChoiceState, str, Any]:
+        """Fold an event into its choice; return the choice, its new text and logprobs."""
+
+    @abstractmethod
     def chunk(self, event: ChoiceEvent) -> dict[str, Any] | None:
         """Fold an event in; return its stream chunk, or None when it has nothing to show."""
 
@@ -120,19 +124,25 @@ class CompletionBuilder(ResponseBuilder):
         for choice in self.choices.values():
             choice.text_offset = len(choice.prompt.text) if echo else 0
 
-    def chunk(self, event: ChoiceEvent) -> dict[str, Any] | None:
+    def fold(self, event: ChoiceEvent) -> tuple[ChoiceState, str, CompletionLogprobs | None]:
         choice, text = self.update(event)
         delta = event.delta
         assert delta is not None
         if self.echo and not choice.started:
             text = choice.prompt.text + text
         choice.started = True
-        if not text and not delta.finished and not delta.token_ids:
-            return None
         logprobs = None
         if self.logprobs is not None and delta.logprobs:
             logprobs = completion_logprobs(delta.logprobs, choice)
             self.merge_logprobs(choice, logprobs)
+        return choice, text, logprobs
+
+    def chunk(self, event: ChoiceEvent) -> dict[str, Any] | None:
+        choice, text, logprobs = self.fold(event)
+        delta = event.delta
+        assert delta is not None
+        if not text and not delta.finished and not delta.token_ids:
+            return None
         body = CompletionResponse(
             id=self.request_id, created=self.created, model=self.model,
             choices=[CompletionChoice(index=choice.index, text=text, logprobs=logprobs,
@@ -174,19 +184,25 @@ class ChatBuilder(ResponseBuilder):
         self.logprobs = logprobs
         self.top_logprobs = top_logprobs
 
-    def chunk(self, event: ChoiceEvent) -> dict[str, Any] | None:
+    def fold(self, event: ChoiceEvent) -> tuple[ChoiceState, str, ChatLogprobs | None]:
         choice, text = self.update(event)
         delta = event.delta
         assert delta is not None
-        first = not choice.started
-        choice.started = True
-        if not first and not text and not delta.finished and not delta.token_ids:
-            return None
         logprobs = None
         if self.logprobs and delta.logprobs:
             content = chat_logprobs(delta.logprobs, self.top_logprobs)
             choice.chat_logprobs += content
             logprobs = ChatLogprobs(content=content)
+        return choice, text, logprobs
+
+    def chunk(self, event: ChoiceEvent) -> dict[str, Any] | None:
+        first = not self.choices[event.index].started
+        choice, text, logprobs = self.fold(event)
+        delta = event.delta
+        assert delta is not None
+        choice.started = True
+        if not first and not text and not delta.finished and not delta.token_ids:
+            return None
         message = DeltaMessage(role="assistant" if first else None, content=text)
         body = ChatCompletionChunk(
             id=self.request_id, created=self.created, model=self.model,
@@ -221,5 +237,5 @@ def consume_event(builder: ResponseBuilder, event: ChoiceEvent) -> None:
     """Non-streaming: fold an event in, raising the APIError of a failed choice."""
     if event.error is not None:
         raise event.error
-    builder.chunk(event)
+    builder.fold(event)
 

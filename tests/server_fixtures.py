@@ -14,7 +14,6 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
@@ -24,7 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
-from loadgen.server_process import free_port, stop
+from loadgen.server_process import free_port, serve_command, stop
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SESSION_ARGS = ["--kv-cache-memory", "512MiB", "--max-model-len", "1024"]
@@ -95,8 +94,7 @@ def launch_server(args: list[str], log_dir: Path, env: dict[str, str] | None = N
     """Start `python -m server.cli serve` on a free port; do not wait for it."""
     port = free_port()
     log_path = log_dir / f"{name}-{port}.log"
-    command = [sys.executable, "-m", "server.cli", "serve", "--host", "127.0.0.1",
-               "--port", str(port), *args]
+    command = serve_command(port, args)
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     with open(log_path, "wb") as log_file:
         proc = subprocess.Popen(command, cwd=REPO_ROOT, env=full_env, stdout=log_file,

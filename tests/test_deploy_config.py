@@ -252,6 +252,25 @@ def test_nginx_accepts_the_rendered_config(tmp_path: Path) -> None:
     assert int(re.search(r"proxy_read_timeout (\d+)s;", conf).group(1)) >= 600  # type: ignore[union-attr]
 
 
+def test_nginx_timeouts_and_sizes_match_the_server() -> None:
+    from server.settings import ServerSettings
+
+    conf = render_nginx_conf(["127.0.0.1:18001"], "127.0.0.1:18000")
+    settings = ServerSettings()
+
+    def seconds(directive: str) -> int:
+        found = re.search(rf"\b{directive} (\d+)s;", conf)
+        assert found, directive
+        return int(found.group(1))
+
+    assert seconds("client_header_timeout") == settings.header_timeout_s
+    assert seconds("client_body_timeout") == settings.body_timeout_s
+    assert seconds("send_timeout") == settings.sse_send_timeout_s
+    assert seconds("keepalive_timeout") == settings.timeout_keep_alive_s
+    assert f"client_max_body_size {settings.max_body_bytes // 2**20}m;" in conf
+    assert f"large_client_header_buffers 4 {settings.max_header_bytes // 1024}k;" in conf
+
+
 def test_nginx_rejects_a_broken_config(tmp_path: Path) -> None:
     conf = render_nginx_conf(["127.0.0.1:18001"], "127.0.0.1:18000").replace("least_conn;", "least_conn")
     assert nginx_test(conf, tmp_path).returncode != 0

@@ -25,7 +25,8 @@ import httpx
 import pytest
 import yaml
 
-from loadgen.server_process import free_port, stop
+from loadgen import server_process
+from loadgen.server_process import free_port, serve_command, stop
 
 ROOT = Path(__file__).resolve().parents[1]
 DASHBOARD = ROOT / "docker" / "grafana" / "dashboards" / "pagode.json"
@@ -89,23 +90,12 @@ def dashboard_targets() -> list[dict[str, Any]]:
 
 def start_server(port: int, log_path: Path, extra: list[str]) -> subprocess.Popen[bytes]:
     log = open(log_path, "wb")  # noqa: SIM115 - closed with the process
-    return subprocess.Popen(
-        [sys.executable, "-m", "server.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
-         *extra], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    return subprocess.Popen(serve_command(port, extra), cwd=ROOT, stdout=log,
+                            stderr=subprocess.STDOUT)
 
 
 def wait_healthy(proc: subprocess.Popen[bytes], url: str, log_path: Path) -> None:
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"server exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    pytest.fail(f"server not healthy after {STARTUP_TIMEOUT_S} s:\n{log_path.read_text()[-3000:]}")
+    server_process.wait_healthy(url, proc, log_path, STARTUP_TIMEOUT_S)
 
 
 @pytest.fixture(scope="module")

@@ -28,7 +28,7 @@ from typing import Any
 import httpx
 import pytest
 
-from loadgen.server_process import free_port, stop
+from loadgen.server_process import free_port, serve_command, stop
 
 ROOT = Path(__file__).resolve().parents[1]
 NGINX_TEMPLATE = ROOT / "docker" / "nginx.conf"
@@ -108,8 +108,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         for i in range(2):
             port = free_port()
             replicas.append(spawn(
-                [sys.executable, "-m", "server.cli", "serve", "--host", "127.0.0.1",
-                 "--port", str(port), *REPLICA_ARGS],
+                serve_command(port, REPLICA_ARGS),
                 f"http://127.0.0.1:{port}", tmp / f"replica{i}.log"))
         port = free_port()
         conf = tmp / "nginx.conf"

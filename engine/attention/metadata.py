@@ -35,7 +35,3 @@ class AttentionMetadata:
     @property
     def num_prefills(self) -> int:
         return self.num_seqs - self.num_decodes
-
-    @property
-    def num_decode_tokens(self) -> int:
-        return self.num_decodes

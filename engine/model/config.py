@@ -56,8 +56,3 @@ class ModelConfig:
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=[] if eos is None else (list(eos) if isinstance(eos, list) else [eos]),
         )
-
-    @property
-    def kv_bytes_per_token(self) -> int:
-        """Per position, all layers, K and V, in 4-byte units times element size later."""
-        return 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim
