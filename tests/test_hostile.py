@@ -209,6 +209,8 @@ async def test_huge_body_is_refused_fast_and_health_stays_fast(
         latencies.append(time.monotonic() - started)
         await asyncio.sleep(0.02)
     answer = await refusal
+    print(f"16 MiB body refused; /health during it: {len(latencies)} probes, "
+          f"max {max(latencies) * 1000:.1f} ms")
     assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
     assert b"--max-body-bytes" in answer
     assert max(latencies) < 0.1, latencies
