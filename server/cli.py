@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import uvicorn
 
-from engine.config import POLICIES, EngineConfig
+from engine.config import KV_CACHE_DTYPES, POLICIES, EngineConfig
 from server.app import create_app
 from server.settings import ServerSettings
 from server.shutdown import DrainingServer
@@ -57,6 +57,13 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--enforce-eager", action="store_true",
                        help="disable CUDA graphs")
     group.add_argument("--seed", type=int, default=0, help="seed of the engine's sampler")
+    group.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",
+                       help="KV cache element type (default auto: fp16 on CPU, converted on the fly "
+                            "by the attention kernel, which doubles the tokens per GiB; the model "
+                            "dtype on CUDA)")
+    group.add_argument("--profile-steps", type=int, default=0, metavar="N",
+                       help="log a table of where the time of N engine steps goes (packing, "
+                            "forward by op class, sampling, detokenize, streaming), then every N")
 
 
 def add_server_flags(parser: argparse.ArgumentParser) -> None:
@@ -120,7 +127,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         watermark=args.watermark, enable_prefix_caching=args.enable_prefix_caching,
         dtype=args.dtype, device=args.device, attention_backend=args.attention_backend,
-        seed=args.seed, enforce_eager=args.enforce_eager)
+        seed=args.seed, enforce_eager=args.enforce_eager, kv_cache_dtype=args.kv_cache_dtype)
 
 
 def server_settings(args: argparse.Namespace) -> ServerSettings:
@@ -128,7 +135,8 @@ def server_settings(args: argparse.Namespace) -> ServerSettings:
         served_model_name=args.served_model_name, api_key=args.api_key or None,
         max_num_queued_reqs=args.max_num_queued_reqs, shutdown_timeout=args.shutdown_timeout,
         log_requests_text=args.log_requests_text, url=f"http://{args.host}:{args.port}",
-        debug_endpoints=os.environ.get("PAGODE_DEBUG_ENDPOINTS") == "1")
+        debug_endpoints=os.environ.get("PAGODE_DEBUG_ENDPOINTS") == "1",
+        profile_steps=args.profile_steps)
 
 
 def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:

@@ -36,6 +36,7 @@ class ServerState:
         self.metrics: ServerMetrics | None = None
         self.generation: GenerationService | None = None
         self.on_fatal: Callable[[], None] | None = None  # the engine failed to load
+        self.encode_seconds = 0.0  # spent building and JSON-encoding stream chunks (profiling)
 
     # ---- lifecycle ----
 
@@ -66,17 +67,21 @@ class ServerState:
         max_batched = getattr(config, "max_num_batched_tokens", 2048)
         self.metrics = ServerMetrics(self.served_model_name, engine.max_model_len, max_batched,
                                      read_stats=self.read_stats,
-                                     read_queued=lambda: self.admission.queued)
+                                     read_queued=lambda: self.admission.queued,
+                                     cache_info=_describe(engine))
         engine.add_step_listener(self.metrics.observe_step)
+        if self.settings.profile_steps > 0:
+            engine.enable_step_profile(self.settings.profile_steps, logger.info,
+                                       {"SSE/JSON encoding": lambda: self.encode_seconds})
         self.generation = GenerationService(engine, self.metrics,
                                             self.settings.log_requests_text)
         self.ready = True
         blocks = engine.num_blocks
         logger.info(
             "Serving %s as %r at %s: %d KV blocks of %d tokens (%d tokens), max_model_len %d, "
-            "policy %s", engine.model_name, self.served_model_name, self.settings.url or "?",
+            "policy %s, KV cache %s", engine.model_name, self.served_model_name, self.settings.url or "?",
             blocks, engine.block_size, blocks * engine.block_size, engine.max_model_len,
-            getattr(config, "policy", "?"))
+            getattr(config, "policy", "?"), _describe(engine).get("kv_cache_dtype", "?"))
 
     async def close(self) -> None:
         if self.generation is not None:
@@ -139,3 +144,8 @@ class ServerState:
         self.in_flight -= 1
         if self.in_flight == 0:
             self.idle.set()
+
+
+def _describe(engine: Any) -> dict[str, Any]:
+    describe = getattr(engine, "describe", None)
+    return describe() if callable(describe) else {}
