@@ -115,6 +115,8 @@ class ModelRunner:
             hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta, self.kv_caches)
         if not inputs.sample_indices:
             return hidden.new_empty((0, self.model_config.vocab_size), dtype=torch.float32)
+        if len(inputs.sample_indices) == hidden.shape[0]:  # decodes only: every row is sampled
+            return self.model.compute_logits(hidden)
         index = torch.tensor(inputs.sample_indices, dtype=torch.long, device=hidden.device)
         return self.model.compute_logits(hidden.index_select(0, index))
 
