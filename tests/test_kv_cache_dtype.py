@@ -62,15 +62,26 @@ def nll_and_top1(llm: LLM, windows: list[list[int]]) -> tuple[float, torch.Tenso
     return float(sum(losses)) / positions, torch.cat(picks)
 
 
-def test_fp16_cache_passes_the_quality_gate() -> None:
-    fp32 = LLM(kv_cache_memory="64MiB", max_model_len=1024, kv_cache_dtype="fp32")
-    windows = prose_windows(fp32)
+# 40 fp32 blocks of 16 positions (30 layers x K/V x 3 heads x 64 dims x 4 bytes each).
+KV_BYTES = 40 * 16 * 30 * 2 * 3 * 64 * 4
+
+
+@pytest.fixture(scope="module")
+def llm32() -> LLM:
+    return LLM(kv_cache_memory=KV_BYTES, max_model_len=600, kv_cache_dtype="fp32")
+
+
+@pytest.fixture(scope="module")
+def llm16() -> LLM:
+    return LLM(kv_cache_memory=KV_BYTES, max_model_len=600, kv_cache_dtype="fp16")
+
+
+def test_fp16_cache_passes_the_quality_gate(llm32: LLM, llm16: LLM) -> None:
+    windows = prose_windows(llm32)
     assert sum(len(w) - 1 for w in windows) >= 2000
-    nll32, top32 = nll_and_top1(fp32, windows)
-    del fp32
-    fp16 = LLM(kv_cache_memory="64MiB", max_model_len=1024, kv_cache_dtype="fp16")
-    assert fp16.engine.runner.kv_caches[0].dtype == torch.float16
-    nll16, top16 = nll_and_top1(fp16, windows)
+    assert llm16.engine.runner.kv_caches[0].dtype == torch.float16
+    nll32, top32 = nll_and_top1(llm32, windows)
+    nll16, top16 = nll_and_top1(llm16, windows)
     ppl32, ppl16 = math.exp(nll32), math.exp(nll16)
     agreement = float((top16 == top32).float().mean())
     print(f"perplexity fp32 KV {ppl32:.3f}, fp16 KV {ppl16:.3f} ({ppl16 / ppl32 - 1:+.3%}); "
@@ -79,11 +90,12 @@ def test_fp16_cache_passes_the_quality_gate() -> None:
     assert agreement >= 0.95
 
 
-def test_fp16_cache_holds_twice_the_tokens() -> None:
-    fp32 = LLM(kv_cache_memory="16MiB", max_model_len=256, kv_cache_dtype="fp32").engine.describe()
-    fp16 = LLM(kv_cache_memory="16MiB", max_model_len=256, kv_cache_dtype="fp16").engine.describe()
+def test_fp16_cache_holds_twice_the_tokens(llm32: LLM, llm16: LLM) -> None:
+    fp32, fp16 = llm32.engine.describe(), llm16.engine.describe()
+    assert (fp32["kv_cache_dtype"], fp16["kv_cache_dtype"]) == ("fp32", "fp16")
+    assert fp32["kv_tokens"] == 40 * 16
+    assert fp16["kv_tokens"] == 2 * fp32["kv_tokens"]
     assert fp16["kv_tokens_per_gib"] == 2 * fp32["kv_tokens_per_gib"]
-    assert fp16["kv_tokens"] == 2 * fp32["kv_tokens"] > 0
 
 
 def test_unknown_kv_cache_dtype_is_refused() -> None:
