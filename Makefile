@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 TORCH_SPEC ?= torch==2.13.0
 ARGS ?=
 
-.PHONY: install serve test lint bench-engine bench-attention bench-kernels experiment tools check-deploy clean
+.PHONY: install serve test lint bench-engine bench-attention bench-kernels bench-serve profile-steps experiment tools check-deploy clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,12 @@ bench-engine: $(STAMP)
 
 bench-attention: $(STAMP)
 	$(PY) -m engine.bench_attention $(ARGS)
+
+bench-serve: $(STAMP)
+	$(PY) -m loadgen.bench_serve $(ARGS)
+
+profile-steps: $(STAMP)
+	$(PY) -m engine.profile_steps $(ARGS)
 
 bench-kernels: $(STAMP)
 	$(PY) -m cuda_kernels.bench $(ARGS)

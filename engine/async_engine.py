@@ -17,6 +17,7 @@ import time
 from collections.abc import AsyncGenerator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 from engine.config import EngineConfig
 from engine.errors import EngineDeadError, InvalidRequestError
@@ -88,6 +89,13 @@ class AsyncEngine:
         """Make the loop die at its next iteration, as an internal fault would."""
         self._kill_requested = True
         self._wakeup.set()
+
+    def describe(self) -> dict[str, Any]:
+        return self.engine.describe()
+
+    def enable_step_profile(self, every: int, report: Callable[[str], None],
+                            extra: dict[str, Callable[[], float]] | None = None) -> None:
+        self.engine.enable_step_profile(every, report, extra)
 
     def add_step_listener(self, callback: Callable[[StepStats], None]) -> None:
         self.engine.step_listeners.append(callback)

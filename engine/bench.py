@@ -27,6 +27,7 @@ from engine.outputs import RequestTimes
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledSeq
 from engine.sequence import Sequence
+from engine.stats import StepStats
 
 
 @dataclass
@@ -54,45 +55,31 @@ def prose_token_ids(llm: LLM, lengths: list[int], seed: int) -> list[list[int]]:
 
 
 def run_engine(llm: LLM, prompts: list[list[int]], outputs: list[int]) -> tuple[list[StepRecord], float, int]:
-    engine, runner = llm.engine, llm.engine.runner
-    forward_time = [0.0]
-    forward = runner.forward
+    """Serve every request at once; one record per step, from the engine's step listener."""
+    engine = llm.engine
+    records: list[StepRecord] = []
 
-    def timed_forward(inputs):  # type: ignore[no-untyped-def]
-        start = time.perf_counter()
-        result = forward(inputs)
-        forward_time[0] += time.perf_counter() - start
-        return result
+    def record(step: StepStats) -> None:
+        records.append(StepRecord(step.num_decodes, step.num_prefill_tokens, step.mean_decode_context,
+                                  step.step_time, step.forward_time))
 
-    runner.forward = timed_forward  # type: ignore[method-assign]
     for i, (p, n) in enumerate(zip(prompts, outputs, strict=True)):
         engine.add_request(f"bench-{i}", p, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
-    records: list[StepRecord] = []
+    engine.step_listeners.append(record)
     generated = 0
     start = time.perf_counter()
     last_report = start
-    while engine.has_unfinished():
-        forward_time[0] = 0.0
-        t0 = time.perf_counter()
-        deltas = engine.step()
-        dt = time.perf_counter() - t0
-        generated += sum(len(d.token_ids) for d in deltas)
-        records.append(_record(engine, dt, forward_time[0]))
-        if time.perf_counter() - last_report > 10:
-            last_report = time.perf_counter()
-            print(f"  {generated} tokens, {generated / (last_report - start):.1f} tok/s, "
-                  f"{len(engine.scheduler.running)} running, {len(engine.scheduler.waiting)} waiting",
-                  flush=True)
-    runner.forward = forward  # type: ignore[method-assign]
+    try:
+        while engine.has_unfinished():
+            generated += sum(len(d.token_ids) for d in engine.step())
+            if time.perf_counter() - last_report > 10:
+                last_report = time.perf_counter()
+                print(f"  {generated} tokens, {generated / (last_report - start):.1f} tok/s, "
+                      f"{len(engine.scheduler.running)} running, {len(engine.scheduler.waiting)} waiting",
+                      flush=True)
+    finally:
+        engine.step_listeners.remove(record)
     return records, time.perf_counter() - start, generated
-
-
-def _record(engine: Any, seconds: float, forward_seconds: float) -> StepRecord:
-    out = engine.last_schedule
-    decodes = [s for s in out.scheduled if s.num_new_tokens == 1]
-    prefill = sum(s.num_new_tokens for s in out.scheduled if s.num_new_tokens > 1)
-    lens = [len(s.seq) for s in decodes] or [0]
-    return StepRecord(len(decodes), prefill, statistics.fmean(lens), seconds, forward_seconds)
 
 
 def probe_decode_batch(llm: LLM, batch: int, context: int) -> list[ScheduledSeq]:
@@ -136,6 +123,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-num-seqs", type=int, default=256)
     ap.add_argument("--max-num-batched-tokens", type=int, default=None)
     ap.add_argument("--policy", default="paged")
+    ap.add_argument("--kv-cache-dtype", default="auto", help="auto, fp32, fp16 or bf16")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--json", default=None, help="write the results here")
@@ -143,7 +131,8 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     torch.manual_seed(args.seed)
     llm = LLM(model=args.model, kv_cache_memory=args.kv_cache_memory, max_num_seqs=args.max_num_seqs,
-              max_num_batched_tokens=args.max_num_batched_tokens, policy=args.policy, max_model_len=1024)
+              max_num_batched_tokens=args.max_num_batched_tokens, policy=args.policy, max_model_len=1024,
+              kv_cache_dtype=args.kv_cache_dtype)
     rng = random.Random(args.seed)
     lo_in, hi_in = parse_range(args.input_len)
     lo_out, hi_out = parse_range(args.output_len)

@@ -13,6 +13,8 @@ from engine.request_limits import RequestCaps
 Policy = Literal["paged", "continuous", "static"]
 POLICIES: tuple[Policy, ...] = ("paged", "continuous", "static")
 
+KV_CACHE_DTYPES = ("auto", "fp32", "fp16", "bf16")
+
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
 
 
@@ -67,6 +69,7 @@ class EngineConfig:
     seed: int = 0
     enforce_eager: bool = False  # disable CUDA graphs
     request_caps: RequestCaps = field(default_factory=RequestCaps)  # per-request limits
+    kv_cache_dtype: str = "auto"  # auto | fp32 | fp16 | bf16; auto: fp16 on CPU, the model dtype on CUDA
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -81,6 +84,8 @@ class EngineConfig:
         if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be positive")
         parse_bytes(self.kv_cache_memory)
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, not {self.kv_cache_dtype!r}")
 
     @property
     def token_budget(self) -> int:

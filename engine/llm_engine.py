@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -13,10 +14,12 @@ from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import InvalidRequestError
+from engine.kv_cache import bytes_per_block, dtype_name
 from engine.logprob_values import finite_logprob
 from engine.model.loader import load_tokenizer, read_config, resolve_model
 from engine.model_runner import ModelRunner
 from engine.outputs import RequestTimes, StreamDelta, TokenLogprob
+from engine.profiler import StepProfiler
 from engine.request_limits import RequestLimits, check_request
 from engine.request_state import RequestState
 from engine.sampler import SampleResult, SamplingRow
@@ -52,9 +55,11 @@ class LLMEngine:
             frozenset([self.tokenizer.eos_token_id]) if self.tokenizer.eos_token_id is not None else frozenset())
         self.stats_totals = EngineStats()
         self.step_listeners: list[Callable[[StepStats], None]] = []
-        self.last_schedule = SchedulerOutput()
-        log.info("KV cache: %d blocks of %d positions = %d tokens (%s, %s), policy %s, max_model_len %d",
+        self._phases = StepPhases()
+        log.info("KV cache: %d blocks of %d positions = %d tokens in %s (%s, %d tokens per GiB; "
+                 "weights %s, %s), policy %s, max_model_len %d",
                  self.num_blocks, self.block_size, self.num_blocks * self.block_size,
+                 config.kv_cache_memory, dtype_name(self.runner.kv_dtype), self.kv_tokens_per_gib,
                  self.runner.dtype, self.runner.device, config.policy, self.max_model_len)
 
     def _fit_max_model_len(self, requested: int | None) -> int:
@@ -113,7 +118,9 @@ class LLMEngine:
     # ---- the step ------------------------------------------------------
     def step(self) -> list[StreamDelta]:
         start = time.monotonic()
-        out = self.last_schedule = self.scheduler.schedule()
+        self._phases = StepPhases()
+        out = self.scheduler.schedule()
+        self._phases.schedule = time.monotonic() - start
         deltas: list[StreamDelta] = []
         finished: list[FinishedRequestStats] = []
         if not out.is_empty:
@@ -123,9 +130,12 @@ class LLMEngine:
 
     def _run(self, out: SchedulerOutput, finished: list[FinishedRequestStats]) -> list[StreamDelta]:
         to_sample = [s for s in out.scheduled if s.completes_prefill]
+        phases, clock = self._phases, time.monotonic()
         try:
             inputs = self.runner.prepare(out.scheduled)
+            clock = phases.lap("prepare", clock)
             logits = self.runner.forward(inputs)
+            clock = phases.lap("forward", clock)
             self.scheduler.advance(out)
         except Exception as err:  # the batch is lost; its requests fail, the engine goes on
             log.exception("step failed; failing its %d requests", len(out.scheduled))
@@ -142,6 +152,7 @@ class LLMEngine:
                 deltas.append(self._fail(state, err))
             if state.seq.finish_reason is not None:
                 finished.append(self._finished_stats(state))
+        phases.lap("postprocess", clock)
         return deltas
 
     def _sample(self, logits: torch.Tensor, states: list[RequestState]) -> list[_Picked | BaseException]:
@@ -229,9 +240,15 @@ class LLMEngine:
         t.num_steps_total += 0 if out.is_empty else 1
         if out.is_empty or not self.step_listeners:
             return
+        decodes = [s for s in out.scheduled if s.num_new_tokens == 1]
+        p = self._phases
         step = StepStats(out.num_batched_tokens, prompt_tokens, gen_tokens, len(out.preempted),
                          len(self.scheduler.running), len(self.scheduler.waiting),
-                         self.block_manager.usage, time.monotonic() - start, finished)
+                         self.block_manager.usage, time.monotonic() - start, finished,
+                         num_decodes=len(decodes), num_prefill_tokens=out.num_batched_tokens - len(decodes),
+                         mean_decode_context=sum(len(s.seq) for s in decodes) / len(decodes) if decodes else 0.0,
+                         schedule_time=p.schedule, prepare_time=p.prepare, forward_time=p.forward,
+                         sample_time=p.sample, postprocess_time=p.postprocess)
         for listener in self.step_listeners:
             listener(step)
 
@@ -245,15 +262,45 @@ class LLMEngine:
             prefix_cache_queries_total=bm.prefix_queries, prefix_cache_hits_total=bm.prefix_hits,
             num_steps_total=t.num_steps_total, max_concurrent_seqs=self.scheduler.max_concurrent)
 
+    def enable_step_profile(self, every: int, report: Callable[[str], None],
+                            extra: dict[str, Callable[[], float]] | None = None) -> StepProfiler:
+        """Report a table of where the time of every `every` steps went (--profile-steps)."""
+        profiler = StepProfiler(self.runner.model, every, report, extra)
+        self.step_listeners.append(profiler.on_step)
+        return profiler
+
     def check_invariants(self) -> None:
         seqs = list(self.scheduler.running) + list(self.scheduler.waiting)
         self.block_manager.check_invariants(seqs)
+
+    @property
+    def kv_tokens_per_gib(self) -> int:
+        per_block = bytes_per_block(self.model_config, self.block_size, self.runner.kv_dtype)
+        return 2**30 // per_block * self.block_size
 
     def describe(self) -> dict[str, Any]:
         return {"model": self.model_name, "num_blocks": self.num_blocks, "block_size": self.block_size,
                 "kv_tokens": self.num_blocks * self.block_size, "max_model_len": self.max_model_len,
                 "policy": self.config.policy, "device": str(self.runner.device),
-                "dtype": str(self.runner.dtype).removeprefix("torch."), "attention": self.runner.backend.name}
+                "dtype": str(self.runner.dtype).removeprefix("torch."), "attention": self.runner.backend.name,
+                "kv_cache_dtype": dtype_name(self.runner.kv_dtype),
+                "kv_tokens_per_gib": self.kv_tokens_per_gib}
+
+
+@dataclass
+class StepPhases:
+    """Seconds spent in each phase of the current step."""
+
+    schedule: float = 0.0
+    prepare: float = 0.0
+    forward: float = 0.0
+    sample: float = 0.0
+    postprocess: float = 0.0
+
+    def lap(self, phase: str, since: float) -> float:
+        now = time.monotonic()
+        setattr(self, phase, getattr(self, phase) + now - since)
+        return now
 
 
 _Picked = tuple[int, tuple[float, list[tuple[int, float]]] | None]

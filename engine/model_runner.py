@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from engine.attention import AttentionMetadata, select_backend
 from engine.config import EngineConfig, parse_dtype
 from engine.cuda_graph import CudaGraphRunner, use_cuda_graphs
-from engine.kv_cache import allocate_kv_cache, num_blocks_for
+from engine.kv_cache import allocate_kv_cache, num_blocks_for, resolve_kv_cache_dtype
 from engine.model.config import ModelConfig
 from engine.model.llama import LlamaForCausalLM
 from engine.model.loader import ModelSource, load_model
@@ -38,9 +40,10 @@ class ModelRunner:
         self.backend = select_backend(config.attention_backend, self.device)
         self.model: LlamaForCausalLM = load_model(source, model_config, self.backend,
                                                   max(max_model_len, 1), self.dtype, self.device)
-        self.num_blocks = num_blocks_for(config.kv_cache_bytes, model_config, self.block_size, self.dtype)
+        self.kv_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, self.dtype, self.device)
+        self.num_blocks = num_blocks_for(config.kv_cache_bytes, model_config, self.block_size, self.kv_dtype)
         self.kv_caches = allocate_kv_cache(model_config, self.num_blocks, self.block_size,
-                                           self.dtype, self.device)
+                                           self.kv_dtype, self.device)
         self.graphs: CudaGraphRunner | None = None
 
     def enable_cuda_graphs(self, config: EngineConfig, max_model_len: int) -> None:
@@ -59,41 +62,48 @@ class ModelRunner:
 
     # ---- inputs --------------------------------------------------------
     def prepare(self, scheduled: list[ScheduledSeq]) -> StepInputs:
-        input_ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        starts = [0]
-        seq_lens: list[int] = []
-        sample_indices: list[int] = []
-        bs = self.block_size
-        for s in scheduled:
-            seq, lo = s.seq, s.seq.num_computed_tokens
-            hi = lo + s.num_new_tokens
-            input_ids.extend(seq.token_ids[lo:hi])
-            positions.extend(range(lo, hi))
-            table = seq.block_table
-            slots.extend(table[p // bs] * bs + p % bs for p in range(lo, hi))
-            starts.append(starts[-1] + s.num_new_tokens)
-            seq_lens.append(hi)
-            if s.completes_prefill:
-                sample_indices.append(starts[-1] - 1)
+        """Pack the step's tokens: numpy over whole arrays, one Python pass per sequence."""
+        n, bs = len(scheduled), self.block_size
+        counts = np.fromiter((s.num_new_tokens for s in scheduled), np.int64, n)
+        lo = np.fromiter((s.seq.num_computed_tokens for s in scheduled), np.int64, n)
+        starts = np.zeros(n + 1, np.int64)
+        np.cumsum(counts, out=starts[1:])
+        total = int(starts[-1])
+        seq_lens = lo + counts
+        if total == n:  # decodes only: one token each
+            ids = np.fromiter((s.seq.token_ids[s.seq.num_computed_tokens] for s in scheduled), np.int64, n)
+            positions, seq_index = lo, np.arange(n)
+        else:
+            ids = np.fromiter(itertools.chain.from_iterable(
+                s.seq.token_ids[s.seq.num_computed_tokens:s.seq.num_computed_tokens + s.num_new_tokens]
+                for s in scheduled), np.int64, total)
+            seq_index = np.repeat(np.arange(n), counts)
+            positions = np.arange(total) + np.repeat(lo - starts[:-1], counts)
         width = max(len(s.seq.block_table) for s in scheduled)
-        tables = [s.seq.block_table + [0] * (width - len(s.seq.block_table)) for s in scheduled]
-        num_decodes = sum(1 for s in scheduled if s.num_new_tokens == 1)
-        dev = self.device
+        tables = np.zeros((n, width), np.int32)
+        for row, s in enumerate(scheduled):
+            tables[row, :len(s.seq.block_table)] = s.seq.block_table
+        slots = tables[seq_index, positions // bs].astype(np.int64) * bs + positions % bs
+        completes = np.fromiter((s.completes_prefill for s in scheduled), bool, n)
+        sample_indices = (starts[1:][completes] - 1).tolist()
+        num_decodes = int(np.count_nonzero(counts == 1))
+        seq_lens_list = seq_lens.tolist()
         meta = AttentionMetadata(
-            slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
-            query_start_loc=torch.tensor(starts, dtype=torch.int32, device=dev),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
-            block_tables=torch.tensor(tables, dtype=torch.int32, device=dev),
+            slot_mapping=self._tensor(slots),
+            query_start_loc=self._tensor(starts.astype(np.int32)),
+            seq_lens=self._tensor(seq_lens.astype(np.int32)),
+            block_tables=self._tensor(tables),
             num_decodes=num_decodes,
-            max_query_len=max(s.num_new_tokens for s in scheduled),
-            max_seq_len=max(seq_lens),
-            query_start_loc_cpu=starts,
-            seq_lens_cpu=seq_lens,
+            max_query_len=int(counts.max()),
+            max_seq_len=max(seq_lens_list),
+            query_start_loc_cpu=starts.tolist(),
+            seq_lens_cpu=seq_lens_list,
         )
-        return StepInputs(torch.tensor(input_ids, dtype=torch.long, device=dev),
-                          torch.tensor(positions, dtype=torch.long, device=dev), meta, sample_indices)
+        return StepInputs(self._tensor(ids), self._tensor(positions), meta, sample_indices)
+
+    def _tensor(self, array: np.ndarray) -> torch.Tensor:
+        tensor = torch.from_numpy(np.ascontiguousarray(array))
+        return tensor if self.device.type == "cpu" else tensor.to(self.device, non_blocking=True)
 
     # ---- forward -------------------------------------------------------
     @torch.inference_mode()
@@ -105,6 +115,8 @@ class ModelRunner:
             hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta, self.kv_caches)
         if not inputs.sample_indices:
             return hidden.new_empty((0, self.model_config.vocab_size), dtype=torch.float32)
+        if len(inputs.sample_indices) == hidden.shape[0]:  # decodes only: every row is sampled
+            return self.model.compute_logits(hidden)
         index = torch.tensor(inputs.sample_indices, dtype=torch.long, device=hidden.device)
         return self.model.compute_logits(hidden.index_select(0, index))
 

@@ -25,6 +25,8 @@ class RequestState:
         blocked: list[int] = []
         if self.seq.num_output_tokens < p.min_tokens:
             blocked = sorted(set(p.stop_token_ids) | (set() if p.ignore_eos else set(self.eos_ids)))
+        if not p.needs_penalties:  # the sampler reads the token lists only for penalties
+            return SamplingRow(p, [], [], self.generator, blocked)
         return SamplingRow(p, self.seq.prompt_token_ids, self.seq.output_token_ids, self.generator, blocked)
 
     def append(self, token_id: int, max_model_len: int) -> str | None:

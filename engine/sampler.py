@@ -1,8 +1,11 @@
-"""Turn the logits of a step into next tokens, per request parameters.
+"""Turn the logits of a step into next tokens, per request parameters, in batched ops.
 
-Greedy rows take the argmax. Sampled rows apply temperature, top-k, top-p and
-min-p. A request with a seed draws from its own generator, so its output does
-not depend on what else is in the batch.
+Greedy rows take one argmax over the whole batch. Sampled rows apply temperature,
+top-k, top-p and min-p as batched tensor ops over the rows that ask for each; the
+penalties, logit bias and min_tokens masks are applied with one scatter each. Every
+operation is row-wise, so a row's result never depends on its neighbours. A request
+with a seed draws its noise from its own generator, so its output does not depend on
+what else is in the batch; unseeded rows share one draw from the global generator.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from engine.sampling_params import SamplingParams
 @dataclass
 class SamplingRow:
     params: SamplingParams
-    prompt_ids: list[int]
+    prompt_ids: list[int]  # only read when the request has penalties
     output_ids: list[int]
     generator: torch.Generator | None
     blocked_ids: list[int]  # EOS / stop ids masked while min_tokens is not reached
@@ -33,14 +36,12 @@ def sample(logits: torch.Tensor, rows: list[SamplingRow]) -> SampleResult:
     logits = logits.float()
     if any(_needs_processing(r) for r in rows):
         logits = logits.clone()
-        for i, row in enumerate(rows):
-            _process_row(logits[i], row)
+        apply_processors(logits, rows)
     raw_logprobs = torch.log_softmax(logits, dim=-1) if any(r.params.logprobs is not None for r in rows) else None
     chosen = logits.argmax(dim=-1)
     sampled = [i for i, r in enumerate(rows) if not r.params.greedy]
     if sampled:
-        picks = _sample_rows(logits[sampled], [rows[i] for i in sampled])
-        chosen[sampled] = picks
+        chosen[sampled] = sample_rows(logits[sampled], [rows[i] for i in sampled])
     token_ids = chosen.tolist()
     return SampleResult(token_ids, _gather_logprobs(raw_logprobs, token_ids, rows))
 
@@ -50,63 +51,110 @@ def _needs_processing(row: SamplingRow) -> bool:
     return bool(p.needs_penalties or p.logit_bias or row.blocked_ids)
 
 
-def _process_row(logits: torch.Tensor, row: SamplingRow) -> None:
-    p = row.params
-    if p.logit_bias:
-        ids = torch.tensor(list(p.logit_bias), dtype=torch.long, device=logits.device)
-        logits[ids] += torch.tensor(list(p.logit_bias.values()), device=logits.device)
-    if p.repetition_penalty != 1.0:
-        seen = torch.tensor(sorted(set(row.prompt_ids) | set(row.output_ids)), dtype=torch.long,
-                            device=logits.device)
-        vals = logits[seen]
-        logits[seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
-    if (p.presence_penalty or p.frequency_penalty) and row.output_ids:
-        out = torch.tensor(row.output_ids, dtype=torch.long, device=logits.device)
-        counts = torch.bincount(out, minlength=logits.shape[0]).to(logits.dtype)
-        logits -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(logits.dtype)
-    if row.blocked_ids:
-        logits[row.blocked_ids] = float("-inf")
+def _index(pairs: list[tuple[int, list[int]]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(row index, token id) tensors of every (row, ids) pair, flattened."""
+    row_idx = [i for i, ids in pairs for _ in ids]
+    tok_idx = [t for _, ids in pairs for t in ids]
+    return (torch.tensor(row_idx, dtype=torch.long, device=device),
+            torch.tensor(tok_idx, dtype=torch.long, device=device))
 
 
-def _sample_rows(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+def apply_processors(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
+    """Logit bias, repetition/presence/frequency penalties, min_tokens masks, in place."""
+    dev = logits.device
+    bias = [(i, r.params.logit_bias) for i, r in enumerate(rows) if r.params.logit_bias]
+    if bias:
+        ri, ti = _index([(i, list(b)) for i, b in bias], dev)
+        values = torch.tensor([v for _, b in bias for v in b.values()], dtype=logits.dtype, device=dev)
+        logits.index_put_((ri, ti), values, accumulate=True)
+    rep = [i for i, r in enumerate(rows) if r.params.repetition_penalty != 1.0]
+    if rep:
+        _repetition_penalty(logits, rows, rep)
+    pres = [i for i, r in enumerate(rows)
+            if (r.params.presence_penalty or r.params.frequency_penalty) and r.output_ids]
+    if pres:
+        _presence_frequency_penalty(logits, rows, pres)
+    blocked = [(i, r.blocked_ids) for i, r in enumerate(rows) if r.blocked_ids]
+    if blocked:
+        logits.index_put_(_index(blocked, dev), torch.tensor(float("-inf"), device=dev))
+
+
+def _repetition_penalty(logits: torch.Tensor, rows: list[SamplingRow], which: list[int]) -> None:
+    dev = logits.device
+    seen = torch.zeros((len(which), logits.shape[1]), dtype=torch.bool, device=dev)
+    ri, ti = _index([(k, rows[i].prompt_ids + rows[i].output_ids) for k, i in enumerate(which)], dev)
+    seen[ri, ti] = True
+    penalty = torch.tensor([rows[i].params.repetition_penalty for i in which], device=dev)[:, None]
+    vals = logits[which]
+    scaled = torch.where(vals > 0, vals / penalty, vals * penalty)
+    logits[which] = torch.where(seen, scaled, vals)
+
+
+def _presence_frequency_penalty(logits: torch.Tensor, rows: list[SamplingRow], which: list[int]) -> None:
+    dev = logits.device
+    counts = torch.zeros((len(which), logits.shape[1]), dtype=logits.dtype, device=dev)
+    ri, ti = _index([(k, rows[i].output_ids) for k, i in enumerate(which)], dev)
+    counts.index_put_((ri, ti), torch.ones(len(ti), dtype=logits.dtype, device=dev), accumulate=True)
+    freq = torch.tensor([rows[i].params.frequency_penalty for i in which], device=dev)[:, None]
+    pres = torch.tensor([rows[i].params.presence_penalty for i in which], device=dev)[:, None]
+    logits[which] -= freq * counts + pres * (counts > 0).to(logits.dtype)
+
+
+def sample_rows(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    """Temperature, top-k, top-p, min-p over a batch of sampled rows, then one draw each."""
     temps = torch.tensor([r.params.temperature for r in rows], device=logits.device)
-    probs = torch.softmax(logits / temps[:, None], dim=-1)
-    for i, r in enumerate(rows):
-        probs[i] = _filter(probs[i], r.params)
-    picks = torch.empty(len(rows), dtype=torch.long, device=logits.device)
-    for i, r in enumerate(rows):
-        # Exponential race: argmax(p / E) with E ~ Exp(1) draws from p.
-        noise = torch.empty_like(probs[i]).exponential_(generator=r.generator)
-        picks[i] = torch.argmax(probs[i] / noise)
-    return picks
+    probs = filter_probs(torch.softmax(logits / temps[:, None], dim=-1), [r.params for r in rows])
+    return torch.argmax(probs / exponential_noise(probs, rows), dim=-1)
 
 
-def _filter(probs: torch.Tensor, p: SamplingParams) -> torch.Tensor:
-    if p.top_k > 0 and p.top_k < probs.shape[0]:
-        kth = torch.topk(probs, p.top_k).values[-1]
-        probs = torch.where(probs < kth, torch.zeros_like(probs), probs)
-    if p.top_p < 1.0:
-        sorted_probs, order = probs.sort(descending=True)
-        before = sorted_probs.cumsum(0) - sorted_probs  # mass strictly above each token
-        drop = before > p.top_p * sorted_probs.sum()
-        sorted_probs[drop] = 0.0
-        probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
-    if p.min_p > 0.0:
-        probs = torch.where(probs < p.min_p * probs.max(), torch.zeros_like(probs), probs)
+def filter_probs(probs: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """Zero what top-k, then top-p, then min-p drop, for the rows that ask for each."""
+    dev, vocab = probs.device, probs.shape[1]
+    top_k = [i for i, p in enumerate(params) if 0 < p.top_k < vocab]
+    if top_k:
+        ks = torch.tensor([params[i].top_k for i in top_k], device=dev)
+        sub = probs[top_k]
+        kth = torch.topk(sub, int(ks.max())).values.gather(1, (ks - 1)[:, None])
+        probs[top_k] = torch.where(sub < kth, torch.zeros_like(sub), sub)
+    top_p = [i for i, p in enumerate(params) if p.top_p < 1.0]
+    if top_p:
+        ps = torch.tensor([params[i].top_p for i in top_p], device=dev)[:, None]
+        sorted_probs, order = probs[top_p].sort(dim=-1, descending=True, stable=True)
+        before = sorted_probs.cumsum(-1) - sorted_probs  # mass strictly above each token
+        sorted_probs[before > ps * sorted_probs.sum(-1, keepdim=True)] = 0.0
+        probs[top_p] = torch.zeros_like(sorted_probs).scatter_(1, order, sorted_probs)
+    min_p = [i for i, p in enumerate(params) if p.min_p > 0.0]
+    if min_p:
+        ms = torch.tensor([params[i].min_p for i in min_p], device=dev)[:, None]
+        sub = probs[min_p]
+        probs[min_p] = torch.where(sub < ms * sub.max(-1, keepdim=True).values, torch.zeros_like(sub), sub)
     return probs
+
+
+def exponential_noise(probs: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    """E ~ Exp(1) per entry (argmax(p / E) draws from p): seeded rows from their own generator."""
+    noise = torch.empty_like(probs)
+    shared = [i for i, r in enumerate(rows) if r.generator is None]
+    if shared:
+        noise[shared] = torch.empty((len(shared), probs.shape[1]), device=probs.device).exponential_()
+    for i, r in enumerate(rows):
+        if r.generator is not None:
+            noise[i].exponential_(generator=r.generator)
+    return noise
 
 
 def _gather_logprobs(logprobs: torch.Tensor | None, token_ids: list[int],
                      rows: list[SamplingRow]) -> list[tuple[float, list[tuple[int, float]]] | None]:
-    result: list[tuple[float, list[tuple[int, float]]] | None] = []
+    result: list[tuple[float, list[tuple[int, float]]] | None] = [None] * len(rows)
+    if logprobs is None:
+        return result
     for i, row in enumerate(rows):
         n = row.params.logprobs
-        if logprobs is None or n is None:
-            result.append(None)
+        if n is None:
             continue
         top: list[tuple[int, float]] = []
         if n > 0:
             values, ids = logprobs[i].topk(n)
             top = list(zip(ids.tolist(), values.tolist(), strict=True))
-        result.append((float(logprobs[i, token_ids[i]]), top))
+        result[i] = (float(logprobs[i, token_ids[i]]), top)
     return result

@@ -44,5 +44,16 @@ class StepStats:
     num_running: int
     num_waiting: int
     kv_cache_usage: float
-    step_time: float  # seconds of model forward + sampling
+    step_time: float  # seconds of the whole step: schedule, pack, forward, sample, post-process
     finished: list[FinishedRequestStats] = field(default_factory=list)
+    # The batch's shape: decode sequences (one token each), prefill-chunk tokens, and the
+    # mean context length of the decodes (positions attended per decode token).
+    num_decodes: int = 0
+    num_prefill_tokens: int = 0
+    mean_decode_context: float = 0.0
+    # Where the step's time went, in seconds (see engine/profiler.py for the forward's split).
+    schedule_time: float = 0.0
+    prepare_time: float = 0.0  # packing the step's inputs
+    forward_time: float = 0.0  # model forward + logits
+    sample_time: float = 0.0
+    postprocess_time: float = 0.0  # append, detokenize, stop checks, deltas

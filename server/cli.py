@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import uvicorn
 
-from engine.config import POLICIES, EngineConfig
+from engine.config import KV_CACHE_DTYPES, POLICIES, EngineConfig
 from engine.request_limits import RequestCaps
 from server.app import create_app
 from server.http_limits import timed_h11_protocol
@@ -79,6 +79,13 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--enforce-eager", action="store_true",
                        help="disable CUDA graphs")
     group.add_argument("--seed", type=int, default=engine_default("seed"), help="seed of the engine's sampler")
+    group.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default=engine_default("kv_cache_dtype"),
+                       help="KV cache element type (default auto: fp16 on CPU, converted on the fly "
+                            "by the attention kernel, which doubles the tokens per GiB; the model "
+                            "dtype on CUDA)")
+    group.add_argument("--profile-steps", type=int, default=0, metavar="N",
+                       help="log a table of where the time of N engine steps goes (packing, "
+                            "forward by op class, sampling, detokenize, streaming), then every N")
 
 
 def add_limit_flags(parser: argparse.ArgumentParser) -> None:
@@ -177,7 +184,8 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         watermark=args.watermark, enable_prefix_caching=args.enable_prefix_caching,
         dtype=args.dtype, device=args.device, attention_backend=args.attention_backend,
-        seed=args.seed, enforce_eager=args.enforce_eager, request_caps=request_caps(args))
+        seed=args.seed, enforce_eager=args.enforce_eager, request_caps=request_caps(args),
+        kv_cache_dtype=args.kv_cache_dtype)
 
 
 def request_caps(args: argparse.Namespace) -> RequestCaps:
@@ -190,6 +198,7 @@ def server_settings(args: argparse.Namespace) -> ServerSettings:
         max_num_queued_reqs=args.max_num_queued_reqs, shutdown_timeout=args.shutdown_timeout,
         log_requests_text=args.log_requests_text, url=f"http://{args.host}:{args.port}",
         debug_endpoints=os.environ.get("PAGODE_DEBUG_ENDPOINTS") == "1",
+        profile_steps=args.profile_steps,
         **{name: getattr(args, name) for name in CONNECTION_SETTINGS})
 
 

@@ -15,6 +15,7 @@ from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
     Counter,
+    Gauge,
     Histogram,
     disable_created_metrics,
     generate_latest,
@@ -127,7 +128,8 @@ class ServerMetrics:
     def __init__(self, model_name: str, max_model_len: int, max_num_batched_tokens: int,
                  read_stats: Callable[[], EngineStats | None],
                  read_queued: Callable[[], int],
-                 read_responses: Callable[[], Mapping[tuple[str, str], int]] = dict) -> None:
+                 read_responses: Callable[[], Mapping[tuple[str, str], int]] = dict,
+                 cache_info: dict[str, Any] | None = None) -> None:
         disable_created_metrics()  # no *_created series: dashboards do not use them
         self.model_name = model_name
         self.registry = CollectorRegistry(auto_describe=True)
@@ -161,10 +163,19 @@ class ServerMetrics:
         self.iteration_tokens = self._histogram(
             "iteration_tokens_total", "Tokens in one engine step (prefill + decode).",
             build_power_of_2_buckets(max_num_batched_tokens), labels)
+        if cache_info:
+            self._cache_config_info(cache_info)
         for reason in FINISH_REASONS:  # present from the start, at 0
             self.request_success.labels(model_name, reason)
         for reason in REJECT_REASONS:
             self.rejected.labels(model_name, reason)
+
+    def _cache_config_info(self, info: dict[str, Any]) -> None:
+        """vLLM's cache_config_info: a constant 1 whose labels are the KV cache's real shape."""
+        keys = ["block_size", "num_blocks", "kv_tokens", "kv_cache_dtype", "kv_tokens_per_gib"]
+        gauge = Gauge(PREFIX + "cache_config_info", "KV cache configuration (labels; value 1).",
+                      ["model_name", *keys], registry=self.registry)
+        gauge.labels(self.model_name, *(str(info.get(k, "")) for k in keys)).set(1)
 
     def _histogram(self, name: str, doc: str, buckets: list[float],
                    labels: list[str]) -> Any:

@@ -25,6 +25,7 @@ class ServerSettings:
     sse_send_timeout_s: float = 30.0  # a stream whose client stops reading is cut and aborted
     limit_concurrency: int = 1024  # open connections + tasks; past it uvicorn answers 503
     timeout_keep_alive_s: float = 5.0  # idle keep-alive connections are closed after this
+    profile_steps: int = 0  # log where the time of every N engine steps goes (0: off)
 
     def __post_init__(self) -> None:
         if self.max_num_queued_reqs is not None and self.max_num_queued_reqs < 0:

@@ -42,6 +42,7 @@ class ServerState:
         self._text_encoder: PlainTextEncoder | None = None
         # HTTP responses by (status, error type), counted by server/response_metrics.py
         self.responses: Counter[tuple[str, str]] = Counter()
+        self.encode_seconds = 0.0  # spent building and JSON-encoding stream chunks (profiling)
 
     # ---- lifecycle ----
 
@@ -76,17 +77,22 @@ class ServerState:
         self.metrics = ServerMetrics(self.served_model_name, engine.max_model_len, max_batched,
                                      read_stats=self.read_stats,
                                      read_queued=lambda: self.admission.queued,
-                                     read_responses=lambda: self.responses)
+                                     read_responses=lambda: self.responses,
+                                     cache_info=engine.describe())
         engine.add_step_listener(self.metrics.observe_step)
+        if self.settings.profile_steps > 0:
+            engine.enable_step_profile(self.settings.profile_steps, logger.info,
+                                       {"SSE/JSON encoding": lambda: self.encode_seconds})
         self.generation = GenerationService(engine, self.metrics,
                                             self.settings.log_requests_text)
         self.ready = True
         blocks = engine.num_blocks
         logger.info(
             "Serving %s as %r at %s: %d KV blocks of %d tokens (%d tokens), max_model_len %d, "
-            "policy %s, queue bound %s", engine.model_name, self.served_model_name,
+            "policy %s, queue bound %s, KV cache %s", engine.model_name, self.served_model_name,
             self.settings.url or "?", blocks, engine.block_size, blocks * engine.block_size,
-            engine.max_model_len, config.policy, self.admission.max_queued)
+            engine.max_model_len, config.policy, self.admission.max_queued,
+            engine.describe().get("kv_cache_dtype", "?"))
 
     async def close(self) -> None:
         if self.generation is not None:
@@ -159,3 +165,4 @@ class ServerState:
         self.in_flight -= 1
         if self.in_flight == 0:
             self.idle.set()
+

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -56,9 +57,12 @@ async def sse_events(stream: ChoiceStream, builder: ResponseBuilder, include_usa
                 yield to_json(event.error.body())
                 failed = True
                 break
+            start = time.perf_counter()
             chunk = builder.chunk(event)
-            if chunk is not None:
-                yield to_json(chunk)
+            data = None if chunk is None else to_json(chunk)
+            guard.state.encode_seconds += time.perf_counter() - start
+            if data is not None:
+                yield data
         if include_usage and not failed:
             yield to_json(builder.usage_chunk())
         yield "[DONE]"

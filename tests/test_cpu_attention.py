@@ -52,3 +52,32 @@ def test_prefill_over_cached_context_matches_reference() -> None:
                                            meta.block_tables, 0.125)
     ours = TorchAttentionBackend().prefill(q, kv, meta, 0.125)
     torch.testing.assert_close(ours, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_decode_over_a_narrow_cache_matches_fp32_reference(dtype: torch.dtype) -> None:
+    """An fp16/bf16 cache, converted as read, attends like fp32 over the same (rounded) values."""
+    if cpu_kernels.load() is None:
+        pytest.skip("no C++ compiler: the kernel path is not built here")
+    lens = [1, 17, 160, 53]
+    q, kv, meta = _case(2, lens, [1] * len(lens), 9, 3, 64, 16)
+    narrow = kv.to(dtype)
+    expected = paged_decode_attention_ref(q, narrow.float(), meta.block_tables, meta.seq_lens, 0.125)
+    kernel = TorchAttentionBackend().decode(q, narrow, meta, 0.125)
+    torch.testing.assert_close(kernel, expected, atol=1e-5, rtol=1e-5)
+    gathered = TorchAttentionBackend(use_cpu_kernel=False).decode(q, narrow, meta, 0.125)
+    torch.testing.assert_close(gathered, expected, atol=1e-5, rtol=1e-5)
+    # and against the unrounded fp32 cache, within fp16's precision
+    full = paged_decode_attention_ref(q, kv, meta.block_tables, meta.seq_lens, 0.125)
+    tol = 2e-2 if dtype == torch.bfloat16 else 3e-3
+    torch.testing.assert_close(kernel, full, atol=tol, rtol=tol)
+
+
+def test_prefill_over_an_fp16_cache_matches_reference() -> None:
+    lens, q_lens = [40, 23], [40, 7]
+    q, kv, meta = _case(3, lens, q_lens, 9, 3, 64, 16)
+    narrow = kv.half()
+    expected = paged_prefill_attention_ref(q, narrow.float(), meta.query_start_loc, meta.seq_lens,
+                                           meta.block_tables, 0.125)
+    ours = TorchAttentionBackend().prefill(q, narrow, meta, 0.125)
+    torch.testing.assert_close(ours, expected, atol=1e-5, rtol=1e-5)

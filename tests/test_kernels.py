@@ -296,3 +296,39 @@ def test_reference_prefill_matches_sdpa_causal_suffix() -> None:
     sdpa = torch.nn.functional.scaled_dot_product_attention(full_q.transpose(0, 1), k, v,
                                                             is_causal=True, scale=0.125)
     torch.testing.assert_close(out, sdpa.transpose(0, 1)[cached:], atol=1e-5, rtol=1e-5)
+
+
+@needs_triton
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("query_dtype", "cache_dtype"), [(F32, F16), (BF16, F16), (F32, BF16)])
+def test_kernels_take_a_cache_of_another_dtype(device: str, query_dtype: torch.dtype,
+                                               cache_dtype: torch.dtype) -> None:
+    """--kv-cache-dtype: the cache is written and read in its own dtype, cast on load."""
+    kv_heads, group, head_dim, block_size = 3, 3, 64, 16
+    gen = torch.Generator().manual_seed(7)
+    chunks = [(6, 20), (1, 40)]
+    lens = [new + cached for new, cached in chunks]
+    cache, tables = scattered_cache(lens, kv_heads, head_dim, block_size, cache_dtype, device, gen)
+    total = sum(new for new, _ in chunks)
+    key, value = (torch.randn(total, kv_heads, head_dim, generator=gen).to(device, query_dtype)
+                  for _ in range(2))
+    slots = torch.tensor([int(tables[b, p // block_size]) * block_size + p % block_size
+                          for b, (new, cached) in enumerate(chunks) for p in range(cached, cached + new)],
+                         dtype=torch.long, device=device)
+    expected = cache.clone()
+    reshape_and_cache_ref(key, value, expected, slots)
+    cuda_kernels.reshape_and_cache(key, value, cache, slots)
+    assert cache.dtype == cache_dtype
+    ulp = torch.finfo(cache_dtype).eps  # the cast may round either way by one unit
+    torch.testing.assert_close(cache.float(), expected.float(), atol=0, rtol=ulp)
+    query = torch.randn(total, kv_heads * group, head_dim, generator=gen).to(device, query_dtype)
+    cu = torch.tensor([0, 6, 7], dtype=torch.int32, device=device)
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device=device)
+    scale = head_dim**-0.5
+    # The oracle reads the same rounded cache values, widened to the query's dtype.
+    widened = cache.to(query_dtype)
+    out = cuda_kernels.paged_prefill_attention(query, cache, cu, seq_lens, tables, scale, 6)
+    assert_close(out, paged_prefill_attention_ref(query, widened, cu, seq_lens, tables, scale))
+    decode_q = query[[6]]
+    out = cuda_kernels.paged_decode_attention(decode_q, cache, tables[1:], seq_lens[1:], scale, num_splits=2)
+    assert_close(out, paged_decode_attention_ref(decode_q, widened, tables[1:], seq_lens[1:], scale))

@@ -33,7 +33,17 @@ class AttentionBackend(ABC):
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        """Write the step's K/V into the cache, then attend."""
         self.write_kv(key, value, kv_cache, meta.slot_mapping)
+        return self.attend(query, kv_cache, meta, scale)
+
+    def attend(self, query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,
+               scale: float) -> torch.Tensor:
+        """Decodes then prefill chunks, over a cache that already holds the step's K/V.
+
+        The cache may be stored in a narrower dtype than the query (--kv-cache-dtype);
+        backends convert as they read.
+        """
         nd = meta.num_decodes
         if meta.num_prefills == 0:
             return self.decode(query, kv_cache, meta, scale)

@@ -1,73 +1,53 @@
-"""The CPU paged-attention kernel (C++ with OpenMP), compiled on first use and cached.
+"""The CPU paged-attention kernels (C++ with OpenMP), compiled on first use and cached.
 
-It is a plain C function loaded with ctypes, so it builds in about a second with
-the system compiler and needs no torch headers. Without a compiler the torch
-backend keeps its pure-torch path, which gathers only the batch's blocks.
+Two entry points over the paged cache, for fp32, fp16 or bf16 cache elements (the
+activations stay fp32; cache rows are converted as they are read or written):
+decode attention that reads each sequence's blocks in place, and the fused RoPE +
+K/V cache write that rotates a step's queries and keys and stores keys and values in
+their slots. Without a compiler the torch backend keeps its pure-torch paths.
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import logging
-import os
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 
 import torch
 
-log = logging.getLogger("pagode")
+from engine import native
 
 _SOURCE = Path(__file__).parent / "csrc" / "paged_attention_cpu.cpp"
-_FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
+_FLAGS = [*native.CPU_FLAGS, "-ffp-contract=off"]
+_SUFFIX = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
+_P, _I64 = ctypes.c_void_p, ctypes.c_int64
 _lib: ctypes.CDLL | None = None
-_failed = False
-_I64 = ctypes.c_int64
-
-
-def _cache_path() -> Path:
-    digest = hashlib.sha256(_SOURCE.read_bytes() + " ".join(_FLAGS).encode()).hexdigest()[:16]
-    root = Path(os.environ.get("PAGODE_CACHE_DIR", Path.home() / ".cache" / "pagode"))
-    return root / "kernels" / f"paged_attention_cpu-{digest}.so"
-
-
-def _build(target: Path) -> None:
-    compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
-    if compiler is None:
-        raise RuntimeError("no C++ compiler (g++) found")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        built = Path(tmp) / target.name
-        subprocess.run([compiler, *_FLAGS, str(_SOURCE), "-o", str(built)], check=True,
-                       capture_output=True, text=True)
-        built.replace(target)  # atomic: concurrent builders never see half a file
+_tried = False
+MAX_KV_ROW = 1024  # kv_heads * head_dim the fused cache write supports
 
 
 def load() -> ctypes.CDLL | None:
     """The compiled library, or None when it cannot be built here (or PAGODE_CPU_KERNEL=0)."""
-    global _lib, _failed
-    if _lib is not None or _failed:
+    global _lib, _tried
+    if _tried:
         return _lib
-    if os.environ.get("PAGODE_CPU_KERNEL", "1") == "0":
-        _failed = True
+    _tried = True
+    if not native.enabled():
         return None
-    target = _cache_path()
-    try:
-        if not target.exists():
-            log.info("compiling the CPU paged-attention kernel into %s", target)
-            _build(target)
-        lib = ctypes.CDLL(str(target))
-        lib.paged_decode_attention_f32.restype = None
-        lib.paged_decode_attention_f32.argtypes = [ctypes.c_void_p] * 6 + [_I64] * 6 + [
-            ctypes.c_float, ctypes.c_int]
-        _lib = lib
-    except (OSError, RuntimeError, subprocess.CalledProcessError) as err:
-        detail = getattr(err, "stderr", "") or err
-        log.warning("CPU paged-attention kernel unavailable (%s); using the pure-torch path", detail)
-        _failed = True
+    lib = native.load_library(_SOURCE, _FLAGS)
+    if lib is None:
+        return None
+    for suffix in _SUFFIX.values():
+        fn = getattr(lib, f"paged_decode_attention_{suffix}")
+        fn.restype, fn.argtypes = None, [_P] * 6 + [_I64] * 6 + [ctypes.c_float, ctypes.c_int]
+        fn = getattr(lib, f"rope_write_kv_{suffix}")
+        fn.restype, fn.argtypes = None, [_P, _I64] + [_P] * 7 + [_I64] * 4 + [ctypes.c_int]
+    _lib = lib
     return _lib
+
+
+def available(query_dtype: torch.dtype, cache_dtype: torch.dtype, device: torch.device) -> bool:
+    return (device.type == "cpu" and query_dtype == torch.float32 and cache_dtype in _SUFFIX
+            and load() is not None)
 
 
 def paged_decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
@@ -80,12 +60,35 @@ def paged_decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_ta
     lens = seq_lens.to(torch.int32).contiguous()
     out = torch.empty_like(q)
     _, _, block_size, kv_heads, head_dim = kv_cache.shape
-    lib.paged_decode_attention_f32(
-        q.data_ptr(), kv_cache[0].data_ptr(), kv_cache[1].data_ptr(), tables.data_ptr(),
-        lens.data_ptr(), out.data_ptr(), q.shape[0], q.shape[1], head_dim, block_size, kv_heads,
-        tables.shape[1], scale, torch.get_num_threads())
+    fn = getattr(lib, f"paged_decode_attention_{_SUFFIX[kv_cache.dtype]}")
+    fn(q.data_ptr(), kv_cache[0].data_ptr(), kv_cache[1].data_ptr(), tables.data_ptr(),
+       lens.data_ptr(), out.data_ptr(), q.shape[0], q.shape[1], head_dim, block_size, kv_heads,
+       tables.shape[1], scale, torch.get_num_threads())
     return out
 
 
-def available(dtype: torch.dtype, device: torch.device) -> bool:
-    return device.type == "cpu" and dtype == torch.float32 and load() is not None
+def rope_write_kv(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                  kv_cache: torch.Tensor, slot_mapping: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """qkv [T, (H + 2 KVH) D] fp32 -> rotated queries [T, H, D]; rotated keys and values
+    are written to kv_cache [2, NB, BS, KVH, D] at slot_mapping [T] (-1: skipped)."""
+    lib = load()
+    assert lib is not None
+    _, _, _, kv_heads, head_dim = kv_cache.shape
+    if qkv.stride(1) != 1:
+        qkv = qkv.contiguous()
+    n = qkv.shape[0]
+    q_out = torch.empty((n, num_heads, head_dim), dtype=qkv.dtype)
+    fn = getattr(lib, f"rope_write_kv_{_SUFFIX[kv_cache.dtype]}")
+    fn(qkv.data_ptr(), qkv.stride(0), positions.data_ptr(), cos.data_ptr(), sin.data_ptr(),
+       q_out.data_ptr(), kv_cache[0].data_ptr(), kv_cache[1].data_ptr(), slot_mapping.data_ptr(),
+       n, num_heads, kv_heads, head_dim, torch.get_num_threads())
+    return q_out
+
+
+def can_rope_write(qkv: torch.Tensor, kv_cache: torch.Tensor, positions: torch.Tensor,
+                   cos: torch.Tensor) -> bool:
+    """Whether rope_write_kv applies: CPU, fp32 activations, int64 inputs, a small KV row."""
+    kv_heads, head_dim = kv_cache.shape[3:]
+    return (available(qkv.dtype, kv_cache.dtype, qkv.device) and kv_cache.is_contiguous()
+            and positions.dtype == torch.int64 and cos.dtype == torch.float32
+            and cos.is_contiguous() and kv_heads * head_dim <= MAX_KV_ROW)

@@ -1,6 +1,6 @@
 """Attention for the CPU (and the reference for other backends).
 
-It never copies the whole cache. Decodes go to a C++ kernel that reads K/V in
+It never copies the whole cache, which may be stored in fp16/bf16 (converted as read). Decodes go to a C++ kernel that reads K/V in
 place through the block tables (engine/attention/csrc); where it cannot be built,
 they fall back to one padded matmul over a gather of only the batch's blocks.
 Each prefill chunk is one scaled_dot_product_attention call.
@@ -26,13 +26,13 @@ class TorchAttentionBackend(AttentionBackend):
                  slot_mapping: torch.Tensor) -> None:
         _, num_blocks, block_size, kv_heads, head_dim = kv_cache.shape
         flat = kv_cache.view(2, num_blocks * block_size, kv_heads, head_dim)
-        flat[0].index_copy_(0, slot_mapping, key)
-        flat[1].index_copy_(0, slot_mapping, value)
+        flat[0].index_copy_(0, slot_mapping, key.to(kv_cache.dtype))
+        flat[1].index_copy_(0, slot_mapping, value.to(kv_cache.dtype))
 
     def decode(self, query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,
                scale: float) -> torch.Tensor:
         nd = meta.num_decodes
-        if self.use_cpu_kernel and cpu_kernels.available(query.dtype, query.device):
+        if self.use_cpu_kernel and cpu_kernels.available(query.dtype, kv_cache.dtype, query.device):
             return cpu_kernels.paged_decode_attention(query, kv_cache, meta.block_tables[:nd],
                                                       meta.seq_lens[:nd], scale)
         return self.decode_gathered(query, kv_cache, meta, scale)
@@ -47,6 +47,7 @@ class TorchAttentionBackend(AttentionBackend):
         tables = meta.block_tables[:nd, :nb]
         # [2, B, nb, bs, kvh, d] -> K/V [B, kvh, L, d]
         kv = kv_cache[:, tables].view(2, nd, nb * block_size, kv_heads, head_dim).transpose(2, 3)
+        kv = kv.to(query.dtype)
         group = query.shape[1] // kv_heads
         q = query.view(nd, kv_heads, group, head_dim)
         scores = torch.matmul(q, kv[0].transpose(-1, -2)) * scale  # [B, kvh, g, L]
@@ -73,6 +74,7 @@ class TorchAttentionBackend(AttentionBackend):
         seq_len, q_len = meta.seq_lens_cpu[i], q.shape[0]
         nb = -(-seq_len // block_size)
         kv = kv_cache[:, meta.block_tables[i, :nb]].view(2, nb * block_size, kv_heads, head_dim)
+        kv = kv.to(q.dtype)
         k, v = kv[0, :seq_len].transpose(0, 1), kv[1, :seq_len].transpose(0, 1)  # [kvh, L, d]
         qh = q.transpose(0, 1)  # [H, q_len, d]
         group = q.shape[1] // kv_heads

@@ -1,4 +1,9 @@
-"""Small building blocks: RMSNorm, rotary embedding, SwiGLU activation."""
+"""Small building blocks: RMSNorm, rotary embedding (+ K/V cache write), SwiGLU, paged attention.
+
+Each is a module, so a profiler can time them by class with forward hooks. On the
+CPU the element-wise ones run as fused C++ kernels (engine/model/fused_ops.py,
+engine/attention/cpu_kernels.py); elsewhere as torch ops with the same semantics.
+"""
 
 from __future__ import annotations
 
@@ -6,27 +11,36 @@ import math
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from engine.attention import AttentionBackend, AttentionMetadata, cpu_kernels
+from engine.model import fused_ops
 
 
 class RMSNorm(nn.Module):
+    """residual-add + RMSNorm: returns (norm(residual + x), residual + x).
+
+    With residual None it is a plain RMSNorm and the residual stream starts at x.
+    Same arithmetic as HF's LlamaRMSNorm, so greedy outputs match token for token.
+    """
+
     def __init__(self, hidden_size: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(hidden_size))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Same arithmetic as HF's LlamaRMSNorm, so greedy outputs match token for token.
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+    def forward(self, x: torch.Tensor,
+                residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        return fused_ops.add_rms_norm(x, residual, self.weight, self.eps)
+
+
+class SiluAndMul(nn.Module):
+    def forward(self, gate_up: torch.Tensor) -> torch.Tensor:
+        return fused_ops.silu_and_mul(gate_up)
 
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    gate, up = gate_up.chunk(2, dim=-1)
-    return F.silu(gate) * up
+    return fused_ops.silu_and_mul(gate_up)
 
 
 def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict[str, Any]) -> torch.Tensor:
@@ -77,3 +91,45 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     x1, x2 = x.chunk(2, dim=-1)
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+class RotaryCacheWrite(nn.Module):
+    """RoPE on a step's queries and keys, and the K/V cache write, in one pass.
+
+    Takes the fused QKV projection output and returns the rotated queries
+    [T, heads, head_dim]; keys and values land in their cache slots.
+    """
+
+    def __init__(self, rope: RotaryEmbedding, backend: AttentionBackend, num_heads: int,
+                 num_kv_heads: int, head_dim: int) -> None:
+        super().__init__()
+        self.rope = rope
+        self.backend = backend
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+
+    def forward(self, positions: torch.Tensor, qkv: torch.Tensor, kv_cache: torch.Tensor,
+                meta: AttentionMetadata) -> torch.Tensor:
+        fused = getattr(self.backend, "use_cpu_kernel", False)
+        if fused and cpu_kernels.can_rope_write(qkv, kv_cache, positions, self.rope.cos):
+            return cpu_kernels.rope_write_kv(qkv, positions, self.rope.cos, self.rope.sin, kv_cache,
+                                             meta.slot_mapping, self.num_heads)
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+        q = q.view(-1, self.num_heads, self.head_dim)
+        k = k.view(-1, self.num_kv_heads, self.head_dim)
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        q, k = self.rope(positions, q, k)
+        self.backend.write_kv(k, v.contiguous(), kv_cache, meta.slot_mapping)
+        return q
+
+
+class PagedAttention(nn.Module):
+    """Attention of the step's queries over the paged cache (already written)."""
+
+    def __init__(self, backend: AttentionBackend, scale: float) -> None:
+        super().__init__()
+        self.backend = backend
+        self.scale = scale
+
+    def forward(self, query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        return self.backend.attend(query, kv_cache, meta, self.scale)

@@ -1,7 +1,9 @@
 """Llama-family decoder with fused QKV and gate-up projections.
 
 Forward takes the packed tokens of one engine step (prefill chunks and decodes
-together) and reads/writes K/V through the attention backend.
+together) and reads/writes K/V through the attention backend. The residual stream is
+carried beside the hidden state so that each residual add fuses into the next RMSNorm;
+RoPE fuses with the K/V cache write (engine/model/layers.py).
 """
 
 from __future__ import annotations
@@ -11,7 +13,13 @@ from torch import nn
 
 from engine.attention import AttentionBackend, AttentionMetadata
 from engine.model.config import ModelConfig
-from engine.model.layers import RMSNorm, RotaryEmbedding, silu_and_mul
+from engine.model.layers import (
+    PagedAttention,
+    RMSNorm,
+    RotaryCacheWrite,
+    RotaryEmbedding,
+    SiluAndMul,
+)
 
 
 class Attention(nn.Module):
@@ -27,16 +35,15 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
         self.rope = rope
         self.backend = backend
+        self.rotary_cache_write = RotaryCacheWrite(rope, backend, self.num_heads, self.num_kv_heads,
+                                                   self.head_dim)
+        self.attn = PagedAttention(backend, self.scale)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, kv_cache: torch.Tensor,
                 meta: AttentionMetadata) -> torch.Tensor:
         qkv = self.qkv_proj(x)
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(-1, self.num_heads, self.head_dim)
-        k = k.view(-1, self.num_kv_heads, self.head_dim)
-        v = v.view(-1, self.num_kv_heads, self.head_dim)
-        q, k = self.rope(positions, q, k)
-        out = self.backend.forward(q, k, v.contiguous(), kv_cache, meta, self.scale)
+        q = self.rotary_cache_write(positions, qkv, kv_cache, meta)
+        out = self.attn(q, kv_cache, meta)
         return self.o_proj(out.reshape(-1, self.q_size))
 
 
@@ -46,8 +53,10 @@ class MLP(nn.Module):
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
+        self.act_fn = SiluAndMul()
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
@@ -58,10 +67,13 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor, kv_cache: torch.Tensor,
-                meta: AttentionMetadata) -> torch.Tensor:
-        x = x + self.self_attn(positions, self.input_layernorm(x), kv_cache, meta)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None,
+                kv_cache: torch.Tensor, meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+        """(this layer's MLP output, the residual stream before it); the next layer adds them."""
+        h, residual = self.input_layernorm(x, residual)
+        h = self.self_attn(positions, h, kv_cache, meta)
+        h, residual = self.post_attention_layernorm(h, residual)
+        return self.mlp(h), residual
 
 
 class LlamaForCausalLM(nn.Module):
@@ -88,9 +100,10 @@ class LlamaForCausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                 kv_caches: list[torch.Tensor]) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
+        residual: torch.Tensor | None = None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            x = layer(positions, x, kv_cache, meta)
-        return self.norm(x)
+            x, residual = layer(positions, x, residual, kv_cache, meta)
+        return self.norm(x, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()

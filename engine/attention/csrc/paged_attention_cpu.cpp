@@ -1,12 +1,65 @@
-// Paged decode attention for the CPU, reading K/V in place through block tables.
+// Paged decode attention and the fused RoPE + K/V cache write, for the CPU.
 // Plain C ABI, loaded with ctypes: compiles in about a second, no torch headers.
+//
+// The cache may hold fp32, fp16 or bf16 elements; activations are fp32. Rows of the
+// cache are converted to fp32 as they are read (F16C's vcvtph2ps for fp16, a 16-bit
+// shift for bf16), so an fp16 cache halves the bytes streamed per decode step.
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 namespace {
 
+struct F16 { uint16_t bits; };
+struct BF16 { uint16_t bits; };
+
+// ---- conversions ----------------------------------------------------------
+inline void to_float(const float* src, float* dst, int64_t n) { std::memcpy(dst, src, n * sizeof(float)); }
+
+inline void to_float(const F16* src, float* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+  for (; i < n; ++i) dst[i] = _cvtsh_ss(src[i].bits);
+}
+
+inline void to_float(const BF16* src, float* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i)));
+    _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16)));
+  }
+  for (; i < n; ++i) {
+    uint32_t bits = static_cast<uint32_t>(src[i].bits) << 16;
+    std::memcpy(dst + i, &bits, 4);
+  }
+}
+
+inline void from_float(const float* src, float* dst, int64_t n) { std::memcpy(dst, src, n * sizeof(float)); }
+
+inline void from_float(const float* src, F16* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+  for (; i < n; ++i) dst[i].bits = _cvtss_sh(src[i], _MM_FROUND_TO_NEAREST_INT);
+}
+
+inline void from_float(const float* src, BF16* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {  // round to nearest even, as torch does
+    uint32_t bits;
+    std::memcpy(&bits, src + i, 4);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) { dst[i].bits = 0x7fc0; continue; }  // NaN
+    bits += 0x7fffu + ((bits >> 16) & 1u);
+    dst[i].bits = static_cast<uint16_t>(bits >> 16);
+  }
+}
+
+// ---- decode attention ------------------------------------------------------
 inline float dot(const float* __restrict a, const float* __restrict b, int64_t n) {
   float acc = 0.f;
 #pragma omp simd reduction(+ : acc)
@@ -19,21 +72,16 @@ inline void axpy(float w, const float* __restrict x, float* __restrict y, int64_
   for (int64_t i = 0; i < n; ++i) y[i] += w * x[i];
 }
 
-}  // namespace
-
-extern "C" {
-
-// query/out [B, H, D]; k_cache/v_cache [NB, BS, KVH, D]; block_tables [B, MB]; seq_lens [B].
 // One task per sequence: its K/V rows of all heads are contiguous, so each block is
 // streamed once from memory (decode attention is bandwidth-bound on a CPU).
-void paged_decode_attention_f32(const float* query, const float* k_cache, const float* v_cache,
-                                const int32_t* block_tables, const int32_t* seq_lens, float* out,
-                                int64_t B, int64_t H, int64_t D, int64_t BS, int64_t KVH,
-                                int64_t MB, float scale, int num_threads) {
+template <typename T>
+void decode(const float* query, const T* k_cache, const T* v_cache, const int32_t* block_tables,
+            const int32_t* seq_lens, float* out, int64_t B, int64_t H, int64_t D, int64_t BS,
+            int64_t KVH, int64_t MB, float scale, int num_threads) {
   const int64_t G = H / KVH, row = KVH * D;
 #pragma omp parallel num_threads(num_threads)
   {
-    std::vector<float> scores;
+    std::vector<float> scores, buf(row);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t b = 0; b < B; ++b) {
       const int64_t L = seq_lens[b];
@@ -42,8 +90,9 @@ void paged_decode_attention_f32(const float* query, const float* k_cache, const 
       const int32_t* table = block_tables + b * MB;
       scores.assign(H * L, 0.f);
       for (int64_t t = 0; t < L; ++t) {
-        const float* k = k_cache + (static_cast<int64_t>(table[t / BS]) * BS + t % BS) * row;
-        for (int64_t h = 0; h < H; ++h) scores[h * L + t] = dot(qb + h * D, k + (h / G) * D, D) * scale;
+        const T* k = k_cache + (static_cast<int64_t>(table[t / BS]) * BS + t % BS) * row;
+        to_float(k, buf.data(), row);
+        for (int64_t h = 0; h < H; ++h) scores[h * L + t] = dot(qb + h * D, buf.data() + (h / G) * D, D) * scale;
       }
       for (int64_t h = 0; h < H; ++h) {
         float* s = scores.data() + h * L;
@@ -55,11 +104,85 @@ void paged_decode_attention_f32(const float* query, const float* k_cache, const 
       }
       std::fill(ob, ob + H * D, 0.f);
       for (int64_t t = 0; t < L; ++t) {
-        const float* v = v_cache + (static_cast<int64_t>(table[t / BS]) * BS + t % BS) * row;
-        for (int64_t h = 0; h < H; ++h) axpy(scores[h * L + t], v + (h / G) * D, ob + h * D, D);
+        const T* v = v_cache + (static_cast<int64_t>(table[t / BS]) * BS + t % BS) * row;
+        to_float(v, buf.data(), row);
+        for (int64_t h = 0; h < H; ++h) axpy(scores[h * L + t], buf.data() + (h / G) * D, ob + h * D, D);
       }
     }
   }
+}
+
+// ---- RoPE + cache write ---------------------------------------------------
+// Rotate-half RoPE with HF's arithmetic: (x1*cos - x2*sin, x2*cos + x1*sin), no FMA.
+inline void rotate(const float* __restrict x, const float* __restrict c, const float* __restrict s,
+                   float* __restrict y, int64_t half) {
+  for (int64_t i = 0; i < half; ++i) {
+    const float a = x[i] * c[i], b = x[i + half] * s[i];
+    const float e = x[i + half] * c[i], f = x[i] * s[i];
+    y[i] = a - b;
+    y[i + half] = e + f;
+  }
+}
+
+// qkv [T, row_stride] holds q (H*D), k (KVH*D), v (KVH*D); q_out [T, H, D] gets the rotated
+// queries; the rotated keys and the values go to cache slots (slot -1: not written).
+template <typename T>
+void rope_write(const float* qkv, int64_t row_stride, const int64_t* positions, const float* cos,
+                const float* sin, float* q_out, T* k_cache, T* v_cache, const int64_t* slots,
+                int64_t n_tokens, int64_t H, int64_t KVH, int64_t D, int num_threads) {
+  const int64_t half = D / 2;
+#pragma omp parallel for num_threads(num_threads) if (n_tokens > 8) schedule(static)
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    const float* x = qkv + t * row_stride;
+    const float* c = cos + positions[t] * half;
+    const float* s = sin + positions[t] * half;
+    for (int64_t h = 0; h < H; ++h) rotate(x + h * D, c, s, q_out + (t * H + h) * D, half);
+    const int64_t slot = slots[t];
+    if (slot < 0) continue;
+    float kbuf[1024];
+    const float* k = x + H * D;
+    for (int64_t h = 0; h < KVH; ++h) rotate(k + h * D, c, s, kbuf + h * D, half);
+    from_float(kbuf, k_cache + slot * KVH * D, KVH * D);
+    from_float(k + KVH * D, v_cache + slot * KVH * D, KVH * D);
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+// query/out [B, H, D] fp32; k_cache/v_cache [NB, BS, KVH, D]; block_tables [B, MB]; seq_lens [B].
+void paged_decode_attention_f32(const float* q, const float* k, const float* v, const int32_t* bt,
+                                const int32_t* lens, float* out, int64_t B, int64_t H, int64_t D,
+                                int64_t BS, int64_t KVH, int64_t MB, float scale, int nt) {
+  decode(q, k, v, bt, lens, out, B, H, D, BS, KVH, MB, scale, nt);
+}
+void paged_decode_attention_f16(const float* q, const F16* k, const F16* v, const int32_t* bt,
+                                const int32_t* lens, float* out, int64_t B, int64_t H, int64_t D,
+                                int64_t BS, int64_t KVH, int64_t MB, float scale, int nt) {
+  decode(q, k, v, bt, lens, out, B, H, D, BS, KVH, MB, scale, nt);
+}
+void paged_decode_attention_bf16(const float* q, const BF16* k, const BF16* v, const int32_t* bt,
+                                 const int32_t* lens, float* out, int64_t B, int64_t H, int64_t D,
+                                 int64_t BS, int64_t KVH, int64_t MB, float scale, int nt) {
+  decode(q, k, v, bt, lens, out, B, H, D, BS, KVH, MB, scale, nt);
+}
+
+// Requires KVH * D <= 1024.
+void rope_write_kv_f32(const float* qkv, int64_t stride, const int64_t* pos, const float* cos,
+                       const float* sin, float* q_out, float* kc, float* vc, const int64_t* slots,
+                       int64_t n, int64_t H, int64_t KVH, int64_t D, int nt) {
+  rope_write(qkv, stride, pos, cos, sin, q_out, kc, vc, slots, n, H, KVH, D, nt);
+}
+void rope_write_kv_f16(const float* qkv, int64_t stride, const int64_t* pos, const float* cos,
+                       const float* sin, float* q_out, F16* kc, F16* vc, const int64_t* slots,
+                       int64_t n, int64_t H, int64_t KVH, int64_t D, int nt) {
+  rope_write(qkv, stride, pos, cos, sin, q_out, kc, vc, slots, n, H, KVH, D, nt);
+}
+void rope_write_kv_bf16(const float* qkv, int64_t stride, const int64_t* pos, const float* cos,
+                        const float* sin, float* q_out, BF16* kc, BF16* vc, const int64_t* slots,
+                        int64_t n, int64_t H, int64_t KVH, int64_t D, int nt) {
+  rope_write(qkv, stride, pos, cos, sin, q_out, kc, vc, slots, n, H, KVH, D, nt);
 }
 
 }  // extern "C"

@@ -1,0 +1,61 @@
+"""Where a decode step's time goes, at given batch sizes: `make profile-steps`.
+
+    python -m engine.profile_steps [--batch 1 64] [--context 256] [--steps 16] [--kv-cache-dtype auto]
+
+For each batch size, that many greedy requests of `context` prompt tokens run with
+ignore_eos; once all have their first token, N pure decode steps are profiled
+(engine/profiler.py) and the table is printed. The serving path's own share (SSE and
+JSON encoding) is added by `pagode serve --profile-steps N`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+
+import torch
+
+from engine.llm import LLM
+from engine.sampling_params import SamplingParams
+
+
+def profile_batch(llm: LLM, batch: int, context: int, steps: int) -> str:
+    engine = llm.engine
+    rng = random.Random(batch)
+    params = SamplingParams(temperature=0, max_tokens=steps + 4, ignore_eos=True)
+    for i in range(batch):
+        engine.add_request(f"profile-{batch}-{i}", [rng.randrange(1000, 9000) for _ in range(context)], params)
+    while any(r.seq.num_output_tokens == 0 for r in engine.requests.values()):
+        engine.step()
+    engine.step()  # warm-up at this batch shape
+    tables: list[str] = []
+    profiler = engine.enable_step_profile(steps, tables.append)
+    try:
+        while not tables:
+            engine.step()
+    finally:
+        profiler.close()
+        engine.step_listeners.remove(profiler.on_step)
+    while engine.has_unfinished():
+        engine.step()
+    return tables[0]
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 64])
+    ap.add_argument("--context", type=int, default=256)
+    ap.add_argument("--steps", type=int, default=16)
+    ap.add_argument("--kv-cache-dtype", default="auto")
+    ap.add_argument("--model", default=None)
+    args = ap.parse_args(argv)
+    llm = LLM(model=args.model, kv_cache_memory="1GiB", max_model_len=2048, kv_cache_dtype=args.kv_cache_dtype)
+    print(f"torch threads {torch.get_num_threads()}, KV cache {llm.engine.describe()['kv_cache_dtype']}, "
+          f"context {args.context}")
+    for batch in args.batch:
+        print(f"\n== decode batch {batch} ==")
+        print(profile_batch(llm, batch, args.context, args.steps), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,72 @@
+"""The fused CPU ops of a decoder step agree with the torch ops they replace."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from cuda_kernels.reference import reshape_and_cache_ref
+from engine.attention import cpu_kernels
+from engine.model import fused_ops
+from engine.model.layers import RotaryEmbedding
+
+needs_kernels = pytest.mark.skipif(fused_ops.load() is None or cpu_kernels.load() is None,
+                                   reason="no C++ compiler: the fused kernels are not built here")
+
+
+@needs_kernels
+@pytest.mark.parametrize("rows", [1, 7, 64])
+def test_add_rms_norm_matches_hf_arithmetic(rows: int) -> None:
+    g = torch.Generator().manual_seed(rows)
+    x, residual = torch.randn(rows, 576, generator=g), torch.randn(rows, 576, generator=g) * 3
+    weight = torch.rand(576, generator=g) + 0.5
+    expected_res = residual + x
+    expected = fused_ops.rms_norm_reference(expected_res, weight, 1e-5)
+    out, res = fused_ops.add_rms_norm(x, residual.clone(), weight, 1e-5)
+    torch.testing.assert_close(res, expected_res, atol=0, rtol=0)  # the add is exact
+    torch.testing.assert_close(out, expected, atol=1e-6, rtol=1e-6)
+    first, start = fused_ops.add_rms_norm(x, None, weight, 1e-5)  # the first layer: no residual yet
+    torch.testing.assert_close(start, x, atol=0, rtol=0)
+    torch.testing.assert_close(first, fused_ops.rms_norm_reference(x, weight, 1e-5), atol=1e-6, rtol=1e-6)
+
+
+@needs_kernels
+@pytest.mark.parametrize("rows,n", [(1, 1536), (33, 1536), (3, 13)])
+def test_silu_and_mul_matches_torch(rows: int, n: int) -> None:
+    g = torch.Generator().manual_seed(n)
+    gate_up = torch.randn(rows, 2 * n, generator=g) * 6
+    gate_up[0, :4] = torch.tensor([-100.0, 100.0, 0.0, -20.0])  # saturation and zero
+    gate, up = gate_up.chunk(2, dim=-1)
+    torch.testing.assert_close(fused_ops.silu_and_mul(gate_up), F.silu(gate) * up, atol=1e-6, rtol=2e-6)
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_rope_and_cache_write_match_torch(dtype: torch.dtype) -> None:
+    heads, kv_heads, d, bs, tokens = 9, 3, 64, 16, 21
+    g = torch.Generator().manual_seed(5)
+    rope = RotaryEmbedding(d, 512, 10000.0)
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * d, generator=g)
+    positions = torch.randint(0, 512, (tokens,), generator=g)
+    slots = torch.randperm(8 * bs, generator=g)[:tokens]
+    slots[3] = -1  # padding: not written
+    cache = torch.zeros(2, 8, bs, kv_heads, d, dtype=dtype)
+    q_out = cpu_kernels.rope_write_kv(qkv, positions, rope.cos, rope.sin, cache, slots, heads)
+    q, k, v = qkv.split([heads * d, kv_heads * d, kv_heads * d], dim=-1)
+    q, k = rope(positions, q.reshape(tokens, heads, d), k.reshape(tokens, kv_heads, d))
+    expected = torch.zeros_like(cache)
+    reshape_and_cache_ref(k, v.reshape(tokens, kv_heads, d), expected, slots)
+    torch.testing.assert_close(q_out, q, atol=0, rtol=0)
+    torch.testing.assert_close(cache.float(), expected.float(), atol=0, rtol=0)
+
+
+def test_torch_fallbacks_keep_the_same_semantics(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fused_ops, "_lib", None)
+    monkeypatch.setattr(fused_ops, "_tried", True)
+    x, residual, w = torch.randn(3, 8), torch.randn(3, 8), torch.rand(8)
+    out, res = fused_ops.add_rms_norm(x, residual, w, 1e-6)
+    torch.testing.assert_close(res, residual + x)
+    torch.testing.assert_close(out, fused_ops.rms_norm_reference(residual + x, w, 1e-6))
+    gate_up = torch.randn(3, 8)
+    torch.testing.assert_close(fused_ops.silu_and_mul(gate_up), F.silu(gate_up[:, :4]) * gate_up[:, 4:])
