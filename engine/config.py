@@ -11,6 +11,8 @@ import torch
 Policy = Literal["paged", "continuous", "static"]
 POLICIES: tuple[Policy, ...] = ("paged", "continuous", "static")
 
+QUANTIZATION_MODES = ("auto", "none", "int8", "int4")
+
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
 
 
@@ -64,6 +66,7 @@ class EngineConfig:
     attention_backend: str | None = None  # torch | triton; env PAGODE_ATTENTION_BACKEND
     seed: int = 0
     enforce_eager: bool = False  # disable CUDA graphs
+    quantization: str = "none"  # auto | none | int8 | int4 (engine/quant/modes.py)
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -78,6 +81,8 @@ class EngineConfig:
         if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be positive")
         parse_bytes(self.kv_cache_memory)
+        if self.quantization not in QUANTIZATION_MODES:
+            raise ValueError(f"quantization must be one of {QUANTIZATION_MODES}, not {self.quantization!r}")
 
     @property
     def token_budget(self) -> int:

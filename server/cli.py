@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import uvicorn
 
-from engine.config import POLICIES, EngineConfig
+from engine.config import POLICIES, QUANTIZATION_MODES, EngineConfig
 from server.app import create_app
 from server.settings import ServerSettings
 from server.shutdown import DrainingServer
@@ -57,6 +57,11 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--enforce-eager", action="store_true",
                        help="disable CUDA graphs")
     group.add_argument("--seed", type=int, default=0, help="seed of the engine's sampler")
+    group.add_argument("--quantization", choices=QUANTIZATION_MODES, default="none",
+                       help="linear-layer weights on the CPU: int8 (Q8_0 blocks), int4 (Q4_1 "
+                            "blocks, the GGUF's own), auto (the fastest mode that passes the "
+                            "quality gate: int4 on an AVX2 CPU) or none (fp32, token-for-token "
+                            "equal to transformers; default). CUDA keeps bf16/fp16")
 
 
 def add_server_flags(parser: argparse.ArgumentParser) -> None:
@@ -120,7 +125,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         watermark=args.watermark, enable_prefix_caching=args.enable_prefix_caching,
         dtype=args.dtype, device=args.device, attention_backend=args.attention_backend,
-        seed=args.seed, enforce_eager=args.enforce_eager)
+        seed=args.seed, enforce_eager=args.enforce_eager, quantization=args.quantization)
 
 
 def server_settings(args: argparse.Namespace) -> ServerSettings:
