@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 TORCH_SPEC ?= torch==2.13.0
 ARGS ?=
 
-.PHONY: install serve test lint bench-engine bench-attention bench-kernels bench-serve profile-steps experiment tools check-deploy clean
+.PHONY: install serve test lint bench-engine bench-attention bench-kernels bench-serve bench-quant profile-steps experiment tools check-deploy clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -50,3 +50,6 @@ experiment: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+
+bench-quant: $(STAMP)
+	$(PY) -m engine.quant.bench --json docs/bench/quant.json $(ARGS)

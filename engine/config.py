@@ -14,6 +14,7 @@ Policy = Literal["paged", "continuous", "static"]
 POLICIES: tuple[Policy, ...] = ("paged", "continuous", "static")
 
 KV_CACHE_DTYPES = ("auto", "fp32", "fp16", "bf16")
+QUANTIZATION_MODES = ("auto", "none", "int8", "int4")
 
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
 
@@ -70,6 +71,7 @@ class EngineConfig:
     enforce_eager: bool = False  # disable CUDA graphs
     request_caps: RequestCaps = field(default_factory=RequestCaps)  # per-request limits
     kv_cache_dtype: str = "auto"  # auto | fp32 | fp16 | bf16; auto: fp16 on CPU, the model dtype on CUDA
+    quantization: str = "none"  # auto | none | int8 | int4 (engine/quant/modes.py)
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -86,6 +88,8 @@ class EngineConfig:
         parse_bytes(self.kv_cache_memory)
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, not {self.kv_cache_dtype!r}")
+        if self.quantization not in QUANTIZATION_MODES:
+            raise ValueError(f"quantization must be one of {QUANTIZATION_MODES}, not {self.quantization!r}")
 
     @property
     def token_budget(self) -> int:

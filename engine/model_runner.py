@@ -39,7 +39,8 @@ class ModelRunner:
         self.model_config = model_config
         self.backend = select_backend(config.attention_backend, self.device)
         self.model: LlamaForCausalLM = load_model(source, model_config, self.backend,
-                                                  max(max_model_len, 1), self.dtype, self.device)
+                                                  max(max_model_len, 1), self.dtype, self.device,
+                                                  config.quantization, config.token_budget)
         self.kv_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, self.dtype, self.device)
         self.num_blocks = num_blocks_for(config.kv_cache_bytes, model_config, self.block_size, self.kv_dtype)
         self.kv_caches = allocate_kv_cache(model_config, self.num_blocks, self.block_size,

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import uvicorn
 
-from engine.config import KV_CACHE_DTYPES, POLICIES, EngineConfig
+from engine.config import KV_CACHE_DTYPES, POLICIES, QUANTIZATION_MODES, EngineConfig
 from engine.request_limits import RequestCaps
 from server.app import create_app
 from server.http_limits import timed_h11_protocol
@@ -86,6 +86,11 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--profile-steps", type=int, default=0, metavar="N",
                        help="log a table of where the time of N engine steps goes (packing, "
                             "forward by op class, sampling, detokenize, streaming), then every N")
+    group.add_argument("--quantization", choices=QUANTIZATION_MODES, default=engine_default("quantization"),
+                       help="linear-layer weights on the CPU: int8 (Q8_0 blocks), int4 (Q4_1 "
+                            "blocks, the GGUF's own), auto (the fastest mode that passes the "
+                            "quality gate: int4 on an AVX2 CPU) or none (fp32, token-for-token "
+                            "equal to transformers; default). CUDA keeps bf16/fp16")
 
 
 def add_limit_flags(parser: argparse.ArgumentParser) -> None:
@@ -185,7 +190,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         watermark=args.watermark, enable_prefix_caching=args.enable_prefix_caching,
         dtype=args.dtype, device=args.device, attention_backend=args.attention_backend,
         seed=args.seed, enforce_eager=args.enforce_eager, request_caps=request_caps(args),
-        kv_cache_dtype=args.kv_cache_dtype)
+        kv_cache_dtype=args.kv_cache_dtype, quantization=args.quantization)
 
 
 def request_caps(args: argparse.Namespace) -> RequestCaps:

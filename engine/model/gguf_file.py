@@ -77,6 +77,36 @@ class GGUFModel:
             yield name, tensor
 
 
+    def raw_blocks(self, kinds: tuple[str, ...] = ("Q4_1", "Q8_0")) -> dict[str, tuple[str, np.ndarray]]:
+        """HF name -> (kind, bytes [rows, row bytes]) of the tensors stored in `kinds`, unquantized.
+
+        Q/K rows get the same un-permutation as the dequantized weights: it moves whole rows,
+        so every 32-block along the input dimension stays intact.
+        """
+        cfg = self.config()
+        out: dict[str, tuple[str, np.ndarray]] = {}
+        for t in self.reader.tensors:
+            if t.tensor_type.name not in kinds or len(t.shape) != 2:
+                continue
+            name = hf_name(t.name)
+            data = np.asarray(t.data)
+            heads = _permuted_heads(self.arch, name, cfg)
+            if heads is not None:
+                data = data[unpermute(torch.arange(data.shape[0]), heads).numpy()]
+            out[name] = (t.tensor_type.name.lower(), data)
+        return out
+
+
+def _permuted_heads(arch: str, name: str, cfg: ModelConfig) -> int | None:
+    if arch != "llama":
+        return None
+    if name.endswith("q_proj.weight"):
+        return cfg.num_attention_heads
+    if name.endswith("k_proj.weight"):
+        return cfg.num_key_value_heads
+    return None
+
+
 def hf_name(gguf_name: str) -> str:
     parts = gguf_name.split(".")
     if parts[0] == "blk":

@@ -16,6 +16,7 @@ from engine.model.config import ModelConfig
 from engine.model.gguf_file import GGUFModel
 from engine.model.llama import LlamaForCausalLM
 from engine.model.weights import iter_safetensors, load_weights, read_hf_config
+from engine.quant import quantize_model, resolve_mode
 
 log = logging.getLogger("pagode")
 
@@ -66,7 +67,8 @@ def read_config(source: ModelSource) -> ModelConfig:
 
 
 def load_model(source: ModelSource, cfg: ModelConfig, backend: AttentionBackend,
-               max_positions: int, dtype: torch.dtype, device: torch.device) -> LlamaForCausalLM:
+               max_positions: int, dtype: torch.dtype, device: torch.device,
+               quantization: str = "none", max_tokens: int = 512) -> LlamaForCausalLM:
     with torch.device("meta"):
         model = LlamaForCausalLM(cfg, backend, max_positions)
     model = model.to_empty(device="cpu")
@@ -82,7 +84,21 @@ def load_model(source: ModelSource, cfg: ModelConfig, backend: AttentionBackend,
     model = model.to(device=device, dtype=dtype).eval()
     with torch.device(device):
         model.rope.build()  # keep the table in fp32 whatever the dtype
+    apply_quantization(model, source, quantization, device, dtype, max_tokens)
     return model
+
+
+def apply_quantization(model: LlamaForCausalLM, source: ModelSource, requested: str, device: torch.device,
+                       dtype: torch.dtype, max_tokens: int) -> str:
+    """Resolve --quantization for this device, swap the linear layers, log what was picked."""
+    mode, why = resolve_mode(requested, device, dtype)
+    if mode == "none":
+        log.info("quantization: none (%s): linear layers in %s", why, dtype)
+        return mode
+    raw = GGUFModel(source.path).raw_blocks() if source.is_gguf else None
+    report = quantize_model(model, mode, raw, max_tokens)
+    log.info("quantization: %s (%s): %s", mode, why, report.summary())
+    return mode
 
 
 def load_tokenizer(source: ModelSource):  # type: ignore[no-untyped-def]

@@ -1,0 +1,115 @@
+"""Swap a loaded model's linear layers for QuantLinear, from GGUF blocks or fp32 weights.
+
+A fused layer (qkv_proj, gate_up_proj) takes the GGUF's own blocks when every shard has the
+target format (llama.cpp's Q/K row permutation was already undone on the rows, which keeps
+the 32-blocks along the input intact); otherwise it is requantized from its fp32 weight.
+Each shape's kernel crossover is measured once, and a layer keeps only the copies that its
+crossover can pick for the step sizes the engine runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import nn
+
+from engine.quant import cpu_kernel, dispatch, formats
+from engine.quant.dense_gemm import DenseGemm
+from engine.quant.formats import BlockWeights, Kind
+from engine.quant.int8_gemm import Int8Gemm
+from engine.quant.linear import QuantLinear
+from engine.quant.modes import weight_kind
+
+log = logging.getLogger("pagode")
+
+# Fused layer -> the HF weight names of its shards, in order.
+SHARDS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+# The many-tokens path: fp32 BLAS; "fbgemm" (int8) only to measure it, as it fails the gate.
+MANY_TOKENS_GEMM = os.environ.get("PAGODE_QUANT_GEMM", "fp32")
+RawBlocks = dict[str, tuple[str, np.ndarray]]  # HF weight name -> (kind, GGUF bytes [N, ...])
+
+
+@dataclass
+class QuantReport:
+    mode: str
+    layers: int = 0
+    from_gguf: int = 0
+    block_bytes: int = 0
+    dense_bytes: int = 0
+    kept_fp32: list[str] = field(default_factory=list)
+    crossovers: dict[str, int] = field(default_factory=dict)  # "kind NxK" -> max kernel tokens
+
+    def summary(self) -> str:
+        cross = ", ".join(f"{k}: <= {v if v < dispatch.NO_LIMIT else 'all'}" for k, v in self.crossovers.items())
+        return (f"{self.layers} linear layers ({self.from_gguf} from the GGUF's own blocks); resident "
+                f"{self.block_bytes / 2**20:.0f} MiB of block weights + {self.dense_bytes / 2**20:.0f} MiB "
+                f"of fp32 weights for big steps; block kernel up to [{cross}] tokens per call")
+
+
+def quantize_model(model: nn.Module, mode: str, raw: RawBlocks | None = None, max_tokens: int = 512) -> QuantReport:
+    """Replace every nn.Linear of `model` in place; `max_tokens` is the most tokens one step runs."""
+    report = QuantReport(mode)
+    tied = bool(getattr(getattr(model, "config", None), "tie_word_embeddings", False))
+    targets = [(name, mod) for name, mod in model.named_modules() if isinstance(mod, nn.Linear)]
+    for name, linear in targets:
+        if not formats.quantizable(linear.in_features):
+            report.kept_fp32.append(name)
+            continue
+        kind = weight_kind(mode, is_lm_head=name == "lm_head")
+        blocks = gguf_blocks(shard_names(name, tied), kind, raw or {})
+        dense: DenseGemm | Int8Gemm
+        if blocks is not None:  # the loaded fp32 weight is exactly what the blocks stand for
+            report.from_gguf += 1
+            dense = DenseGemm(linear.weight, linear.bias, shared=name == "lm_head" and tied)
+        else:
+            blocks = formats.quantize(linear.weight.detach().float(), kind)
+            dense = DenseGemm(formats.dequantize(blocks), linear.bias)
+        if MANY_TOKENS_GEMM == "fbgemm":
+            dense = Int8Gemm(formats.dequantize(blocks), linear.bias)
+        layer = build_layer(blocks, dense, linear.bias, max_tokens, report)
+        _set_module(model, name, layer)
+        report.layers += 1
+        report.block_bytes += 0 if layer.blocks is None else layer.blocks.nbytes
+        report.dense_bytes += 0 if layer.gemm is None else layer.gemm.nbytes
+    if report.kept_fp32:
+        log.warning("kept in fp32 (input size not a multiple of 32): %s", report.kept_fp32)
+    return report
+
+
+def build_layer(blocks: BlockWeights, dense: DenseGemm | Int8Gemm, bias: torch.Tensor | None, max_tokens: int,
+                report: QuantReport) -> QuantLinear:
+    """Measure this shape's crossover, keep the copies it can pick for steps of <= max_tokens."""
+    if not cpu_kernel.available():
+        return QuantLinear(None, dense, bias, 0)
+    crossover = dispatch.measure(blocks, dense).max_kernel_tokens
+    report.crossovers[f"{blocks.kind} {blocks.out_features}x{blocks.in_features}"] = crossover
+    gemm = None if crossover >= max_tokens else dense  # steps never get big enough for the GEMM
+    kept_blocks = blocks if crossover >= 1 else None
+    return QuantLinear(kept_blocks, gemm, bias, crossover)
+
+
+def gguf_blocks(names: list[str], kind: Kind, raw: RawBlocks) -> BlockWeights | None:
+    """A layer's weight straight from the GGUF's blocks, if every shard is already `kind`."""
+    found = [raw.get(n) for n in names]
+    if not all(f is not None and f[0] == kind for f in found):
+        return None
+    parts = [formats.from_gguf(f[1], kind) for f in found if f is not None]
+    return parts[0] if len(parts) == 1 else formats.concat_rows(parts)
+
+
+def shard_names(name: str, tied: bool) -> list[str]:
+    """HF weight names that make up our layer `name` (a tied lm_head is the embedding)."""
+    if name == "lm_head":
+        return ["model.embed_tokens.weight" if tied else "lm_head.weight"]
+    prefix, _, leaf = name.rpartition(".")
+    return [f"model.{prefix}.{s}.weight" for s in SHARDS.get(leaf, (leaf,))]
+
+
+def _set_module(model: nn.Module, name: str, module: nn.Module) -> None:
+    parent_name, _, leaf = name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    setattr(parent, leaf, module)

@@ -1,0 +1,64 @@
+"""QuantLinear: a drop-in for nn.Linear that computes on quantized weights.
+
+It holds the copies its kernels need, and no others: the block-quantized weight for the
+AVX2 kernel (few tokens) and/or the fp32 weight for BLAS (many tokens). Each call picks by
+its number of tokens against the layer's measured crossover.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import nn
+
+from engine.quant import cpu_kernel
+from engine.quant.dense_gemm import DenseGemm
+from engine.quant.formats import BlockWeights
+from engine.quant.int8_gemm import Int8Gemm
+
+Path = Literal["kernel", "gemm"]
+
+
+class QuantLinear(nn.Module):
+    def __init__(self, blocks: BlockWeights | None, gemm: DenseGemm | Int8Gemm | None, bias: torch.Tensor | None,
+                 max_kernel_tokens: int) -> None:
+        super().__init__()
+        if blocks is None and gemm is None:
+            raise ValueError("a QuantLinear needs the block weights, the int8 GEMM, or both")
+        self.blocks = blocks
+        self.gemm = gemm
+        ref = blocks if blocks is not None else gemm
+        assert ref is not None
+        self.in_features, self.out_features = ref.in_features, ref.out_features
+        self.bias = None if bias is None else nn.Parameter(bias.detach().float().contiguous(), requires_grad=False)
+        self.max_kernel_tokens = max_kernel_tokens if blocks is not None else 0
+        self.force: Path | None = None  # tests and benchmarks pin one path
+
+    def path_for(self, tokens: int) -> Path:
+        if self.force is not None:
+            return self.force
+        return "kernel" if tokens <= self.max_kernel_tokens or self.gemm is None else "gemm"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.in_features).float()
+        if self.path_for(x2.shape[0]) == "kernel":
+            if self.blocks is None:
+                raise RuntimeError("this layer keeps no block weights (its crossover never picks the kernel)")
+            y = cpu_kernel.block_linear(x2, self.blocks, self.bias)
+        else:
+            if self.gemm is None:
+                raise RuntimeError("this layer keeps no dense weights (its crossover never picks it)")
+            y = self.gemm(x2)
+        return y.reshape(*lead, self.out_features)
+
+    @property
+    def nbytes(self) -> int:
+        total = 0 if self.blocks is None else self.blocks.nbytes
+        return total + (0 if self.gemm is None else self.gemm.nbytes)
+
+    def extra_repr(self) -> str:
+        kind = None if self.blocks is None else self.blocks.kind
+        return (f"in={self.in_features}, out={self.out_features}, blocks={kind}, "
+                f"gemm={self.gemm is not None}, kernel_up_to={self.max_kernel_tokens}")
