@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import uvicorn
 
 from engine.config import POLICIES, EngineConfig
+from engine.planner.cli import add_plan_flags, run_plan
 from server.app import create_app
 from server.settings import ServerSettings
 from server.shutdown import DrainingServer
@@ -106,6 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=HelpFormatter)
     add_server_flags(serve)
     add_engine_flags(serve)
+    add_plan_flags(commands.add_parser(
+        "plan", help="capacity planning: KV memory, step-time fit, predicted latencies",
+        formatter_class=HelpFormatter))
     return parser
 
 
@@ -151,6 +155,8 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "plan":
+        return run_plan(args)
     if args.command != "serve":
         parser.print_help()
         return 2
