@@ -129,16 +129,16 @@ def test_sse_dispatches_an_event_at_its_blank_line_only() -> None:
 
 def test_sse_nasty_cases() -> None:
     body = (
-        "data: first\n\n"
-        ": comment with data: inside\n"
-        "retry: 10\n"
-        "data\n"  # a field without a colon: an empty data line
-        "data:  two spaces keep one\n\n"
-        "event: custom\r\ndata: {\"x\": \"a\\nb\"}\r\n\r\n"
-        "retry: 5\n\n"  # no data: nothing to pass on
-        ": only a comment\r\n\r\n"
-        "data: unterminated at the end"
-    ).encode()
+        b"data: first\n\n"
+        b": comment with data: inside\n"
+        b"retry: 10\n"
+        b"data\n"  # a field without a colon: an empty data line
+        b"data:  two spaces keep one\n\n"
+        b"event: custom\r\ndata: {\"x\": \"a\\nb\"}\r\n\r\n"
+        b"retry: 5\n\n"  # no data: nothing to pass on
+        b": only a comment\r\n\r\n"
+        b"data: unterminated at the end"
+    )
     events = sse_events([body])
     assert [(e.event, e.data) for e in events] == [
         ("message", "first"),
