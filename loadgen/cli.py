@@ -59,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="cap(s) on requests in flight; several are swept in order; with the "
                    "default rate inf each is a closed loop at that fixed concurrency")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dataset", default="text", help="text[:PATH] | random | sharegpt:PATH")
+    p.add_argument("--dataset", default="text", help="text[:PATH] | random | sharegpt:PATH (real answer lengths) | shared-system[:TOKENS] | multiturn[:TURNS]")
     p.add_argument("--input-len", type=parse_range, default=(16, 128), help="prompt tokens MIN:MAX")
     p.add_argument("--output-len", type=parse_range, default=(32, 384), help="output tokens MIN:MAX")
     p.add_argument("--ignore-eos", action="store_true", help="generate exactly the requested tokens")
