@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 TORCH_SPEC ?= torch==2.13.0
 ARGS ?=
 
-.PHONY: install serve test lint bench-engine bench-attention bench-kernels bench-serve bench-quant profile-steps experiment tools check-deploy clean
+.PHONY: install serve test lint bench-engine bench-attention bench-kernels bench-serve bench-quant profile-steps experiment tools check-deploy clean crosscheck plan-check
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +47,20 @@ bench-kernels: $(STAMP)
 
 experiment: $(STAMP)
 	$(PY) -m loadgen.experiment $(ARGS)
+
+# guidellm in its own venv (CPU torch first, so pip never pulls a CUDA build); not a pagode dependency.
+CROSSCHECK_VENV := .venv-crosscheck
+$(CROSSCHECK_VENV)/.installed:
+	$(PYTHON) -m venv $(CROSSCHECK_VENV)
+	$(CROSSCHECK_VENV)/bin/pip install -q "$(TORCH_SPEC)"
+	$(CROSSCHECK_VENV)/bin/pip install -q guidellm
+	touch $@
+
+crosscheck: $(STAMP) $(CROSSCHECK_VENV)/.installed
+	$(PY) -m loadgen.crosscheck $(ARGS)
+
+plan-check: $(STAMP)
+	$(PY) -m loadgen.plan_check $(ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -248,7 +248,9 @@ class LLMEngine:
                          num_decodes=len(decodes), num_prefill_tokens=out.num_batched_tokens - len(decodes),
                          mean_decode_context=sum(len(s.seq) for s in decodes) / len(decodes) if decodes else 0.0,
                          schedule_time=p.schedule, prepare_time=p.prepare, forward_time=p.forward,
-                         sample_time=p.sample, postprocess_time=p.postprocess)
+                         sample_time=p.sample, postprocess_time=p.postprocess,
+                         chunks=[(s.num_new_tokens, s.seq.num_computed_tokens - s.num_new_tokens)
+                                 for s in out.scheduled])
         for listener in self.step_listeners:
             listener(step)
 

@@ -57,3 +57,5 @@ class StepStats:
     forward_time: float = 0.0  # model forward + logits
     sample_time: float = 0.0
     postprocess_time: float = 0.0  # append, detokenize, stop checks, deltas
+    # Each scheduled sequence's (new tokens, tokens computed before this step), for the planner.
+    chunks: list[tuple[int, int]] = field(default_factory=list)

@@ -22,7 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from loadgen.arrivals import arrival_times
 from loadgen.client import LiveCounters, Target, build_payload, send_request
 from loadgen.datasets import PromptSet, PromptSpec, sample_prompts
-from loadgen.metrics import SLO, summarize
+from loadgen.metrics import PERCENTILES, SLO, summarize
 from loadgen.records import RequestRecord
 from loadgen.scrape import MetricsScraper, Sample
 from loadgen.tokenizer import RemoteTokenizer
@@ -42,6 +42,7 @@ class Settings:
     timeout: float = 3600.0  # seconds without a byte before a request fails
     scrape_interval: float = 1.0
     show_progress: bool = True
+    percentiles: tuple[float, ...] = PERCENTILES
 
 
 @dataclass
@@ -51,6 +52,7 @@ class RateResult:
     server: dict[str, Any]
     records: list[RequestRecord] = field(default_factory=list)
     timeline: list[Sample] = field(default_factory=list)
+    concurrency: int | None = None  # the cap on requests in flight (a closed loop at rate inf)
 
 
 def make_http_client(timeout: float, headers: dict[str, str] | None = None) -> httpx.AsyncClient:
@@ -123,16 +125,20 @@ async def live_progress(
 
 async def run_rate(
     http: httpx.AsyncClient, target: Target, prompts: list[PromptSpec], rate: float,
-    settings: Settings, console: Console,
+    settings: Settings, console: Console, concurrency: int | None = None,
 ) -> RateResult:
-    """Replay the seeded trace at one offered rate and summarize it."""
+    """Replay the seeded trace at one offered rate and summarize it.
+
+    `concurrency` (default: settings.max_concurrency) caps the requests in flight; at an
+    infinite rate that is a closed loop: a new request starts as soon as one finishes."""
+    concurrency = concurrency or settings.max_concurrency
     arrivals = arrival_times(len(prompts), rate, settings.burstiness, settings.seed)
     records = [
         RequestRecord(index=i, prompt_len=p.prompt_len, max_tokens=p.output_len, arrival=float(a))
         for i, (p, a) in enumerate(zip(prompts, arrivals, strict=True))
     ]
     counters = LiveCounters()
-    limit = asyncio.Semaphore(settings.max_concurrency) if settings.max_concurrency else None
+    limit = asyncio.Semaphore(concurrency) if concurrency else None
     scraper = MetricsScraper(http, target.base_url, interval=settings.scrape_interval)
     run_start = time.perf_counter()
     await scraper.start(run_start)
@@ -150,16 +156,17 @@ async def run_rate(
         else:
             counters.failed += 1
 
-    label = f"rate {format_rate(rate)}"
+    label = f"rate {format_rate(rate)}" + (f" x{concurrency}" if concurrency else "")
     async with live_progress(console, len(records), label, counters, settings.show_progress):
         await asyncio.gather(*(one(r, p) for r, p in zip(records, prompts, strict=True)))
     duration = time.perf_counter() - run_start
     await scraper.stop()
-    summary = summarize(records, duration, settings.slo)
+    summary = summarize(records, duration, settings.slo, settings.percentiles)
     server = scraper.summary()
     summary["offered_rate"] = rate_to_json(rate)
     summary["queue_time_server_mean_s"] = server.get("queue_time_mean_s")
-    return RateResult(rate, summary, server, records, scraper.samples)
+    summary["max_concurrency"] = concurrency
+    return RateResult(rate, summary, server, records, scraper.samples, concurrency)
 
 
 def format_rate(rate: float) -> str:

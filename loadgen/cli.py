@@ -11,6 +11,7 @@ import asyncio
 import math
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +21,10 @@ from loadgen.bench import Settings, discover_model, make_http_client, prepare_pr
 from loadgen.client import CHAT_PATH, COMPLETIONS_PATH, Target
 from loadgen.compare import run_compare
 from loadgen.datasets import PromptSet, parse_range
-from loadgen.metrics import parse_slo
+from loadgen.metrics import PERCENTILES, parse_percentiles, parse_slo
 from loadgen.plots import plot_results
 from loadgen.report import build_results, print_report, write_results
+from loadgen.sweep import bisect_capacity
 
 
 def parse_rate(text: str) -> float:
@@ -53,15 +55,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-prompts", type=int, default=100)
     p.add_argument("--burstiness", type=float, default=1.0,
                    help="Gamma shape of the gaps; 1 is Poisson, <1 burstier, >1 more regular")
-    p.add_argument("--max-concurrency", type=int, default=None, help="cap on requests in flight")
+    p.add_argument("--max-concurrency", type=int, nargs="+", default=None,
+                   help="cap(s) on requests in flight; several are swept in order; with the "
+                   "default rate inf each is a closed loop at that fixed concurrency")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dataset", default="text", help="text[:PATH] | random | sharegpt:PATH")
+    p.add_argument("--dataset", default="text", help="text[:PATH] | random | sharegpt:PATH (real answer lengths) | shared-system[:TOKENS] | multiturn[:TURNS]")
     p.add_argument("--input-len", type=parse_range, default=(16, 128), help="prompt tokens MIN:MAX")
     p.add_argument("--output-len", type=parse_range, default=(32, 384), help="output tokens MIN:MAX")
     p.add_argument("--ignore-eos", action="store_true", help="generate exactly the requested tokens")
     p.add_argument("--slo", type=parse_slo, default=None,
                    help="goodput objectives, e.g. ttft=500,itl=50,e2e=10 (ms, ms, s); "
                    "itl bounds each request's mean gap between tokens (TPOT)")
+    p.add_argument("--percentiles", type=parse_percentiles, default=PERCENTILES,
+                   help="latency percentiles to report, e.g. 50,90,99,99.9 (default: 50,90,99)")
+    p.add_argument("--sweep", action="store_true",
+                   help="find the highest rate meeting --slo by bisection, starting at the first --rate")
+    p.add_argument("--slo-attainment", type=float, default=0.99,
+                   help="with --sweep: the fraction of requests that must meet --slo")
+    p.add_argument("--sweep-max-runs", type=int, default=8, help="with --sweep: most runs to spend")
     p.add_argument("--out", type=Path, default=Path("results/loadgen"), help="output directory")
     p.add_argument("--api-key", default=None)
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds of silence before a request fails")
@@ -77,17 +88,25 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     return Settings(
         num_prompts=args.num_prompts, dataset=args.dataset, input_len=args.input_len,
         output_len=args.output_len, burstiness=args.burstiness,
-        max_concurrency=args.max_concurrency, seed=args.seed, ignore_eos=args.ignore_eos,
+        max_concurrency=args.max_concurrency[0] if args.max_concurrency else None, seed=args.seed, ignore_eos=args.ignore_eos,
         slo=args.slo, timeout=args.timeout, scrape_interval=args.scrape_interval,
-        show_progress=not args.no_progress,
+        show_progress=not args.no_progress, percentiles=args.percentiles,
     )
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    attainment: float = 0.99
+    max_runs: int = 8
 
 
 async def run_loadgen(
     target: Target, settings: Settings, rates: Sequence[float], console: Console,
-    prompts: PromptSet | None = None,
+    prompts: PromptSet | None = None, concurrencies: Sequence[int | None] = (None,),
+    sweep: SweepSpec | None = None,
 ) -> tuple[Target, PromptSet, dict[str, Any]]:
-    """Prepare the prompts (unless given), replay them at each rate, return results.json's content."""
+    """Prepare the prompts (unless given), replay them at each rate and concurrency (or
+    bisect the rate with `sweep`), return results.json's content."""
     async with make_http_client(settings.timeout, target.headers()) as http:
         if target.model is None:
             target = Target(target.base_url, target.endpoint,
@@ -96,8 +115,30 @@ async def run_loadgen(
             prompts = await prepare_prompts(http, target, settings)
         for warning in prompts.warnings:
             console.print(f"[yellow]warning:[/] {warning}")
-        runs = [await run_rate(http, target, prompts.prompts, r, settings, console) for r in rates]
-    return target, prompts, build_results(target, settings, prompts, runs)
+        specs = prompts.prompts
+        runs = []
+        sweep_result = None
+        if sweep is not None:
+            if settings.slo is None:
+                raise SystemExit("--sweep needs --slo")
+
+            async def attain(rate: float) -> float:
+                run = await run_rate(http, target, specs, rate, settings, console)
+                runs.append(run)
+                return float(run.summary["good_requests"]) / max(1, run.summary["num_requests"])
+
+            sweep_result = await bisect_capacity(attain, rates[0], sweep.attainment, max_runs=sweep.max_runs)
+        else:
+            for c in concurrencies:
+                for r in rates:
+                    runs.append(await run_rate(http, target, specs, r, settings, console, c))
+    results = build_results(target, settings, prompts, runs)
+    if sweep_result is not None and sweep is not None:
+        results["sweep"] = {"slo": settings.slo.to_json() if settings.slo else None,
+                            "attainment_target": sweep.attainment, **sweep_result.to_json()}
+        cap = sweep_result.capacity
+        console.print(f"capacity at this SLO: {'none found' if cap is None else f'{cap:.3g} req/s'}")
+    return target, prompts, results
 
 
 def make_console() -> Console:
@@ -113,7 +154,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     settings = settings_from_args(args)
     target = Target(normalize_url(args.url), args.endpoint, args.model, args.api_key)
-    _, _, results = asyncio.run(run_loadgen(target, settings, args.rate, console))
+    concurrencies = args.max_concurrency or [None]
+    sweep = SweepSpec(args.slo_attainment, args.sweep_max_runs) if args.sweep else None
+    _, _, results = asyncio.run(run_loadgen(target, settings, args.rate, console,
+                                            concurrencies=concurrencies, sweep=sweep))
     path = write_results(args.out, results)
     print_report(console, results)
     if not args.no_plots:

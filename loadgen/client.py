@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 
 from loadgen.records import RequestRecord
-from loadgen.sse import SSEEvent, SSEParser
+from loadgen.sse import SSEEvent, aiter_events
 
 CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
@@ -68,7 +68,10 @@ def build_payload(target: Target, prompt: str, max_tokens: int, ignore_eos: bool
         payload["prompt"] = prompt
         payload["max_tokens"] = max_tokens
     if ignore_eos:
-        payload["ignore_eos"] = True  # a vLLM extension; llama-server ignores it
+        # A vLLM extension that llama-server honours too: its server docs list `ignore_eos`
+        # ("ignore end of stream token and continue generating") among the request options,
+        # and its OpenAI-compatible endpoints read the same fields.
+        payload["ignore_eos"] = True
     return payload
 
 
@@ -159,7 +162,6 @@ async def send_request(
 ) -> RequestRecord:
     """POST one streaming request and fill its record; never raises for HTTP faults."""
     handler = StreamHandler(record, counters)
-    parser = SSEParser()
     # The clock starts just before the POST.
     t0 = time.perf_counter()
     record.start = t0 - run_start
@@ -169,13 +171,8 @@ async def send_request(
             if resp.status_code != 200:
                 record.error = error_message(await resp.aread(), resp.status_code)
                 return record
-            async for raw in resp.aiter_bytes():
-                now = time.perf_counter() - t0
-                for event in parser.feed(raw):
-                    handler.handle(event, now)
-            end = time.perf_counter() - t0
-            for event in parser.close():
-                handler.handle(event, end)
+            async for event, elapsed in aiter_events(resp, t0):
+                handler.handle(event, elapsed)
     except Exception as exc:  # noqa: BLE001 - one failed request must not stop the run
         detail = str(exc)
         record.error = f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__

@@ -203,24 +203,27 @@ async def sample_random(
     return await gather_bounded(jobs)
 
 
-def load_sharegpt(path: str) -> list[str]:
-    """The first turn of each conversation with at least two turns."""
+def load_sharegpt(path: str) -> list[tuple[str, str]]:
+    """(first turn, its answer) of each conversation with at least two turns."""
     data = json.loads(Path(path).read_text(encoding="utf-8"))
-    prompts = []
+    pairs = []
     for entry in data:
         turns = entry.get("conversations") or entry.get("conversation") or []
         if len(turns) >= 2:
             first = turns[0].get("value") or turns[0].get("content") or ""
-            if first.strip():
-                prompts.append(first)
-    return prompts
+            answer = turns[1].get("value") or turns[1].get("content") or ""
+            if first.strip() and answer.strip():
+                pairs.append((first, answer))
+    return pairs
 
 
 async def sample_sharegpt(
     path: str, n: int, input_range: tuple[int, int], output_range: tuple[int, int],
     seed: int, count: CountTokens | None,
 ) -> list[PromptSpec]:
-    """Whole first turns, shuffled by the seed; those over the input maximum are skipped."""
+    """Whole first turns, shuffled by the seed, each with its real answer's length as the
+    output length (as vLLM does); prompts over the input maximum and answers outside the
+    output range are skipped."""
     rng = np.random.default_rng(seed)
     candidates = load_sharegpt(path)
     order = rng.permutation(len(candidates))
@@ -228,11 +231,14 @@ async def sample_sharegpt(
     for k in order:
         if len(prompts) == n:
             break
-        text = candidates[int(k)]
+        text, answer = candidates[int(k)]
         counted = await count(text) if count is not None else None
         length = counted if counted is not None else estimate_tokens(text)
-        if 4 <= length <= input_range[1]:
-            out = int(rng.integers(output_range[0], output_range[1] + 1))
+        if not 4 <= length <= input_range[1]:
+            continue
+        answer_count = await count(answer) if count is not None else None
+        out = answer_count if answer_count is not None else estimate_tokens(answer)
+        if max(4, output_range[0]) <= out <= output_range[1]:
             prompts.append(PromptSpec(text, length, out, exact=counted is not None))
     if len(prompts) < n:
         raise ValueError(f"ShareGPT file {path} has only {len(prompts)} usable prompts, {n} asked")
@@ -249,10 +255,21 @@ async def sample_prompts(
         prompts = await sample_text(load_words(path or None), n, input_range, output_range, seed, count)
     elif kind == "random":
         prompts = await sample_random(load_words(path or None), n, input_range, output_range, seed, count)
+    elif kind == "shared-system":
+        from loadgen.conversations import sample_shared_system
+
+        prompts = await sample_shared_system(load_words(None), n, input_range, output_range, seed, count,
+                                             int(path) if path else 256)
+    elif kind == "multiturn":
+        from loadgen.conversations import sample_multiturn
+
+        prompts = await sample_multiturn(load_words(None), n, input_range, output_range, seed, count,
+                                         int(path) if path else 4)
     elif kind == "sharegpt" and path:
         prompts = await sample_sharegpt(path, n, input_range, output_range, seed, count)
     else:
-        raise ValueError(f"unknown dataset {dataset!r}: use text[:PATH], random or sharegpt:PATH")
+        raise ValueError(f"unknown dataset {dataset!r}: use text[:PATH], random, sharegpt:PATH, "
+                         "shared-system[:TOKENS] or multiturn[:TURNS]")
     result = PromptSet(prompts, dataset)
     if not result.exact:
         result.warnings.append(NO_TOKENIZE_WARNING)

@@ -29,13 +29,48 @@ def percentile(values: Sequence[float], q: float) -> float:
     return float(np.percentile(np.asarray(values, dtype=float), q))
 
 
-def describe(values: Sequence[float]) -> dict[str, float | int | None]:
-    """Mean, p50, p90 and p99 of a sample; None where the sample is empty."""
+def pkey(q: float) -> str:
+    """50 -> 'p50', 99.9 -> 'p99.9'."""
+    return f"p{q:g}"
+
+
+def describe(values: Sequence[float], percentiles: Sequence[float] = PERCENTILES) -> dict[str, float | int | None]:
+    """Mean, median, standard deviation and the percentiles of a sample; None where it is empty."""
     if len(values) == 0:
-        return {"count": 0, "mean": None, **{f"p{q}": None for q in PERCENTILES}}
-    stats: dict[str, float | int | None] = {"count": len(values), "mean": float(np.mean(values))}
-    stats.update({f"p{q}": percentile(values, q) for q in PERCENTILES})
+        return {"count": 0, "mean": None, "median": None, "std": None,
+                **{pkey(q): None for q in percentiles}}
+    stats: dict[str, float | int | None] = {
+        "count": len(values), "mean": float(np.mean(values)), "median": float(np.median(values)),
+        "std": float(np.std(values))}
+    stats.update({pkey(q): percentile(values, q) for q in percentiles})
     return stats
+
+
+def parse_percentiles(text: str) -> tuple[float, ...]:
+    """'50,90,99' -> (50.0, 90.0, 99.0); each in (0, 100]."""
+    values = tuple(float(p) for p in text.split(",") if p.strip())
+    if not values or any(not 0 < q <= 100 for q in values):
+        raise ValueError(f"bad percentiles {text!r}: use e.g. 50,90,99")
+    return values
+
+
+VLLM_METRICS = (("ttft", "ttft_s"), ("tpot", "tpot_s"), ("itl", "itl_s"), ("e2el", "e2e_s"))
+
+
+def vllm_keys(summary: dict[str, Any], percentiles: Sequence[float]) -> dict[str, Any]:
+    """`vllm bench serve --save-result`'s key names (ms), from a summary (s)."""
+    out: dict[str, Any] = {k: summary[k] for k in (
+        "completed", "failed", "total_input_tokens", "total_output_tokens", "request_throughput",
+        "output_throughput", "total_token_throughput")}
+    out["duration"] = summary["duration_s"]
+    for short, key in VLLM_METRICS:
+        st = summary[key]
+        for stat in ("mean", "median", "std"):
+            out[f"{stat}_{short}_ms"] = None if st[stat] is None else st[stat] * 1e3
+        for q in percentiles:
+            v = st[pkey(q)]
+            out[f"p{q:g}_{short}_ms"] = None if v is None else v * 1e3
+    return out
 
 
 @dataclass(frozen=True)
@@ -113,7 +148,8 @@ def streaming_intervals(records: Sequence[RequestRecord]) -> list[tuple[float, f
 
 
 def summarize(
-    records: Sequence[RequestRecord], duration: float, slo: SLO | None = None
+    records: Sequence[RequestRecord], duration: float, slo: SLO | None = None,
+    percentiles: Sequence[float] = PERCENTILES,
 ) -> dict[str, Any]:
     """The report of one run: counts, throughputs and latency distributions."""
     ok = [r for r in records if r.success]
@@ -132,11 +168,11 @@ def summarize(
         "request_throughput": len(ok) * per_s,
         "output_throughput": output_tokens * per_s,
         "total_token_throughput": (input_tokens + output_tokens) * per_s,
-        "ttft_s": describe([r.ttft for r in ok if r.ttft is not None]),
-        "tpot_s": describe([r.tpot for r in ok if r.tpot is not None]),
-        "itl_s": describe([gap for r in ok for gap in r.itls]),
-        "e2e_s": describe([r.e2e for r in ok if r.e2e is not None]),
-        "queue_time_s": describe([r.queue_time for r in ok if r.queue_time is not None]),
+        "ttft_s": describe([r.ttft for r in ok if r.ttft is not None], percentiles),
+        "tpot_s": describe([r.tpot for r in ok if r.tpot is not None], percentiles),
+        "itl_s": describe([gap for r in ok for gap in r.itls], percentiles),
+        "e2e_s": describe([r.e2e for r in ok if r.e2e is not None], percentiles),
+        "queue_time_s": describe([r.queue_time for r in ok if r.queue_time is not None], percentiles),
         # Client-side view of the batch size: 1 Hz /metrics scrapes can miss the peak.
         "max_concurrent_streaming": max_overlap(streaming_intervals(ok)),
     }
@@ -145,4 +181,5 @@ def summarize(
         summary["slo"] = slo.to_json()
         summary["good_requests"] = good
         summary["goodput"] = good * per_s
+    summary["vllm"] = vllm_keys(summary, percentiles)
     return summary

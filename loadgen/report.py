@@ -31,14 +31,27 @@ def clean_json(value: Any) -> Any:
     return value
 
 
+def vllm_run_keys(target: Target, settings: Settings, run: RateResult, created: str) -> dict[str, Any]:
+    """One run under `vllm bench serve --save-result`'s names, so that tools for vLLM read it."""
+    return {"date": created, "backend": "openai-chat" if target.is_chat else "openai",
+            "model_id": target.model, "num_prompts": len(run.records),
+            "request_rate": rate_to_json(run.rate), "burstiness": settings.burstiness,
+            "max_concurrency": run.concurrency, **run.summary["vllm"]}
+
+
 def build_results(
     target: Target, settings: Settings, prompts: PromptSet, runs: list[RateResult]
 ) -> dict[str, Any]:
     settings_json = asdict(settings)
     settings_json["slo"] = settings.slo.to_json() if settings.slo else None
+    created = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    vllm_runs = [vllm_run_keys(target, settings, run, created) for run in runs]
+    # A single run's vLLM keys also sit at the top level, where vLLM writes them.
+    top = vllm_runs[0] if len(runs) == 1 else {}
     return clean_json({
+        **top,
         "loadgen_version": __version__,
-        "created_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "created_utc": created,
         "target": {"url": target.base_url, "endpoint": target.endpoint, "model": target.model},
         "settings": settings_json,
         "dataset": {
@@ -51,12 +64,14 @@ def build_results(
         "runs": [
             {
                 "offered_rate": rate_to_json(run.rate),
+                "max_concurrency": run.concurrency,
                 "summary": run.summary,
+                "vllm": vllm_keys_of_run,
                 "server": run.server,
                 "timeline": [asdict(s) for s in run.timeline],
                 "requests": [r.to_json() for r in run.records],
             }
-            for run in runs
+            for run, vllm_keys_of_run in zip(runs, vllm_runs, strict=True)
         ],
     })
 
@@ -99,13 +114,14 @@ def throughput_table(runs: list[dict[str, Any]]) -> Table:
 
 def latency_table(runs: list[dict[str, Any]]) -> Table:
     table = Table(title="Latencies (ms)")
-    for col in ("offered", "metric", "mean", "p50", "p90", "p99", "n"):
+    pcols = [k for k in runs[0]["summary"]["e2e_s"] if k.startswith("p")] if runs else []
+    for col in ("offered", "metric", "mean", *pcols, "n"):
         table.add_column(col, justify="right")
     for run in runs:
         for name, key in LATENCIES:
             st = run["summary"][key]
-            table.add_row(str(run["offered_rate"]), name, fmt(st["mean"], 1e3), fmt(st["p50"], 1e3),
-                          fmt(st["p90"], 1e3), fmt(st["p99"], 1e3), str(st["count"]))
+            table.add_row(str(run["offered_rate"]), name, fmt(st["mean"], 1e3),
+                          *(fmt(st.get(c), 1e3) for c in pcols), str(st["count"]))
     return table
 
 

@@ -2,20 +2,22 @@
 
 It records queue depth, running batch size and KV-cache usage over time, and the
 deltas of the preemption counter and of the queue-time histogram across the run.
-Names are vLLM's under the `pagode:` or `vllm:` prefix; llama-server's `llamacpp:`
-gauges are understood too. A server without /metrics is simply not scraped.
+Names are vLLM's under the `pagode:` or `vllm:` prefix; SGLang's `sglang:` and
+llama-server's `llamacpp:` names are understood too. The exposition text is parsed by
+`prometheus_client`'s own parser, so label values with braces, spaces, commas or escaped
+quotes cannot mis-split a line. A server without /metrics is simply not scraped.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 PREFIXES = ("pagode:", "vllm:")
 # Field -> metric names without prefix, first found wins.
@@ -32,24 +34,36 @@ LLAMA_CPP = {
     "running": "llamacpp:requests_processing",
     "kv_usage": "llamacpp:kv_cache_usage_ratio",
 }
-_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})?\s+(\S+)")
+SGLANG = {
+    "waiting": "sglang:num_queue_reqs",
+    "running": "sglang:num_running_reqs",
+    "kv_usage": "sglang:token_usage",
+    "preemptions": "sglang:num_retracted_requests_total",  # the counter, not the per-batch gauge
+    "queue_time_sum": "sglang:queue_time_seconds_sum",
+    "queue_time_count": "sglang:queue_time_seconds_count",
+}
 
 
 def parse_prometheus(text: str) -> dict[str, float]:
-    """Metric name -> value summed over its label sets (e.g. several model_name)."""
+    """Sample name -> value summed over its label sets (e.g. several model_name).
+
+    A malformed line is skipped alone: the text is parsed whole first, and line by
+    line only if the whole does not parse."""
     values: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        match = _LINE.match(line)
-        if not match:
-            continue
-        try:
-            value = float(match.group(3))
-        except ValueError:
-            continue
-        values[match.group(1)] = values.get(match.group(1), 0.0) + value
+    try:
+        _add_samples(text, values)
+    except ValueError:
+        values.clear()
+        for line in text.splitlines():
+            with contextlib.suppress(ValueError):
+                _add_samples(line + "\n", values)
     return values
+
+
+def _add_samples(text: str, values: dict[str, float]) -> None:
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            values[sample.name] = values.get(sample.name, 0.0) + float(sample.value)
 
 
 def extract_fields(metrics: dict[str, float]) -> dict[str, float | None]:
@@ -57,8 +71,9 @@ def extract_fields(metrics: dict[str, float]) -> dict[str, float | None]:
     out: dict[str, float | None] = {}
     for key, names in FIELDS.items():
         found = [metrics[p + n] for n in names for p in PREFIXES if p + n in metrics]
-        if not found and key in LLAMA_CPP:
-            found = [metrics[LLAMA_CPP[key]]] if LLAMA_CPP[key] in metrics else []
+        for other in (SGLANG, LLAMA_CPP):
+            if not found and other.get(key) in metrics:
+                found = [metrics[other[key]]]
         out[key] = found[0] if found else None
     return out
 

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import uvicorn
 
 from engine.config import KV_CACHE_DTYPES, POLICIES, QUANTIZATION_MODES, EngineConfig
+from engine.planner.cli import add_plan_flags, run_plan
 from engine.request_limits import RequestCaps
 from server.app import create_app
 from server.http_limits import timed_h11_protocol
@@ -175,6 +176,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_server_flags(serve)
     add_engine_flags(serve)
     add_limit_flags(serve)
+    add_plan_flags(commands.add_parser(
+        "plan", help="capacity planning: KV memory, step-time fit, predicted latencies",
+        formatter_class=HelpFormatter))
     return parser
 
 
@@ -238,6 +242,8 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "plan":
+        return run_plan(args)
     if args.command != "serve":
         parser.print_help()
         return 2

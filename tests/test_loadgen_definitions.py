@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
+from collections.abc import AsyncIterator
 
+import httpx
 import numpy as np
 import pytest
 
@@ -20,7 +24,7 @@ from loadgen.metrics import (
 )
 from loadgen.records import RequestRecord
 from loadgen.scrape import extract_fields, parse_prometheus
-from loadgen.sse import SSEEvent, SSEParser
+from loadgen.sse import SSEEvent, aiter_events
 
 # ---------------------------------------------------------------- percentiles
 
@@ -50,11 +54,34 @@ def test_describe_reports_mean_and_percentiles() -> None:
 # ---------------------------------------------------------------- SSE parsing
 
 
-def feed_all(parser: SSEParser, pieces: list[bytes]) -> list[SSEEvent]:
-    events: list[SSEEvent] = []
-    for piece in pieces:
-        events.extend(parser.feed(piece))
-    return events + parser.close()
+class Chunks(httpx.AsyncByteStream):
+    """A response body delivered in the given pieces; remembers how many were read."""
+
+    def __init__(self, pieces: list[bytes]) -> None:
+        self.pieces = pieces
+        self.read = 0
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for piece in self.pieces:
+            self.read += 1
+            yield piece
+
+
+def sse_events(pieces: list[bytes], reads: list[int] | None = None) -> list[SSEEvent]:
+    """Parse a body through loadgen's real path (httpx-sse on an httpx.Response)."""
+    body = Chunks(pieces)
+
+    async def collect() -> list[SSEEvent]:
+        resp = httpx.Response(200, headers={"content-type": "text/event-stream; charset=utf-8"},
+                              stream=body)
+        out = []
+        async for event, _ in aiter_events(resp, time.perf_counter()):
+            out.append(event)
+            if reads is not None:
+                reads.append(body.read)
+        return out
+
+    return asyncio.run(collect())
 
 
 STREAM = (
@@ -64,7 +91,8 @@ STREAM = (
     "data: first line\n"
     "data: second line\n\n"
     "data:no-space\r\r"
-    "data: [DONE]\n\n"
+    "retry: 3000\r\n\r\n"
+    "id: 7\ndata: [DONE]\n\n"
 ).encode()
 EXPECTED = [
     '{"choices": [{"text": "caf\u00e9 \u2014 \U0001f600"}]}',
@@ -75,38 +103,49 @@ EXPECTED = [
 
 
 def test_sse_parses_a_whole_stream() -> None:
-    assert [e.data for e in feed_all(SSEParser(), [STREAM])] == EXPECTED
+    events = sse_events([STREAM])
+    assert [e.data for e in events] == EXPECTED
+    assert events[-1].id == "7"
 
 
 @pytest.mark.parametrize("size", [1, 2, 3, 5, 7, 13])
 def test_sse_survives_any_split_of_the_bytes(size: int) -> None:
     # Splits fall mid-line, between \r and \n, and inside multi-byte UTF-8 characters.
     pieces = [STREAM[i : i + size] for i in range(0, len(STREAM), size)]
-    assert [e.data for e in feed_all(SSEParser(), pieces)] == EXPECTED
+    assert [e.data for e in sse_events(pieces)] == EXPECTED
 
 
 def test_sse_every_two_way_split() -> None:
     for cut in range(len(STREAM) + 1):
-        events = feed_all(SSEParser(), [STREAM[:cut], STREAM[cut:]])
-        assert [e.data for e in events] == EXPECTED, cut
+        assert [e.data for e in sse_events([STREAM[:cut], STREAM[cut:]])] == EXPECTED, cut
 
 
-def test_sse_holds_an_incomplete_event_until_its_blank_line() -> None:
-    parser = SSEParser()
-    assert parser.feed(b"data: {\"a\"") == []
-    assert parser.feed(b": 1}\n") == []  # the line is complete, the event is not
-    events = parser.feed(b"\n")
-    assert [e.data for e in events] == ['{"a": 1}']
+def test_sse_dispatches_an_event_at_its_blank_line_only() -> None:
+    reads: list[int] = []
+    events = sse_events([b'data: {"a"', b": 1}\n", b"\n", b"data: 2\n\n"], reads)
+    assert [e.data for e in events] == ['{"a": 1}', "2"]
+    assert reads == [3, 4]  # the first event came out only once its blank line was read
 
 
-def test_sse_flushes_a_last_event_without_blank_line() -> None:
-    parser = SSEParser()
-    assert parser.feed(b"data: [DONE]") == []
-    assert [e.data for e in parser.close()] == ["[DONE]"]
-
-
-def test_sse_ignores_comment_only_blocks() -> None:
-    assert feed_all(SSEParser(), [b": ping\n\n: ping\r\n\r\n"]) == []
+def test_sse_nasty_cases() -> None:
+    body = (
+        b"data: first\n\n"
+        b": comment with data: inside\n"
+        b"retry: 10\n"
+        b"data\n"  # a field without a colon: an empty data line
+        b"data:  two spaces keep one\n\n"
+        b"event: custom\r\ndata: {\"x\": \"a\\nb\"}\r\n\r\n"
+        b"retry: 5\n\n"  # no data: nothing to pass on
+        b": only a comment\r\n\r\n"
+        b"data: unterminated at the end"
+    )
+    events = sse_events([body])
+    assert [(e.event, e.data) for e in events] == [
+        ("message", "first"),
+        ("message", "\n two spaces keep one"),
+        ("custom", '{"x": "a\\nb"}'),
+    ]
+    assert events[1].retry == 10
 
 
 # ---------------------------------------------------------------- TTFT, ITL, TPOT, E2E
@@ -278,3 +317,42 @@ def test_loadgen_imports_neither_engine_server_nor_torch() -> None:
             "print(sorted(m for m in ('torch', 'engine', 'server') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_prometheus_nasty_label_values() -> None:
+    # Label values with braces, spaces, commas, '=' and escaped quotes / backslashes / newlines;
+    # a timestamp after a value; NaN and +Inf. The old regex split such lines wrongly.
+    text = (
+        '# HELP pagode:num_requests_running Running {requests}, "quoted".\n'
+        '# TYPE pagode:num_requests_running gauge\n'
+        'pagode:num_requests_running{model_name="a} 99 {b",x="1"} 2\n'
+        'pagode:num_requests_running{model_name="with \\"quotes\\" and \\\\ and \\n"} 3 1700000000000\n'
+        'pagode:num_requests_waiting{model_name="m, n=1 } {"} 4.5\n'
+        'pagode:kv_cache_usage_perc{model_name="m"} 0.5\n'
+        'pagode:request_queue_time_seconds_bucket{le="+Inf",model_name="m"} 6\n'
+        'pagode:request_queue_time_seconds_sum{model_name="m"} NaN\n'
+    )
+    values = parse_prometheus(text)
+    assert values["pagode:num_requests_running"] == 5.0
+    assert values["pagode:num_requests_waiting"] == 4.5
+    assert values["pagode:request_queue_time_seconds_bucket"] == 6.0
+    fields = extract_fields(values)
+    assert fields["running"] == 5.0 and fields["waiting"] == 4.5 and fields["kv_usage"] == 0.5
+
+
+def test_prometheus_skips_a_malformed_line_alone() -> None:
+    text = 'pagode:num_requests_running{model_name="m"} 2\nthis is { not a metric\npagode:num_requests_waiting 1\n'
+    assert extract_fields(parse_prometheus(text))["running"] == 2.0
+    assert extract_fields(parse_prometheus(text))["waiting"] == 1.0
+
+
+def test_prometheus_knows_sglang_and_llama_cpp() -> None:
+    sglang = ('sglang:num_running_reqs{model_name="m",tp_rank="0"} 4\nsglang:num_queue_reqs{model_name="m"} 2\n'
+              'sglang:token_usage{model_name="m"} 0.3\nsglang:num_retracted_requests_total{model_name="m"} 1\n'
+              'sglang:queue_time_seconds_sum{model_name="m"} 2.5\nsglang:queue_time_seconds_count{model_name="m"} 5\n')
+    assert extract_fields(parse_prometheus(sglang)) == {
+        "waiting": 2.0, "running": 4.0, "kv_usage": 0.3, "preemptions": 1.0,
+        "queue_time_sum": 2.5, "queue_time_count": 5.0}
+    llama = "llamacpp:requests_processing 3\nllamacpp:requests_deferred 1\nllamacpp:kv_cache_usage_ratio 0.1\n"
+    fields = extract_fields(parse_prometheus(llama))
+    assert (fields["running"], fields["waiting"], fields["kv_usage"]) == (3.0, 1.0, 0.1)

@@ -84,3 +84,40 @@ def test_chat_endpoint_against_pagode(pagode_url: str, tmp_path: Path) -> None:
         assert rec["output_tokens"] == rec["max_tokens"]
         # The chat template adds its own tokens around the user's prompt.
         assert rec["prompt_tokens"] > rec["prompt_len"]
+
+
+def test_closed_loop_concurrency_sweep(pagode_url: str, tmp_path: Path) -> None:
+    results = run(pagode_url, tmp_path, "--max-concurrency", "1", "3", "--num-prompts", "6",
+                  "--input-len", "16:32", "--output-len", "4:8", "--percentiles", "50,99.9")
+    runs = results["runs"]
+    assert [r["max_concurrency"] for r in runs] == [1, 3]
+    for r, cap in zip(runs, (1, 3), strict=True):
+        assert r["summary"]["completed"] == 6
+        assert r["summary"]["max_concurrent_streaming"] <= cap
+        assert r["vllm"]["max_concurrency"] == cap and r["vllm"]["request_rate"] == "inf"
+        assert r["vllm"]["p99.9_ttft_ms"] >= r["vllm"]["median_ttft_ms"] > 0
+    assert runs[0]["summary"]["max_concurrent_streaming"] == 1
+
+
+def test_sweep_reports_capacity_at_an_slo(pagode_url: str, tmp_path: Path) -> None:
+    easy = run(pagode_url, tmp_path / "easy", "--sweep", "--sweep-max-runs", "2", "--rate", "2",
+               "--slo", "e2e=600", "--num-prompts", "4", "--input-len", "16", "--output-len", "4")
+    assert easy["sweep"]["capacity_rate"] == 4.0  # met at 2 and at 4 req/s: two runs spent
+    assert [p["rate"] for p in easy["sweep"]["probes"]] == [2.0, 4.0] and len(easy["runs"]) == 2
+    # vLLM's key names sit at the top level only for a single run
+    assert "request_throughput" not in easy
+    impossible = run(pagode_url, tmp_path / "hard", "--sweep", "--sweep-max-runs", "2", "--rate", "2",
+                     "--slo", "ttft=0.001", "--num-prompts", "4", "--input-len", "16", "--output-len", "4")
+    assert impossible["sweep"]["capacity_rate"] is None
+    assert [p["rate"] for p in impossible["sweep"]["probes"]] == [2.0, 1.0]
+
+
+def test_single_run_has_vllm_keys_at_the_top(pagode_url: str, tmp_path: Path) -> None:
+    res = run(pagode_url, tmp_path, "--rate", "inf", "--num-prompts", "3", "--input-len", "16",
+              "--output-len", "4")
+    for key in ("date", "backend", "model_id", "num_prompts", "request_rate", "burstiness",
+                "max_concurrency", "duration", "completed", "total_input_tokens", "total_output_tokens",
+                "request_throughput", "output_throughput", "total_token_throughput", "mean_ttft_ms",
+                "median_tpot_ms", "std_itl_ms", "p99_itl_ms", "p99_e2el_ms"):
+        assert key in res, key
+    assert res["completed"] == 3 and res["total_output_tokens"] == 12 and res["request_rate"] == "inf"

@@ -1,0 +1,173 @@
+"""`pagode plan`: the flags and the report (server/cli.py only dispatches here).
+
+    pagode plan [--model M] [--kv-cache-memory 4GiB] [--kv-cache-dtype fp16]
+                [--quantization int8] [--input-len 16:128] [--output-len 32:384]
+                [--rate 2] [--slo ttft=2000,itl=200] [--json]
+    pagode plan --calibrate [--fit PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from engine.config import EngineConfig, parse_bytes
+from engine.planner.calibrate import calibrate, default_fit_path
+from engine.planner.memory import default_contexts, plan_memory
+from engine.planner.predict import SLO, advise, attainment, capacity, parse_slo, simulate, summarize
+from engine.planner.simulator import SimConfig
+from engine.planner.step_model import StepTimeModel
+from engine.planner.workload import Workload, parse_range
+
+
+def add_plan_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help="a .gguf file or HF folder (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--kv-cache-memory", default="1GiB", help="memory for the KV cache")
+    p.add_argument("--kv-cache-dtype", default=None,
+                   help="fp32, fp16 or bf16 (default: the device's dtype: fp32 on CPU, bf16 on CUDA)")
+    p.add_argument("--quantization", default=None,
+                   help="weights bytes: int8 or int4 (default: the device's dtype)")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--max-model-len", type=int, default=None, help="default: the context, capped at 2048")
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-num-batched-tokens", type=int, default=None)
+    p.add_argument("--watermark", type=float, default=0.10)
+    p.add_argument("--input-len", type=parse_range, default=(16, 128), help="prompt tokens MIN:MAX")
+    p.add_argument("--output-len", type=parse_range, default=(32, 384), help="output tokens MIN:MAX")
+    p.add_argument("--num-prompts", type=int, default=200, help="requests in the simulated trace")
+    p.add_argument("--rate", type=float, default=1.0, help="offered Poisson rate, requests/s")
+    p.add_argument("--burstiness", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--slo", type=parse_slo, default=None, help="ttft=MS,itl=MS,e2e=S (itl: per-request TPOT)")
+    p.add_argument("--slo-attainment", type=float, default=0.99,
+                   help="fraction of requests that must meet the SLO")
+    p.add_argument("--fit", type=Path, default=None,
+                   help="step-time fit file (default: ~/.cache/pagode/plan/MODEL-DEVICE.json)")
+    p.add_argument("--calibrate", action="store_true",
+                   help="time the real engine over a grid (a minute or two) and save the fit")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+
+
+def engine_config(args: argparse.Namespace) -> EngineConfig:
+    return EngineConfig(model=args.model, kv_cache_memory=args.kv_cache_memory, block_size=args.block_size,
+                        max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
+                        max_num_batched_tokens=args.max_num_batched_tokens, watermark=args.watermark,
+                        device=args.device, seed=args.seed)
+
+
+def device_dtypes(device: str, args: argparse.Namespace) -> tuple[str, str]:
+    native = "fp32" if device == "cpu" else "bf16"
+    return args.kv_cache_dtype or native, args.quantization or native
+
+
+def build_plan(args: argparse.Namespace) -> dict[str, Any]:
+    from engine.model.loader import read_config, resolve_model
+
+    config = engine_config(args)
+    source = resolve_model(args.model)
+    cfg = read_config(source)
+    device = config.torch_device.type
+    kv_dtype, w_dtype = device_dtypes(device, args)
+    mem = plan_memory(cfg, parse_bytes(args.kv_cache_memory), kv_dtype, w_dtype, args.block_size)
+    max_len = args.max_model_len or min(cfg.max_position_embeddings, 2048, mem.kv_tokens)
+    plan: dict[str, Any] = {
+        "model": source.name, "device": device, "kv_cache_dtype": kv_dtype, "weights_dtype": w_dtype,
+        "memory": {"kv_bytes_per_token": mem.kv_bytes_per_token, "kv_cache_bytes": parse_bytes(args.kv_cache_memory),
+                   "num_blocks": mem.num_blocks, "kv_tokens": mem.kv_tokens, "parameters": mem.parameters,
+                   "weights_bytes": mem.weights_bytes,
+                   "max_sequences_by_context": mem.table(default_contexts(cfg.max_position_embeddings))},
+    }
+    fit_path = args.fit or default_fit_path(source.name, device)
+    if not fit_path.exists():
+        plan["prediction"] = None
+        plan["note"] = f"no step-time fit at {fit_path}: run `pagode plan --calibrate` first"
+        return plan
+    model = StepTimeModel.load(fit_path)
+    sim = SimConfig(num_blocks=mem.num_blocks, block_size=args.block_size, max_model_len=max_len,
+                    max_num_seqs=args.max_num_seqs, max_num_batched_tokens=config.token_budget,
+                    watermark=args.watermark)
+    workload = Workload(args.input_len, args.output_len, args.num_prompts, args.burstiness, args.seed)
+    plan["step_model"] = {**model.to_json(), "path": str(fit_path)}
+    plan["prediction"] = predict_at(sim, model, workload, args.rate, args.slo, args.slo_attainment)
+    return plan
+
+
+def predict_at(sim: SimConfig, model: StepTimeModel, workload: Workload, rate: float,
+               slo: SLO | None, target: float) -> dict[str, Any]:
+    result = simulate(sim, model, workload, rate)
+    summary = summarize(result)
+    out: dict[str, Any] = {"rate": rate, "num_prompts": workload.num_requests,
+                           "input_len": list(workload.input_len), "output_len": list(workload.output_len),
+                           **summary}
+    if slo is not None:
+        share = attainment(result, slo)
+        out["slo"] = {**slo.to_json(), "attainment": share, "target": target, "holds": share >= target,
+                      "capacity_rate": capacity(sim, model, workload, slo, target, start=rate)}
+    out["advice"] = advise(result, summary, sim, slo)
+    return out
+
+
+def ms(v: float | None) -> str:
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v * 1e3:,.0f}"
+
+
+def print_plan(plan: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    m = plan["memory"]
+    console.print(f"[bold]{plan['model']}[/] on {plan['device']}: weights {m['parameters'] / 1e6:.0f} M "
+                  f"params = {m['weights_bytes'] / 2**20:,.0f} MiB ({plan['weights_dtype']}); KV "
+                  f"{m['kv_bytes_per_token']:,} B/token ({plan['kv_cache_dtype']}) -> {m['num_blocks']:,} "
+                  f"blocks = {m['kv_tokens']:,} tokens in {m['kv_cache_bytes'] / 2**30:.2f} GiB")
+    t = Table(title="Most sequences at once")
+    t.add_column("context tokens", justify="right")
+    t.add_column("sequences", justify="right")
+    for row in m["max_sequences_by_context"]:
+        t.add_row(f"{row['context_len']:,}", f"{row['max_sequences']:,}")
+    console.print(t)
+    p = plan.get("prediction")
+    if p is None:
+        console.print(f"[yellow]{plan['note']}[/]")
+        return
+    console.print(f"step time (s) = {' + '.join(f'{c:.3g}*{f}' for c, f in zip(plan['step_model']['coefficients'], plan['step_model']['features'], strict=True))}")
+    console.print(f"at {p['rate']:g} req/s ({p['num_prompts']} requests, prompts {p['input_len']}, outputs "
+                  f"{p['output_len']}): {p['output_throughput']:.1f} output tok/s, {p['request_throughput']:.2f} req/s, "
+                  f"batch up to {p['max_running']}, KV usage up to {p['max_kv_usage']:.0%}, {p['preemptions']} preemptions; "
+                  f"the whole trace takes {p['duration_s'] / 60:.1f} min")
+    t = Table(title="Predicted latencies (ms)")
+    for col in ("metric", "mean", "p50", "p99"):
+        t.add_column(col, justify="right")
+    for name, key in (("TTFT", "ttft_s"), ("ITL", "itl_s"), ("TPOT", "tpot_s"), ("E2E", "e2e_s")):
+        t.add_row(name, ms(p[key]["mean"]), ms(p[key]["p50"]), ms(p[key]["p99"]))
+    console.print(t)
+    if "slo" in p:
+        s = p["slo"]
+        verdict = "[green]holds[/]" if s["holds"] else "[red]fails[/]"
+        cap = s["capacity_rate"]
+        console.print(f"SLO {verdict}: {s['attainment']:.1%} of requests meet it (target {s['target']:.0%}); "
+                      f"highest rate meeting it: {'none' if cap is None else f'{cap:.2f} req/s'}")
+    console.print(f"next step: [bold]{p['advice']['next_step']}[/] ({p['advice']['why']})")
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    if args.calibrate:
+        config = engine_config(args)
+        model = calibrate(config)
+        path = args.fit or default_fit_path(model.meta.get("model", "model"), model.device)
+        model.save(path)
+        print(f"fit saved to {path}: median step error {model.meta['median_rel_error']:.0%} over "
+              f"{model.meta['steps']} steps")
+        if not args.json:
+            return 0
+    plan = build_plan(args)
+    if args.json:
+        print(json.dumps(plan, indent=1))
+    else:
+        print_plan(plan)
+    return 0
