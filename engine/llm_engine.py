@@ -21,6 +21,7 @@ from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from engine.sequence import Sequence
 from engine.stats import EngineStats, FinishedRequestStats, StepStats
+from engine.structured_output import StructuredOutputManager
 
 log = logging.getLogger("pagode")
 
@@ -47,6 +48,8 @@ class LLMEngine:
         self.stats_totals = EngineStats()
         self.step_listeners: list[Callable[[StepStats], None]] = []
         self.last_schedule = SchedulerOutput()
+        self.structured = StructuredOutputManager(self.tokenizer, self.model_config.vocab_size,
+                                                  sorted(self.eos_ids))
         log.info("KV cache: %d blocks of %d positions = %d tokens (%s, %s), policy %s, max_model_len %d",
                  self.num_blocks, self.block_size, self.num_blocks * self.block_size,
                  self.runner.dtype, self.runner.device, config.policy, self.max_model_len)
@@ -78,8 +81,9 @@ class LLMEngine:
         generator = None
         if params.seed is not None and not params.greedy:
             generator = torch.Generator(device=self.runner.device).manual_seed(params.seed)
+        grammar = self.structured.new_state(params.structured_outputs)
         detok = IncrementalDetokenizer(self.tokenizer, token_ids, params.stop, params.skip_special_tokens)
-        self.requests[request_id] = RequestState(seq, detok, generator, max_tokens, self.eos_ids)
+        self.requests[request_id] = RequestState(seq, detok, generator, max_tokens, self.eos_ids, grammar)
         self.scheduler.add(seq)
         return seq
 
@@ -134,6 +138,7 @@ class LLMEngine:
             logits = self.runner.forward(inputs)
             self.scheduler.advance(out)
             states = [self.requests[s.seq.request_id] for s in to_sample]
+            self.structured.apply_masks(logits, [st.grammar for st in states])  # structured outputs
             result = self.runner.sample(logits, [st.sampling_row() for st in states])
         except Exception as err:  # the batch is lost; its requests fail, the engine goes on
             log.exception("step failed; failing its %d requests", len(out.scheduled))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from engine.structured_output.spec import StructuredOutputSpec
+
 MAX_LOGPROBS = 20
 
 
@@ -26,6 +28,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     logit_bias: dict[int, float] = field(default_factory=dict)
     skip_special_tokens: bool = True
+    structured_outputs: StructuredOutputSpec | None = None  # constrained decoding (xgrammar)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
