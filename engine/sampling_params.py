@@ -29,6 +29,7 @@ class SamplingParams:
     logit_bias: dict[int, float] = field(default_factory=dict)
     skip_special_tokens: bool = True
     structured_outputs: StructuredOutputSpec | None = None  # constrained decoding (xgrammar)
+    priority: int = 0  # --scheduling-policy priority: lower runs earlier (vLLM's request field)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

@@ -27,6 +27,7 @@ from server.protocol import (
     dump,
     now,
 )
+from server.tools import Mode, ToolCallStream
 
 
 @dataclass
@@ -169,10 +170,14 @@ class CompletionBuilder(ResponseBuilder):
 
 class ChatBuilder(ResponseBuilder):
     def __init__(self, request_id: str, model: str, prompt: PromptInput, n: int,
-                 logprobs: bool, top_logprobs: int) -> None:
+                 logprobs: bool, top_logprobs: int,
+                 tools: tuple[Mode, str | None] | None = None) -> None:
         super().__init__(request_id, model, [prompt], n)
         self.logprobs = logprobs
         self.top_logprobs = top_logprobs
+        # Tool calling: each choice's output is parsed for calls (server/tools.py).
+        self.tool_streams = {index: ToolCallStream(*tools) for index in self.choices} if tools \
+            else {}
 
     def chunk(self, event: ChoiceEvent) -> dict[str, Any] | None:
         choice, text = self.update(event)
@@ -188,16 +193,22 @@ class ChatBuilder(ResponseBuilder):
             choice.chat_logprobs += content
             logprobs = ChatLogprobs(content=content)
         message = DeltaMessage(role="assistant" if first else None, content=text)
+        finish_reason = delta.finish_reason if delta.finished else None
+        tools = self.tool_streams.get(choice.index)
+        if tools is not None:
+            shown, calls = tools.feed(text, delta.finished)
+            message.content, message.tool_calls = shown or None, calls or None
+            finish_reason = tools.finish_reason(finish_reason)
+            if not first and not delta.finished and not shown and not calls and not logprobs:
+                return None
         body = ChatCompletionChunk(
             id=self.request_id, created=self.created, model=self.model,
             choices=[ChatStreamChoice(index=choice.index, delta=message, logprobs=logprobs,
-                                      finish_reason=delta.finish_reason if delta.finished
-                                      else None,
+                                      finish_reason=finish_reason,
                                       stop_reason=delta.stop_reason if delta.finished else None)])
         data = dump(body)
         # Clients read `role` only on a choice's first chunk; vLLM leaves it out after.
-        data["choices"][0]["delta"] = {k: v for k, v in data["choices"][0]["delta"].items()
-                                       if v is not None}
+        data["choices"][0]["delta"] = drop_nones(data["choices"][0]["delta"])
         return data
 
     def usage_chunk(self) -> dict[str, Any]:
@@ -208,13 +219,27 @@ class ChatBuilder(ResponseBuilder):
         choices = []
         for index in sorted(self.choices):
             choice = self.choices[index]
+            message = ChatResponseMessage(content="".join(choice.text))
+            finish_reason = choice.finish_reason
+            if index in self.tool_streams:
+                message.content, message.tool_calls, finish_reason = \
+                    self.tool_streams[index].result(finish_reason)
             choices.append(ChatChoice(
-                index=index, message=ChatResponseMessage(content="".join(choice.text)),
+                index=index, message=message,
                 logprobs=ChatLogprobs(content=choice.chat_logprobs) if self.logprobs else None,
-                finish_reason=choice.finish_reason, stop_reason=choice.stop_reason))
+                finish_reason=finish_reason, stop_reason=choice.stop_reason))
         body = ChatCompletionResponse(id=self.request_id, created=self.created,
                                       model=self.model, choices=choices, usage=self.usage())
         return body.model_dump(mode="json")
+
+
+def drop_nones(value: Any) -> Any:
+    """Leave out null fields, in nested tool-call deltas too, as vLLM's chunks do."""
+    if isinstance(value, dict):
+        return {k: drop_nones(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [drop_nones(v) for v in value]
+    return value
 
 
 def consume_event(builder: ResponseBuilder, event: ChoiceEvent) -> None:

@@ -8,14 +8,16 @@ from fastapi.responses import Response
 from server.builders import ChatBuilder
 from server.prompts import PromptInput, render_chat
 from server.protocol import ChatCompletionRequest
+from server.request_ids import echo_request_id, request_id_for
 from server.routes_common import (
     check_model,
     fan_out,
     get_state,
     log_unknown_fields,
-    new_request_id,
     respond,
 )
+from server.structured import compile_spec, constrain, spec_from_request
+from server.tools import render_chat_with_tools, tool_mode, tool_spec, uses_tools
 
 router = APIRouter()
 
@@ -25,10 +27,15 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     state = get_state(request)
     engine = state.require_engine()
     check_model(state, body.model)
-    request_id = new_request_id("chatcmpl")
+    request_id, client_id = request_id_for(request, "chatcmpl")
     log_unknown_fields(request_id, body)
-    prompt = render_chat(engine.tokenizer, body.messages, body.add_generation_prompt,
-                         body.continue_final_message)
+    if uses_tools(body):
+        prompt = render_chat_with_tools(engine.tokenizer, body)
+    else:
+        prompt = render_chat(engine.tokenizer, body.messages, body.add_generation_prompt,
+                             body.continue_final_message)
+    spec = tool_spec(body) or spec_from_request(body)
+    await compile_spec(engine, spec)
     requested = body.max_completion_tokens or body.max_tokens
 
     def max_tokens_for(prompt: PromptInput) -> int:
@@ -38,6 +45,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     top = body.top_logprobs or 0
     subs = fan_out(request_id, [prompt], body, max_tokens_for, top if body.logprobs else None,
                    state.settings.log_requests_text, engine.max_model_len)
+    constrain(subs, spec, body.priority)
     builder = ChatBuilder(request_id, state.served_model_name, prompt, body.n, body.logprobs,
-                          top)
-    return await respond(state, request, body, subs, builder)
+                          top, tool_mode(body))
+    return echo_request_id(await respond(state, request, body, subs, builder), client_id)
