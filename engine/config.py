@@ -10,6 +10,8 @@ import torch
 
 Policy = Literal["paged", "continuous", "static"]
 POLICIES: tuple[Policy, ...] = ("paged", "continuous", "static")
+SchedulingPolicy = Literal["fcfs", "priority"]
+SCHEDULING_POLICIES: tuple[SchedulingPolicy, ...] = ("fcfs", "priority")
 
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
 
@@ -64,12 +66,15 @@ class EngineConfig:
     attention_backend: str | None = None  # torch | triton; env PAGODE_ATTENTION_BACKEND
     seed: int = 0
     enforce_eager: bool = False  # disable CUDA graphs
+    scheduling_policy: SchedulingPolicy = "fcfs"  # priority: waiting queue by (priority, arrival)
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, not {self.policy!r}")
         if self.block_size <= 0 or self.block_size & (self.block_size - 1):
             raise ValueError("block_size must be a power of two")
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise ValueError(f"scheduling_policy must be one of {SCHEDULING_POLICIES}")
         if not 0.0 <= self.watermark < 1.0:
             raise ValueError("watermark must be in [0, 1)")
         if self.max_num_batched_tokens is None:

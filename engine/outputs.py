@@ -86,3 +86,4 @@ class StreamDelta:
     num_output_tokens: int = 0  # total generated so far
     times: RequestTimes | None = None
     error: str | None = None  # set when this request failed inside the engine
+    num_cached_tokens: int = 0  # prompt tokens found in the prefix cache

@@ -67,4 +67,5 @@ class RequestState:
             num_output_tokens=seq.num_output_tokens,
             times=seq.times,
             error=seq.error,
+            num_cached_tokens=seq.num_cached_tokens,
         )

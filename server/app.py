@@ -15,6 +15,7 @@ from sse_starlette.sse import AppStatus
 from engine.config import EngineConfig
 from server import routes_chat, routes_completions, routes_misc
 from server.auth import APIKeyMiddleware
+from server.cors import install_cors
 from server.errors import install_error_handlers
 from server.settings import ServerSettings
 from server.state import ServerState
@@ -48,4 +49,5 @@ def create_app(settings: ServerSettings, engine: Any | None = None,
         app.include_router(module.router)
     if settings.api_key:
         app.add_middleware(APIKeyMiddleware, api_key=settings.api_key)
+    install_cors(app, settings.cors)  # last, so outermost: preflights skip the API key
     return app

@@ -22,6 +22,7 @@ from server.protocol import (
     CompletionLogprobs,
     CompletionResponse,
     DeltaMessage,
+    PromptTokensDetails,
     TopLogprob,
     UsageInfo,
     dump,
@@ -36,6 +37,7 @@ class ChoiceState:
     prompt: PromptInput
     text: list[str] = field(default_factory=list)
     num_tokens: int = 0
+    num_cached_tokens: int = 0  # of the prompt, from the prefix cache
     started: bool = False
     text_offset: int = 0  # where the next token starts in the choice's full text
     finish_reason: str | None = None
@@ -76,14 +78,19 @@ class ResponseBuilder(ABC):
         self.model = model
         self.created = now()
         self.prompts = prompts
+        self.n = n
+        self.continuous_usage = False  # stream_options.continuous_usage_stats
         self.choices = {p * n + i: ChoiceState(p * n + i, prompt)
                         for p, prompt in enumerate(prompts) for i in range(n)}
 
     def usage(self) -> UsageInfo:
         prompt_tokens = sum(len(p.token_ids) for p in self.prompts)
         completion_tokens = sum(c.num_tokens for c in self.choices.values())
+        cached = sum(max(self.choices[p * self.n + i].num_cached_tokens for i in range(self.n))
+                     for p in range(len(self.prompts)))
         return UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                         total_tokens=prompt_tokens + completion_tokens)
+                         total_tokens=prompt_tokens + completion_tokens,
+                         prompt_tokens_details=PromptTokensDetails(cached_tokens=cached))
 
     def update(self, event: ChoiceEvent) -> tuple[ChoiceState, str]:
         """Fold a delta into its choice; return the choice and the delta's new text."""
@@ -94,6 +101,7 @@ class ResponseBuilder(ABC):
         choice = self.choices[event.index]
         choice.num_tokens = max(choice.num_tokens + len(delta.token_ids), delta.num_output_tokens)
         choice.text.append(delta.text)
+        choice.num_cached_tokens = max(choice.num_cached_tokens, delta.num_cached_tokens)
         if delta.finished:
             choice.finish_reason = delta.finish_reason
             choice.stop_reason = delta.stop_reason

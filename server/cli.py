@@ -16,6 +16,7 @@ import uvicorn
 
 from engine.config import POLICIES, EngineConfig
 from server.app import create_app
+from server.cors import add_cors_flags, cors_settings
 from server.settings import ServerSettings
 from server.shutdown import DrainingServer
 
@@ -57,10 +58,14 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--enforce-eager", action="store_true",
                        help="disable CUDA graphs")
     group.add_argument("--seed", type=int, default=0, help="seed of the engine's sampler")
+    group.add_argument("--scheduling-policy", choices=("fcfs", "priority"), default="fcfs",
+                       help="priority: the waiting queue by (request priority, arrival), "
+                            "lower first; preemption takes the lowest priority first")
 
 
 def add_server_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("server")
+    add_cors_flags(group)
     group.add_argument("--host", default="127.0.0.1", help="address to bind")
     group.add_argument("--port", type=int, default=8000, help="port to bind")
     group.add_argument("--served-model-name", default=None,
@@ -120,7 +125,8 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         watermark=args.watermark, enable_prefix_caching=args.enable_prefix_caching,
         dtype=args.dtype, device=args.device, attention_backend=args.attention_backend,
-        seed=args.seed, enforce_eager=args.enforce_eager)
+        seed=args.seed, enforce_eager=args.enforce_eager,
+        scheduling_policy=args.scheduling_policy)
 
 
 def server_settings(args: argparse.Namespace) -> ServerSettings:
@@ -128,7 +134,8 @@ def server_settings(args: argparse.Namespace) -> ServerSettings:
         served_model_name=args.served_model_name, api_key=args.api_key or None,
         max_num_queued_reqs=args.max_num_queued_reqs, shutdown_timeout=args.shutdown_timeout,
         log_requests_text=args.log_requests_text, url=f"http://{args.host}:{args.port}",
-        debug_endpoints=os.environ.get("PAGODE_DEBUG_ENDPOINTS") == "1")
+        debug_endpoints=os.environ.get("PAGODE_DEBUG_ENDPOINTS") == "1",
+        cors=cors_settings(args))
 
 
 def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:

@@ -45,7 +45,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     top = body.top_logprobs or 0
     subs = fan_out(request_id, [prompt], body, max_tokens_for, top if body.logprobs else None,
                    state.settings.log_requests_text, engine.max_model_len)
-    constrain(subs, spec, body.priority)
+    constrain(engine, subs, spec, body.priority)
     builder = ChatBuilder(request_id, state.served_model_name, prompt, body.n, body.logprobs,
                           top, tool_mode(body))
     return echo_request_id(await respond(state, request, body, subs, builder), client_id)

@@ -84,6 +84,7 @@ def fan_out(request_id: str, prompts: list[PromptInput], body: SamplingFields,
 async def respond(state: ServerState, request: Request, body: SamplingFields,
                   subs: list[SubRequest], builder: ResponseBuilder) -> Response:
     stream = state.start_generation(subs)
+    builder.continuous_usage = bool(body.stream_options and body.stream_options.continuous_usage_stats)
     if body.stream:
         return stream_response(state, stream, builder, body.include_usage())
     return await full_response(state, request, stream, builder)

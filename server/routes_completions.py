@@ -43,7 +43,7 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
 
     subs = fan_out(request_id, prompts, body, max_tokens_for, body.logprobs,
                    state.settings.log_requests_text, engine.max_model_len)
-    constrain(subs, spec, body.priority)
+    constrain(engine, subs, spec, body.priority)
     builder = CompletionBuilder(request_id, state.served_model_name, prompts, body.n,
                                 body.echo, body.logprobs)
     return echo_request_id(await respond(state, request, body, subs, builder), client_id)

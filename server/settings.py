@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -15,6 +15,7 @@ class ServerSettings:
     debug_endpoints: bool = False  # POST /debug/kill-engine-loop (tests only)
     retry_after_s: int = 1  # Retry-After on 429 and 503
     url: str | None = None  # where it listens, for the startup log line
+    cors: dict[str, object] = field(default_factory=dict)  # CORSMiddleware's arguments; {}: off
 
     def __post_init__(self) -> None:
         if self.max_num_queued_reqs is not None and self.max_num_queued_reqs < 0:

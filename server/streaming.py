@@ -57,6 +57,8 @@ async def sse_events(stream: ChoiceStream, builder: ResponseBuilder, include_usa
                 break
             chunk = builder.chunk(event)
             if chunk is not None:
+                if builder.continuous_usage:  # stream_options.continuous_usage_stats
+                    chunk["usage"] = builder.usage().model_dump(mode="json")
                 yield to_json(chunk)
         if include_usage and not failed:
             yield to_json(builder.usage_chunk())
