@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from engine import prompt_logprobs
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
@@ -16,6 +17,7 @@ from engine.errors import InvalidRequestError
 from engine.model.loader import load_tokenizer, read_config, resolve_model
 from engine.model_runner import ModelRunner
 from engine.outputs import RequestTimes, StreamDelta, TokenLogprob
+from engine.prompt_logprobs import PromptRows
 from engine.request_state import RequestState
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
@@ -83,7 +85,10 @@ class LLMEngine:
             generator = torch.Generator(device=self.runner.device).manual_seed(params.seed)
         grammar = self.structured.new_state(params.structured_outputs)
         detok = IncrementalDetokenizer(self.tokenizer, token_ids, params.stop, params.skip_special_tokens)
-        self.requests[request_id] = RequestState(seq, detok, generator, max_tokens, self.eos_ids, grammar)
+        state = self.requests[request_id] = RequestState(seq, detok, generator, max_tokens,
+                                                         self.eos_ids, grammar)
+        if params.prompt_logprobs is not None:  # see engine/prompt_logprobs.py
+            state.prompt_logprobs, seq.skip_prefix_cache = [None], True
         self.scheduler.add(seq)
         return seq
 
@@ -135,7 +140,10 @@ class LLMEngine:
         to_sample = [s for s in out.scheduled if s.completes_prefill]
         try:
             inputs = self.runner.prepare(out.scheduled)
+            plans = self._plan_prompt_logprobs(out, inputs)
             logits = self.runner.forward(inputs)
+            prompt_logits, logits = prompt_logprobs.split_logits(logits, plans)
+            self._score_prompts(prompt_logits, plans)
             self.scheduler.advance(out)
             states = [self.requests[s.seq.request_id] for s in to_sample]
             self.structured.apply_masks(logits, [st.grammar for st in states])  # structured outputs
@@ -153,6 +161,26 @@ class LLMEngine:
             if state.seq.finish_reason is not None:
                 finished.append(self._finished_stats(state))
         return deltas
+
+    def _plan_prompt_logprobs(self, out: SchedulerOutput, inputs: Any) -> list[PromptRows]:
+        wanted = {rid: len(st.prompt_logprobs) - 1 for rid, st in self.requests.items()
+                  if st.prompt_logprobs is not None and not st.prompt_logprobs_sent
+                  and len(st.prompt_logprobs) < st.seq.num_prompt_tokens}
+        if not wanted:
+            return []
+        return prompt_logprobs.plan_rows(out.scheduled, inputs.meta.query_start_loc_cpu, wanted,
+                                         inputs.sample_indices)
+
+    def _score_prompts(self, prompt_logits: torch.Tensor, plans: list[PromptRows]) -> None:
+        if not plans:
+            return
+        top = {p.seq.request_id: p.seq.params.prompt_logprobs or 0 for p in plans}
+        for rid, scored in prompt_logprobs.score(prompt_logits, plans, top, self._token_text).items():
+            state = self.requests[rid]
+            assert state.prompt_logprobs is not None
+            state.prompt_logprobs.extend(scored)
+            if len(state.prompt_logprobs) == state.seq.num_prompt_tokens:
+                state.seq.skip_prefix_cache = False  # a recompute may use the cache again
 
     def _postprocess(self, state: RequestState, token: int,
                      lp: tuple[float, list[tuple[int, float]]] | None) -> StreamDelta:

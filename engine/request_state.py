@@ -21,6 +21,8 @@ class RequestState:
     max_tokens: int
     eos_ids: frozenset[int]
     grammar: GrammarState | None = None  # set when the output is constrained
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # collected during prefill
+    prompt_logprobs_sent: bool = False
 
     def sampling_row(self) -> SamplingRow:
         p = self.seq.params
@@ -68,4 +70,11 @@ class RequestState:
             times=seq.times,
             error=seq.error,
             num_cached_tokens=seq.num_cached_tokens,
+            prompt_logprobs=self.take_prompt_logprobs(),
         )
+
+    def take_prompt_logprobs(self) -> list[TokenLogprob | None] | None:
+        if self.prompt_logprobs is None or self.prompt_logprobs_sent:
+            return None
+        self.prompt_logprobs_sent = True
+        return self.prompt_logprobs

@@ -29,6 +29,7 @@ class SamplingParams:
     logit_bias: dict[int, float] = field(default_factory=dict)
     skip_special_tokens: bool = True
     structured_outputs: StructuredOutputSpec | None = None  # constrained decoding (xgrammar)
+    prompt_logprobs: int | None = None  # logprobs of the prompt's tokens, with N alternatives
     priority: int = 0  # --scheduling-policy priority: lower runs earlier (vLLM's request field)
 
     def __post_init__(self) -> None:
@@ -64,6 +65,8 @@ class SamplingParams:
             raise ValueError("stop strings must not be empty")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
+        if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= MAX_LOGPROBS:
+            raise ValueError(f"prompt_logprobs must be in [0, {MAX_LOGPROBS}], got {self.prompt_logprobs}")
         for name in ("presence_penalty", "frequency_penalty"):
             if not -2.0 <= getattr(self, name) <= 2.0:
                 raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")

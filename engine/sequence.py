@@ -33,6 +33,7 @@ class Sequence:
     stop_reason: str | int | None = None
     logprobs: list[TokenLogprob] = field(default_factory=list)
     error: str | None = None
+    skip_prefix_cache: bool = False  # reads its whole prompt (prompt logprobs)
 
     def __post_init__(self) -> None:
         self.num_prompt_tokens = len(self.token_ids)
