@@ -44,6 +44,54 @@ class ChoiceState:
     stop_reason: str | int | None = None
     completion_logprobs: CompletionLogprobs = field(default_factory=CompletionLogprobs)
     chat_logprobs: list[ChatTokenLogprob] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprob | None] | None = None
+
+
+LOGPROB_FLOOR = -9999.0  # -inf is not JSON; vLLM clamps it to this
+
+
+def prompt_completion_logprobs(choice: ChoiceState, token_text: Any) -> CompletionLogprobs:
+    """The prompt's tokens in the legacy format: the first token has no logprob (null)."""
+    assert choice.prompt_logprobs is not None
+    out = CompletionLogprobs()
+    offset = 0
+    for i, lp in enumerate(choice.prompt_logprobs):
+        token = lp.token if lp is not None else token_text(choice.prompt.token_ids[i])
+        out.tokens.append(token)
+        out.text_offset.append(offset)
+        offset += len(token)
+        if lp is None:
+            out.token_logprobs.append(None)
+            out.top_logprobs.append(None)
+            continue
+        top = {text: max(value, LOGPROB_FLOOR) for _, text, value in lp.top}
+        top.setdefault(lp.token, max(lp.logprob, LOGPROB_FLOOR))
+        out.token_logprobs.append(max(lp.logprob, LOGPROB_FLOOR))
+        out.top_logprobs.append(top)
+    return out
+
+
+def concat_logprobs(a: CompletionLogprobs, b: CompletionLogprobs) -> CompletionLogprobs:
+    return CompletionLogprobs(text_offset=a.text_offset + b.text_offset,
+                              token_logprobs=a.token_logprobs + b.token_logprobs,
+                              tokens=a.tokens + b.tokens, top_logprobs=a.top_logprobs + b.top_logprobs)
+
+
+def vllm_prompt_logprobs(lps: list[TokenLogprob | None] | None
+                         ) -> list[dict[str, dict[str, Any]] | None] | None:
+    if lps is None:
+        return None
+    out: list[dict[str, dict[str, Any]] | None] = []
+    for lp in lps:
+        if lp is None:
+            out.append(None)
+            continue
+        entry = {str(t): {"logprob": max(v, LOGPROB_FLOOR), "rank": r + 1, "decoded_token": text}
+                 for r, (t, text, v) in enumerate(lp.top)}
+        entry[str(lp.token_id)] = {"logprob": max(lp.logprob, LOGPROB_FLOOR), "rank": lp.rank,
+                                   "decoded_token": lp.token}
+        out.append(entry)
+    return out
 
 
 def completion_logprobs(logprobs: list[TokenLogprob], state: ChoiceState) -> CompletionLogprobs:
@@ -126,28 +174,52 @@ class CompletionBuilder(ResponseBuilder):
         super().__init__(request_id, model, prompts, n)
         self.echo = echo
         self.logprobs = logprobs
+        self.prompt_only = False  # max_tokens 0 with echo: the prompt and its logprobs only
+        self.vllm_prompt_logprobs = False  # the request set prompt_logprobs
+        self.token_text: Any = None
         for choice in self.choices.values():
             choice.text_offset = len(choice.prompt.text) if echo else 0
+
+    def score_prompt(self, prompt_only: bool, vllm_format: bool, token_text: Any) -> None:
+        self.prompt_only, self.vllm_prompt_logprobs, self.token_text = (prompt_only, vllm_format,
+                                                                        token_text)
+
+    def update(self, event: ChoiceEvent) -> tuple[ChoiceState, str]:
+        choice, text = super().update(event)
+        delta = event.delta
+        assert delta is not None
+        if delta.prompt_logprobs is not None:
+            choice.prompt_logprobs = delta.prompt_logprobs
+        if self.prompt_only:  # what was generated is not returned
+            choice.num_tokens, choice.text = 0, []
+            if delta.finished:
+                choice.finish_reason, choice.stop_reason = "length", None
+            return choice, ""
+        return choice, text
 
     def chunk(self, event: ChoiceEvent) -> dict[str, Any] | None:
         choice, text = self.update(event)
         delta = event.delta
         assert delta is not None
+        logprobs = None
         if self.echo and not choice.started:
             text = choice.prompt.text + text
+            if self.logprobs is not None and choice.prompt_logprobs is not None:
+                logprobs = prompt_completion_logprobs(choice, self.token_text)
         choice.started = True
         if not text and not delta.finished and not delta.token_ids:
             return None
-        logprobs = None
-        if self.logprobs is not None and delta.logprobs:
-            logprobs = completion_logprobs(delta.logprobs, choice)
+        if self.logprobs is not None and delta.logprobs and not self.prompt_only:
+            part = completion_logprobs(delta.logprobs, choice)
+            logprobs = part if logprobs is None else concat_logprobs(logprobs, part)
+        if logprobs is not None:
             self.merge_logprobs(choice, logprobs)
+        finished = delta.finished
         body = CompletionResponse(
             id=self.request_id, created=self.created, model=self.model,
             choices=[CompletionChoice(index=choice.index, text=text, logprobs=logprobs,
-                                      finish_reason=delta.finish_reason if delta.finished
-                                      else None,
-                                      stop_reason=delta.stop_reason if delta.finished else None)])
+                                      finish_reason=choice.finish_reason if finished else None,
+                                      stop_reason=choice.stop_reason if finished else None)])
         return dump(body)
 
     @staticmethod
@@ -170,7 +242,9 @@ class CompletionBuilder(ResponseBuilder):
             choices.append(CompletionChoice(
                 index=index, text=(choice.prompt.text + text) if self.echo else text,
                 logprobs=choice.completion_logprobs if self.logprobs is not None else None,
-                finish_reason=choice.finish_reason, stop_reason=choice.stop_reason))
+                finish_reason=choice.finish_reason, stop_reason=choice.stop_reason,
+                prompt_logprobs=vllm_prompt_logprobs(choice.prompt_logprobs)
+                if self.vllm_prompt_logprobs else None))
         body = CompletionResponse(id=self.request_id, created=self.created, model=self.model,
                                   choices=choices, usage=self.usage())
         return body.model_dump(mode="json")

@@ -215,9 +215,24 @@ Prompt = str | list[str] | TokenIds | list[TokenIds]
 
 class CompletionRequest(SamplingFields, StructuredFields):
     prompt: Prompt
-    max_tokens: PositiveInt | None = 16
+    max_tokens: NonNegativeInt | None = 16  # 0 only with echo (scoring the prompt)
     echo: bool = False
     logprobs: Annotated[int, Field(strict=True, ge=0, le=MAX_LOGPROBS)] | None = None
+    prompt_logprobs: Annotated[int, Field(strict=True, ge=0, le=MAX_LOGPROBS)] | None = None
+
+    @model_validator(mode="after")
+    def check_scoring(self) -> CompletionRequest:
+        if self.max_tokens == 0 and not self.echo:
+            raise ValueError("max_tokens must be at least 1, or 0 together with echo")
+        if self.prompt_logprobs is not None and self.stream:
+            raise ValueError("prompt_logprobs is not available when streaming")
+        return self
+
+    def wanted_prompt_logprobs(self) -> int | None:
+        """vLLM: echo with logprobs returns the prompt's logprobs too."""
+        if self.prompt_logprobs is not None:
+            return self.prompt_logprobs
+        return self.logprobs if self.echo else None
 
 
 class TextPart(OpenAIModel):
@@ -299,6 +314,8 @@ class CompletionChoice(BaseModel):
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: str | int | None = None
+    # vLLM's: [None, {token_id: {"logprob", "rank", "decoded_token"}}, ...]
+    prompt_logprobs: list[dict[str, dict[str, Any]] | None] | None = None
 
 
 class CompletionResponse(BaseModel):

@@ -6,6 +6,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from server.builders import ChatBuilder
+from server.errors import bad_request
 from server.prompts import PromptInput, render_chat
 from server.protocol import ChatCompletionRequest
 from server.request_ids import echo_request_id, request_id_for
@@ -34,6 +35,8 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     else:
         prompt = render_chat(engine.tokenizer, body.messages, body.add_generation_prompt,
                              body.continue_final_message)
+    if body.model_extra and body.model_extra.get("prompt_logprobs") is not None:
+        raise bad_request("prompt_logprobs is served on /v1/completions", "prompt_logprobs")
     spec = tool_spec(body) or spec_from_request(body)
     await compile_spec(engine, spec)
     requested = body.max_completion_tokens or body.max_tokens

@@ -6,7 +6,6 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from server.builders import CompletionBuilder
-from server.errors import bad_request
 from server.prompts import PromptInput, encode_prompts
 from server.protocol import CompletionRequest
 from server.request_ids import echo_request_id, request_id_for
@@ -29,9 +28,6 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
     check_model(state, body.model)
     request_id, client_id = request_id_for(request, "cmpl")
     log_unknown_fields(request_id, body)
-    if body.echo and body.logprobs is not None:
-        # Prompt logprobs would need a prefill that scores the prompt; the engine does not.
-        raise bad_request("echo together with logprobs is not supported", "echo")
     prompts = encode_prompts(engine.tokenizer, body.prompt)
     spec = spec_from_request(body)
     await compile_spec(engine, spec)
@@ -39,11 +35,13 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
     def max_tokens_for(prompt: PromptInput) -> int:
         if body.max_tokens is None:  # explicit null: up to the context
             return max(engine.max_model_len - len(prompt.token_ids), 1)
-        return body.max_tokens
+        return body.max_tokens or 1  # 0 (echo): one token is computed, none is returned
 
     subs = fan_out(request_id, prompts, body, max_tokens_for, body.logprobs,
                    state.settings.log_requests_text, engine.max_model_len)
-    constrain(engine, subs, spec, body.priority)
+    constrain(engine, subs, spec, body.priority, body.wanted_prompt_logprobs())
     builder = CompletionBuilder(request_id, state.served_model_name, prompts, body.n,
                                 body.echo, body.logprobs)
+    builder.score_prompt(body.max_tokens == 0, body.prompt_logprobs is not None,
+                         lambda t: str(engine.tokenizer.decode([t])))
     return echo_request_id(await respond(state, request, body, subs, builder), client_id)

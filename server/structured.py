@@ -128,11 +128,12 @@ async def compile_spec(engine: Any, spec: StructuredOutputSpec | None) -> None:
 
 
 def constrain(engine: Any, subs: list[Any], spec: StructuredOutputSpec | None,
-              priority: int) -> None:
-    """Hand the spec (and the request's priority) to every sub-request's parameters."""
+              priority: int, prompt_logprobs: int | None = None) -> None:
+    """Hand the spec, the priority and prompt_logprobs to every sub-request's parameters."""
     if priority != 0 and getattr(engine.config, "scheduling_policy", "fcfs") != "priority":
         raise bad_request("priority is only honoured with --scheduling-policy priority; "
                           "leave it at 0", "priority")
     for sub in subs:
         sub.params.structured_outputs = spec
         sub.params.priority = priority
+        sub.params.prompt_logprobs = prompt_logprobs

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from engine import LLM, SamplingParams
@@ -11,6 +13,7 @@ pytestmark = pytest.mark.slow
 
 
 def run(llm: LLM, lows: int, highs: int) -> dict[str, RequestTimes]:
+    """`lows` requests of priority 1 fill the engine, then `highs` of priority 0 arrive."""
     engine = llm.engine
     params = {"temperature": 0, "max_tokens": 4, "ignore_eos": True}
     for i in range(lows):
@@ -26,10 +29,9 @@ def run(llm: LLM, lows: int, highs: int) -> dict[str, RequestTimes]:
     return times
 
 
-def test_high_priority_gets_lower_ttft() -> None:
-    llm = LLM(kv_cache_memory="32MiB", max_model_len=128, max_num_seqs=2,
-              scheduling_policy="priority")
-    times = run(llm, lows=6, highs=2)
+def test_high_priority_gets_lower_ttft(small_llm: LLM, overrides: Any) -> None:
+    overrides(max_num_seqs=2)  # overloaded: two run, the rest wait
+    times = run(small_llm, lows=6, highs=2)
     first = {rid: t.first_token for rid, t in times.items()}
     waiting_lows = sorted(first[f"low-{i}"] for i in range(2, 6))  # queued when highs arrived
     assert max(first["high-0"], first["high-1"]) < waiting_lows[0]  # type: ignore[operator]
@@ -39,11 +41,11 @@ def test_high_priority_gets_lower_ttft() -> None:
     assert high < low
 
 
-def test_preemption_takes_lowest_priority_first() -> None:
-    # 8 blocks: four sequences growing to 64 positions cannot all stay.
-    llm = LLM(kv_cache_memory="6MiB", max_model_len=96, scheduling_policy="priority", watermark=0)
-    engine = llm.engine
-    params = {"temperature": 0, "max_tokens": 40, "ignore_eos": True}
+def test_preemption_takes_lowest_priority_first(small_llm: LLM, overrides: Any) -> None:
+    # 11 blocks: four sequences growing to ~44 positions (3 blocks each) cannot all stay.
+    overrides(watermark=0.0)
+    engine = small_llm.engine
+    params = {"temperature": 0, "max_tokens": 34, "ignore_eos": True}
     for i, priority in enumerate([0, 5, 1, 2]):
         engine.add_request(f"r{i}-p{priority}", "Tell me a long story about the sea.",
                            SamplingParams(**params, priority=priority))
