@@ -215,15 +215,20 @@ Prompt = str | list[str] | TokenIds | list[TokenIds]
 
 class CompletionRequest(SamplingFields, StructuredFields):
     prompt: Prompt
+    echo: bool = False  # before max_tokens, whose check reads it
     max_tokens: NonNegativeInt | None = 16  # 0 only with echo (scoring the prompt)
-    echo: bool = False
     logprobs: Annotated[int, Field(strict=True, ge=0, le=MAX_LOGPROBS)] | None = None
     prompt_logprobs: Annotated[int, Field(strict=True, ge=0, le=MAX_LOGPROBS)] | None = None
 
+    @field_validator("max_tokens")
+    @classmethod
+    def check_max_tokens(cls, max_tokens: int | None, info: ValidationInfo) -> int | None:
+        if max_tokens == 0 and not info.data.get("echo", False):
+            raise ValueError("max_tokens must be at least 1, or 0 together with echo")
+        return max_tokens
+
     @model_validator(mode="after")
     def check_scoring(self) -> CompletionRequest:
-        if self.max_tokens == 0 and not self.echo:
-            raise ValueError("max_tokens must be at least 1, or 0 together with echo")
         if self.prompt_logprobs is not None and self.stream:
             raise ValueError("prompt_logprobs is not available when streaming")
         return self
