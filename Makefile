@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 TORCH_SPEC ?= torch==2.13.0
 ARGS ?=
 
-.PHONY: install serve test lint bench-engine bench-attention bench-kernels bench-serve bench-quant profile-steps experiment tools check-deploy clean crosscheck plan-check
+.PHONY: install serve test lint bench-engine bench-attention bench-kernels bench-serve bench-quant profile-steps experiment tools check-deploy clean crosscheck plan-check bench-structured
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,9 @@ lint: $(STAMP)
 
 bench-engine: $(STAMP)
 	$(PY) -m engine.bench --json docs/bench/engine.json --plot docs/bench/engine.png $(ARGS)
+
+bench-structured: $(STAMP)
+	$(PY) -m engine.bench_structured $(ARGS)
 
 bench-attention: $(STAMP)
 	$(PY) -m engine.bench_attention $(ARGS)

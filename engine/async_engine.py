@@ -25,6 +25,7 @@ from engine.llm_engine import LLMEngine
 from engine.outputs import StreamDelta
 from engine.sampling_params import SamplingParams
 from engine.stats import EngineStats, StepStats
+from engine.structured_output import StructuredOutputSpec
 
 log = logging.getLogger("pagode")
 
@@ -92,6 +93,11 @@ class AsyncEngine:
 
     def describe(self) -> dict[str, Any]:
         return self.engine.describe()
+
+    def compile_grammar(self, spec: StructuredOutputSpec) -> None:
+        """Compile (or find in the cache) a structured-output grammar; raises
+        StructuredOutputError. Thread-safe: the server calls it from a worker thread."""
+        self.engine.structured.compile(spec)
 
     def enable_step_profile(self, every: int, report: Callable[[str], None],
                             extra: dict[str, Callable[[], float]] | None = None) -> None:

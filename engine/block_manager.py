@@ -82,7 +82,7 @@ class BlockManager:
 
     def match_prefix(self, seq: Sequence) -> list[int]:
         """Cached blocks covering a prefix; the last token is always left to compute."""
-        if not self.enable_prefix_caching:
+        if not self.enable_prefix_caching or seq.skip_prefix_cache:
             return []
         hits: list[int] = []
         bs = self.block_size

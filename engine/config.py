@@ -12,6 +12,8 @@ from engine.request_limits import RequestCaps
 
 Policy = Literal["paged", "continuous", "static"]
 POLICIES: tuple[Policy, ...] = ("paged", "continuous", "static")
+SchedulingPolicy = Literal["fcfs", "priority"]
+SCHEDULING_POLICIES: tuple[SchedulingPolicy, ...] = ("fcfs", "priority")
 
 KV_CACHE_DTYPES = ("auto", "fp32", "fp16", "bf16")
 QUANTIZATION_MODES = ("auto", "none", "int8", "int4")
@@ -72,12 +74,15 @@ class EngineConfig:
     request_caps: RequestCaps = field(default_factory=RequestCaps)  # per-request limits
     kv_cache_dtype: str = "auto"  # auto | fp32 | fp16 | bf16; auto: fp16 on CPU, the model dtype on CUDA
     quantization: str = "none"  # auto | none | int8 | int4 (engine/quant/modes.py)
+    scheduling_policy: SchedulingPolicy = "fcfs"  # priority: waiting queue by (priority, arrival)
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, not {self.policy!r}")
         if self.block_size <= 0 or self.block_size & (self.block_size - 1):
             raise ValueError("block_size must be a power of two")
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise ValueError(f"scheduling_policy must be one of {SCHEDULING_POLICIES}")
         if not 0.0 <= self.watermark < 1.0:
             raise ValueError("watermark must be in [0, 1)")
         if self.max_num_batched_tokens is None:

@@ -9,7 +9,7 @@ from collections.abc import Sequence as Seq
 
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
-from engine.outputs import CompletionOutput, RequestOutput, StreamDelta
+from engine.outputs import CompletionOutput, RequestOutput, StreamDelta, TokenLogprob
 from engine.progress import progress
 from engine.sampling_params import SamplingParams, expand_choices
 
@@ -42,17 +42,21 @@ class LLM:
         done: dict[str, RequestOutput] = {}
         texts: dict[str, list[str]] = {}
         tokens: dict[str, list[int]] = {}
+        prompt_lps: dict[str, list[TokenLogprob | None]] = {}
         for deltas in progress(self._steps(), total=None, description="generating", enabled=show):
             for d in deltas:
                 texts.setdefault(d.request_id, []).append(d.text)
                 tokens.setdefault(d.request_id, []).extend(d.token_ids)
+                if d.prompt_logprobs is not None:
+                    prompt_lps[d.request_id] = d.prompt_logprobs
                 if not d.finished:
                     continue
                 if d.error:
                     raise RuntimeError(f"request {d.request_id} failed: {d.error}")
                 output = CompletionOutput(0, "".join(texts.pop(d.request_id)), tokens.pop(d.request_id),
                                           d.finish_reason, d.stop_reason)
-                done[d.request_id] = RequestOutput(d.request_id, None, d.prompt_token_ids, [output], d.times)
+                done[d.request_id] = RequestOutput(d.request_id, None, d.prompt_token_ids, [output], d.times,
+                                                   prompt_logprobs=prompt_lps.pop(d.request_id, None))
         return done
 
     def _steps(self) -> Iterator[list[StreamDelta]]:
@@ -63,7 +67,8 @@ class LLM:
         choices = [dataclasses.replace(done[rid].outputs[0], index=i) for i, rid in enumerate(ids)]
         first = done[ids[0]]
         return RequestOutput(ids[0], prompt if isinstance(prompt, str) else None,
-                             first.prompt_token_ids, choices, first.times)
+                             first.prompt_token_ids, choices, first.times,
+                             prompt_logprobs=first.prompt_logprobs)
 
 
 def _as_prompt_list(prompts: Prompt | Seq[Prompt]) -> list[Prompt]:

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from engine import prompt_logprobs
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
@@ -20,6 +21,7 @@ from engine.model.loader import load_tokenizer, read_config, resolve_model
 from engine.model_runner import ModelRunner
 from engine.outputs import RequestTimes, StreamDelta, TokenLogprob
 from engine.profiler import StepProfiler
+from engine.prompt_logprobs import PromptRows
 from engine.request_limits import RequestLimits, check_request
 from engine.request_state import RequestState
 from engine.sampler import SampleResult, SamplingRow
@@ -27,6 +29,7 @@ from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from engine.sequence import Sequence
 from engine.stats import EngineStats, FinishedRequestStats, StepStats
+from engine.structured_output import StructuredOutputManager
 
 log = logging.getLogger("pagode")
 
@@ -56,6 +59,8 @@ class LLMEngine:
         self.stats_totals = EngineStats()
         self.step_listeners: list[Callable[[StepStats], None]] = []
         self._phases = StepPhases()
+        self.structured = StructuredOutputManager(self.tokenizer, self.model_config.vocab_size,
+                                                  sorted(self.eos_ids))
         log.info("KV cache: %d blocks of %d positions = %d tokens in %s (%s, %d tokens per GiB; "
                  "weights %s, %s), policy %s, max_model_len %d",
                  self.num_blocks, self.block_size, self.num_blocks * self.block_size,
@@ -89,8 +94,12 @@ class LLMEngine:
         generator = None
         if params.seed is not None and not params.greedy:
             generator = torch.Generator(device=self.runner.device).manual_seed(params.seed)
+        grammar = self.structured.new_state(params.structured_outputs)
         detok = IncrementalDetokenizer(self.tokenizer, token_ids, params.stop, params.skip_special_tokens)
-        self.requests[request_id] = RequestState(seq, detok, generator, max_tokens, self.eos_ids)
+        state = self.requests[request_id] = RequestState(seq, detok, generator, max_tokens,
+                                                         self.eos_ids, grammar)
+        if params.prompt_logprobs is not None:  # see engine/prompt_logprobs.py
+            state.prompt_logprobs, seq.skip_prefix_cache = [None], True
         self.scheduler.add(seq)
         return seq
 
@@ -134,15 +143,21 @@ class LLMEngine:
         try:
             inputs = self.runner.prepare(out.scheduled)
             clock = phases.lap("prepare", clock)
+            plans = self._plan_prompt_logprobs(out, inputs)
             logits = self.runner.forward(inputs)
+            prompt_logits, logits = prompt_logprobs.split_logits(logits, plans)
+            self._score_prompts(prompt_logits, plans)
             clock = phases.lap("forward", clock)
             self.scheduler.advance(out)
+            states = [self.requests[s.seq.request_id] for s in to_sample]
+            self.structured.apply_masks(logits, [st.grammar for st in states])  # structured outputs
         except Exception as err:  # the batch is lost; its requests fail, the engine goes on
             log.exception("step failed; failing its %d requests", len(out.scheduled))
             return [self._fail(self.requests[s.seq.request_id], err) for s in out.scheduled]
-        states = [self.requests[s.seq.request_id] for s in to_sample]
+        picks = self._sample(logits, states)
+        clock = phases.lap("sample", clock)
         deltas = []
-        for state, picked in zip(states, self._sample(logits, states), strict=True):
+        for state, picked in zip(states, picks, strict=True):
             try:
                 if isinstance(picked, BaseException):
                     raise picked
@@ -190,6 +205,26 @@ class LLMEngine:
         assert all(isinstance(r, SamplingRow) for r in chosen)
         subset = logits if len(indices) == logits.shape[0] else logits[indices]
         return self.runner.sample(subset, chosen)  # type: ignore[arg-type]
+
+    def _plan_prompt_logprobs(self, out: SchedulerOutput, inputs: Any) -> list[PromptRows]:
+        wanted = {rid: len(st.prompt_logprobs) - 1 for rid, st in self.requests.items()
+                  if st.prompt_logprobs is not None and not st.prompt_logprobs_sent
+                  and len(st.prompt_logprobs) < st.seq.num_prompt_tokens}
+        if not wanted:
+            return []
+        return prompt_logprobs.plan_rows(out.scheduled, inputs.meta.query_start_loc_cpu, wanted,
+                                         inputs.sample_indices)
+
+    def _score_prompts(self, prompt_logits: torch.Tensor, plans: list[PromptRows]) -> None:
+        if not plans:
+            return
+        top = {p.seq.request_id: p.seq.params.prompt_logprobs or 0 for p in plans}
+        for rid, scored in prompt_logprobs.score(prompt_logits, plans, top, self._token_text).items():
+            state = self.requests[rid]
+            assert state.prompt_logprobs is not None
+            state.prompt_logprobs.extend(scored)
+            if len(state.prompt_logprobs) == state.seq.num_prompt_tokens:
+                state.seq.skip_prefix_cache = False  # a recompute may use the cache again
 
     def _postprocess(self, state: RequestState, token: int,
                      lp: tuple[float, list[tuple[int, float]]] | None) -> StreamDelta:
@@ -250,7 +285,8 @@ class LLMEngine:
                          schedule_time=p.schedule, prepare_time=p.prepare, forward_time=p.forward,
                          sample_time=p.sample, postprocess_time=p.postprocess,
                          chunks=[(s.num_new_tokens, s.seq.num_computed_tokens - s.num_new_tokens)
-                                 for s in out.scheduled])
+                                 for s in out.scheduled],
+                         preempted=[seq.request_id for seq in out.preempted])
         for listener in self.step_listeners:
             listener(step)
 

@@ -116,7 +116,7 @@ class ModelRunner:
             hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta, self.kv_caches)
         if not inputs.sample_indices:
             return hidden.new_empty((0, self.model_config.vocab_size), dtype=torch.float32)
-        if len(inputs.sample_indices) == hidden.shape[0]:  # decodes only: every row is sampled
+        if _every_row_in_order(inputs.sample_indices, hidden.shape[0]):  # e.g. decodes only
             return self.model.compute_logits(hidden)
         index = torch.tensor(inputs.sample_indices, dtype=torch.long, device=hidden.device)
         return self.model.compute_logits(hidden.index_select(0, index))
@@ -124,3 +124,9 @@ class ModelRunner:
     @torch.inference_mode()
     def sample(self, logits: torch.Tensor, rows: list[SamplingRow]) -> SampleResult:
         return sample(logits, rows)
+
+
+def _every_row_in_order(indices: list[int], num_rows: int) -> bool:
+    """True when the rows to sample are all the packed rows, in order (no gather needed).
+    Prompt-logprob rows are put in front of the sampled ones, so a count alone does not say."""
+    return len(indices) == num_rows and indices == list(range(num_rows))

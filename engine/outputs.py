@@ -11,6 +11,7 @@ class TokenLogprob:
     token: str
     logprob: float
     top: list[tuple[int, str, float]] = field(default_factory=list)  # (id, text, logprob)
+    rank: int | None = None  # 1 = the most likely token (prompt logprobs)
 
 
 @dataclass
@@ -55,6 +56,7 @@ class RequestOutput:
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput]
     times: RequestTimes | None = None
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # with SamplingParams.prompt_logprobs
 
     # Single-choice conveniences: output.text, output.token_ids, output.finish_reason.
     @property
@@ -85,3 +87,5 @@ class StreamDelta:
     num_output_tokens: int = 0  # total generated so far
     times: RequestTimes | None = None
     error: str | None = None  # set when this request failed inside the engine
+    num_cached_tokens: int = 0  # prompt tokens found in the prefix cache
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # first delta only; [0] is None

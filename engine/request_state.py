@@ -10,6 +10,7 @@ from engine.detokenizer import IncrementalDetokenizer
 from engine.outputs import StreamDelta, TokenLogprob
 from engine.sampler import SamplingRow
 from engine.sequence import Sequence
+from engine.structured_output import GrammarState, StructuredOutputError
 
 
 @dataclass
@@ -19,6 +20,9 @@ class RequestState:
     generator: torch.Generator | None
     max_tokens: int
     eos_ids: frozenset[int]
+    grammar: GrammarState | None = None  # set when the output is constrained
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # collected during prefill
+    prompt_logprobs_sent: bool = False
 
     def sampling_row(self) -> SamplingRow:
         p = self.seq.params
@@ -33,6 +37,8 @@ class RequestState:
         """Add a generated token; return the finish reason if this token ends the request."""
         seq, p = self.seq, self.seq.params
         seq.append_token(token_id)
+        if self.grammar is not None and not self.grammar.accept(token_id):
+            raise StructuredOutputError(f"token {token_id} was sampled against the grammar")
         # A stop token ends the output without its text, as in vLLM.
         if not p.ignore_eos and token_id in self.eos_ids:
             return "stop"
@@ -65,4 +71,12 @@ class RequestState:
             num_output_tokens=seq.num_output_tokens,
             times=seq.times,
             error=seq.error,
+            num_cached_tokens=seq.num_cached_tokens,
+            prompt_logprobs=self.take_prompt_logprobs(),
         )
+
+    def take_prompt_logprobs(self) -> list[TokenLogprob | None] | None:
+        if self.prompt_logprobs is None or self.prompt_logprobs_sent:
+            return None
+        self.prompt_logprobs_sent = True
+        return self.prompt_logprobs

@@ -12,6 +12,8 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
+from engine.structured_output.spec import StructuredOutputSpec
+
 MAX_LOGPROBS = 20
 GREEDY_EPSILON = 1e-5  # vLLM's _SAMPLING_EPS: a smaller temperature means greedy
 LOGIT_BIAS_LIMIT = 100.0  # values are clamped to +-100, as OpenAI does
@@ -44,6 +46,9 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     logit_bias: dict[int, float] = field(default_factory=dict)
     skip_special_tokens: bool = True
+    structured_outputs: StructuredOutputSpec | None = None  # constrained decoding (xgrammar)
+    prompt_logprobs: int | None = None  # logprobs of the prompt's tokens, with N alternatives
+    priority: int = 0  # --scheduling-policy priority: lower runs earlier (vLLM's request field)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -82,6 +87,8 @@ class SamplingParams:
             raise ValueError("stop strings must not be empty")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
+        if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= MAX_LOGPROBS:
+            raise ValueError(f"prompt_logprobs must be in [0, {MAX_LOGPROBS}], got {self.prompt_logprobs}")
         for name in ("presence_penalty", "frequency_penalty"):
             if not -2.0 <= getattr(self, name) <= 2.0:
                 raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")

@@ -11,6 +11,10 @@ Policies (the source article's experiment):
 - paged: blocks are handed out as sequences grow; admission keeps a watermark of
   free blocks; when a block is missing, the newest running sequence is preempted
   and later recomputed.
+
+Scheduling policy (vLLM's --scheduling-policy): fcfs serves the queue in arrival order;
+priority orders the waiting queue by (priority, arrival), lower first, and keeps the running
+list in that order too, so that preemption takes the lowest priority (newest among equals).
 """
 
 from __future__ import annotations
@@ -72,7 +76,22 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
+    @property
+    def by_priority(self) -> bool:
+        return self.config.scheduling_policy == "priority"
+
     def add(self, seq: Sequence) -> None:
+        if self.by_priority:
+            self._insert_by_priority(seq)
+        else:
+            self.waiting.append(seq)
+
+    def _insert_by_priority(self, seq: Sequence) -> None:
+        key = priority_key(seq)
+        for i, other in enumerate(self.waiting):
+            if key < priority_key(other):
+                self.waiting.insert(i, seq)
+                return
         self.waiting.append(seq)
 
     def remove(self, seq: Sequence) -> None:
@@ -87,6 +106,8 @@ class Scheduler:
     # ---- the step ------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
+        if self.by_priority:
+            self.running.sort(key=priority_key)  # the lowest priority is preempted first
         budget = self._schedule_running(out, self.config.token_budget)
         if not out.preempted and self._may_admit():
             self._schedule_waiting(out, budget)
@@ -120,7 +141,10 @@ class Scheduler:
         self.running.remove(seq)
         self.block_manager.free(seq)
         seq.reset_for_recompute()
-        self.waiting.appendleft(seq)
+        if self.by_priority:
+            self._insert_by_priority(seq)
+        else:
+            self.waiting.appendleft(seq)
         self.num_preemptions += 1
 
     def _may_admit(self) -> bool:
@@ -152,3 +176,7 @@ class Scheduler:
         for s in out.scheduled:
             s.seq.num_computed_tokens += s.num_new_tokens
             self.block_manager.commit_full_blocks(s.seq)
+
+
+def priority_key(seq: Sequence) -> tuple[int, float]:
+    return (seq.params.priority, seq.times.arrival)

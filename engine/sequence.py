@@ -32,6 +32,7 @@ class Sequence:
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     error: str | None = None
+    skip_prefix_cache: bool = False  # reads its whole prompt (prompt logprobs)
 
     def __post_init__(self) -> None:
         self.num_prompt_tokens = len(self.token_ids)

@@ -59,3 +59,4 @@ class StepStats:
     postprocess_time: float = 0.0  # append, detokenize, stop checks, deltas
     # Each scheduled sequence's (new tokens, tokens computed before this step), for the planner.
     chunks: list[tuple[int, int]] = field(default_factory=list)
+    preempted: list[str] = field(default_factory=list)  # request ids preempted in this step

@@ -15,6 +15,7 @@ from engine.config import EngineConfig
 from server import routes_chat, routes_completions, routes_misc
 from server.auth import APIKeyMiddleware
 from server.body import install_openapi
+from server.cors import install_cors
 from server.engine_client import EngineClient
 from server.errors import install_error_handlers
 from server.http_limits import HeaderLimitMiddleware
@@ -62,4 +63,5 @@ def create_app(settings: ServerSettings, engine: EngineClient | None = None,
     # Added last, so outermost: oversized headers are refused and every response counted.
     app.add_middleware(HeaderLimitMiddleware, max_header_bytes=settings.max_header_bytes)
     app.add_middleware(ResponseCountMiddleware, state=state)
+    install_cors(app, settings.cors)  # outermost: preflights skip the API key and limits
     return app

@@ -22,11 +22,13 @@ from server.protocol import (
     CompletionLogprobs,
     CompletionResponse,
     DeltaMessage,
+    PromptTokensDetails,
     TopLogprob,
     UsageInfo,
     dump,
     now,
 )
+from server.tools import Mode, ToolCallStream
 
 
 @dataclass
@@ -35,12 +37,61 @@ class ChoiceState:
     prompt: PromptInput
     text: list[str] = field(default_factory=list)
     num_tokens: int = 0
+    num_cached_tokens: int = 0  # of the prompt, from the prefix cache
     started: bool = False
     text_offset: int = 0  # where the next token starts in the choice's full text
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     completion_logprobs: CompletionLogprobs = field(default_factory=CompletionLogprobs)
     chat_logprobs: list[ChatTokenLogprob] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprob | None] | None = None
+
+
+LOGPROB_FLOOR = -9999.0  # -inf is not JSON; vLLM clamps it to this
+
+
+def prompt_completion_logprobs(choice: ChoiceState, token_text: Any) -> CompletionLogprobs:
+    """The prompt's tokens in the legacy format: the first token has no logprob (null)."""
+    assert choice.prompt_logprobs is not None
+    out = CompletionLogprobs()
+    offset = 0
+    for i, lp in enumerate(choice.prompt_logprobs):
+        token = lp.token if lp is not None else token_text(choice.prompt.token_ids[i])
+        out.tokens.append(token)
+        out.text_offset.append(offset)
+        offset += len(token)
+        if lp is None:
+            out.token_logprobs.append(None)
+            out.top_logprobs.append(None)
+            continue
+        top = {text: max(value, LOGPROB_FLOOR) for _, text, value in lp.top}
+        top.setdefault(lp.token, max(lp.logprob, LOGPROB_FLOOR))
+        out.token_logprobs.append(max(lp.logprob, LOGPROB_FLOOR))
+        out.top_logprobs.append(top)
+    return out
+
+
+def concat_logprobs(a: CompletionLogprobs, b: CompletionLogprobs) -> CompletionLogprobs:
+    return CompletionLogprobs(text_offset=a.text_offset + b.text_offset,
+                              token_logprobs=a.token_logprobs + b.token_logprobs,
+                              tokens=a.tokens + b.tokens, top_logprobs=a.top_logprobs + b.top_logprobs)
+
+
+def vllm_prompt_logprobs(lps: list[TokenLogprob | None] | None
+                         ) -> list[dict[str, dict[str, Any]] | None] | None:
+    if lps is None:
+        return None
+    out: list[dict[str, dict[str, Any]] | None] = []
+    for lp in lps:
+        if lp is None:
+            out.append(None)
+            continue
+        entry = {str(t): {"logprob": max(v, LOGPROB_FLOOR), "rank": r + 1, "decoded_token": text}
+                 for r, (t, text, v) in enumerate(lp.top)}
+        entry[str(lp.token_id)] = {"logprob": max(lp.logprob, LOGPROB_FLOOR), "rank": lp.rank,
+                                   "decoded_token": lp.token}
+        out.append(entry)
+    return out
 
 
 def completion_logprobs(logprobs: list[TokenLogprob], state: ChoiceState) -> CompletionLogprobs:
@@ -75,14 +126,19 @@ class ResponseBuilder(ABC):
         self.model = model
         self.created = now()
         self.prompts = prompts
+        self.n = n
+        self.continuous_usage = False  # stream_options.continuous_usage_stats
         self.choices = {p * n + i: ChoiceState(p * n + i, prompt)
                         for p, prompt in enumerate(prompts) for i in range(n)}
 
     def usage(self) -> UsageInfo:
         prompt_tokens = sum(len(p.token_ids) for p in self.prompts)
         completion_tokens = sum(c.num_tokens for c in self.choices.values())
+        cached = sum(max(self.choices[p * self.n + i].num_cached_tokens for i in range(self.n))
+                     for p in range(len(self.prompts)))
         return UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                         total_tokens=prompt_tokens + completion_tokens)
+                         total_tokens=prompt_tokens + completion_tokens,
+                         prompt_tokens_details=PromptTokensDetails(cached_tokens=cached))
 
     def update(self, event: ChoiceEvent) -> tuple[ChoiceState, str]:
         """Fold a delta into its choice; return the choice and the delta's new text."""
@@ -93,6 +149,7 @@ class ResponseBuilder(ABC):
         choice = self.choices[event.index]
         choice.num_tokens = max(choice.num_tokens + len(delta.token_ids), delta.num_output_tokens)
         choice.text.append(delta.text)
+        choice.num_cached_tokens = max(choice.num_cached_tokens, delta.num_cached_tokens)
         if delta.finished:
             choice.finish_reason = delta.finish_reason
             choice.stop_reason = delta.stop_reason
@@ -121,19 +178,43 @@ class CompletionBuilder(ResponseBuilder):
         super().__init__(request_id, model, prompts, n)
         self.echo = echo
         self.logprobs = logprobs
+        self.prompt_only = False  # max_tokens 0 with echo: the prompt and its logprobs only
+        self.vllm_prompt_logprobs = False  # the request set prompt_logprobs
+        self.token_text: Any = None
         for choice in self.choices.values():
             choice.text_offset = len(choice.prompt.text) if echo else 0
+
+    def score_prompt(self, prompt_only: bool, vllm_format: bool, token_text: Any) -> None:
+        self.prompt_only, self.vllm_prompt_logprobs, self.token_text = (prompt_only, vllm_format,
+                                                                        token_text)
+
+    def update(self, event: ChoiceEvent) -> tuple[ChoiceState, str]:
+        choice, text = super().update(event)
+        delta = event.delta
+        assert delta is not None
+        if delta.prompt_logprobs is not None:
+            choice.prompt_logprobs = delta.prompt_logprobs
+        if self.prompt_only:  # what was generated is not returned
+            choice.num_tokens, choice.text = 0, []
+            if delta.finished:
+                choice.finish_reason, choice.stop_reason = "length", None
+            return choice, ""
+        return choice, text
 
     def fold(self, event: ChoiceEvent) -> tuple[ChoiceState, str, CompletionLogprobs | None]:
         choice, text = self.update(event)
         delta = event.delta
         assert delta is not None
+        logprobs = None
         if self.echo and not choice.started:
             text = choice.prompt.text + text
+            if self.logprobs is not None and choice.prompt_logprobs is not None:
+                logprobs = prompt_completion_logprobs(choice, self.token_text)
         choice.started = True
-        logprobs = None
-        if self.logprobs is not None and delta.logprobs:
-            logprobs = completion_logprobs(delta.logprobs, choice)
+        if self.logprobs is not None and delta.logprobs and not self.prompt_only:
+            part = completion_logprobs(delta.logprobs, choice)
+            logprobs = part if logprobs is None else concat_logprobs(logprobs, part)
+        if logprobs is not None:
             self.merge_logprobs(choice, logprobs)
         return choice, text, logprobs
 
@@ -141,14 +222,14 @@ class CompletionBuilder(ResponseBuilder):
         choice, text, logprobs = self.fold(event)
         delta = event.delta
         assert delta is not None
-        if not text and not delta.finished and not delta.token_ids:
+        if not text and not delta.finished and not delta.token_ids and logprobs is None:
             return None
+        finished = delta.finished
         body = CompletionResponse(
             id=self.request_id, created=self.created, model=self.model,
             choices=[CompletionChoice(index=choice.index, text=text, logprobs=logprobs,
-                                      finish_reason=delta.finish_reason if delta.finished
-                                      else None,
-                                      stop_reason=delta.stop_reason if delta.finished else None)])
+                                      finish_reason=choice.finish_reason if finished else None,
+                                      stop_reason=choice.stop_reason if finished else None)])
         return dump(body)
 
     @staticmethod
@@ -171,7 +252,9 @@ class CompletionBuilder(ResponseBuilder):
             choices.append(CompletionChoice(
                 index=index, text=(choice.prompt.text + text) if self.echo else text,
                 logprobs=choice.completion_logprobs if self.logprobs is not None else None,
-                finish_reason=choice.finish_reason, stop_reason=choice.stop_reason))
+                finish_reason=choice.finish_reason, stop_reason=choice.stop_reason,
+                prompt_logprobs=vllm_prompt_logprobs(choice.prompt_logprobs)
+                if self.vllm_prompt_logprobs else None))
         body = CompletionResponse(id=self.request_id, created=self.created, model=self.model,
                                   choices=choices, usage=self.usage())
         return body.model_dump(mode="json")
@@ -179,10 +262,14 @@ class CompletionBuilder(ResponseBuilder):
 
 class ChatBuilder(ResponseBuilder):
     def __init__(self, request_id: str, model: str, prompt: PromptInput, n: int,
-                 logprobs: bool, top_logprobs: int) -> None:
+                 logprobs: bool, top_logprobs: int,
+                 tools: tuple[Mode, str | None] | None = None) -> None:
         super().__init__(request_id, model, [prompt], n)
         self.logprobs = logprobs
         self.top_logprobs = top_logprobs
+        # Tool calling: each choice's output is parsed for calls (server/tools.py).
+        self.tool_streams = {index: ToolCallStream(*tools) for index in self.choices} if tools \
+            else {}
 
     def fold(self, event: ChoiceEvent) -> tuple[ChoiceState, str, ChatLogprobs | None]:
         choice, text = self.update(event)
@@ -204,16 +291,22 @@ class ChatBuilder(ResponseBuilder):
         if not first and not text and not delta.finished and not delta.token_ids:
             return None
         message = DeltaMessage(role="assistant" if first else None, content=text)
+        finish_reason = delta.finish_reason if delta.finished else None
+        tools = self.tool_streams.get(choice.index)
+        if tools is not None:
+            shown, calls = tools.feed(text, delta.finished)
+            message.content, message.tool_calls = shown or None, calls or None
+            finish_reason = tools.finish_reason(finish_reason)
+            if not first and not delta.finished and not shown and not calls and not logprobs:
+                return None
         body = ChatCompletionChunk(
             id=self.request_id, created=self.created, model=self.model,
             choices=[ChatStreamChoice(index=choice.index, delta=message, logprobs=logprobs,
-                                      finish_reason=delta.finish_reason if delta.finished
-                                      else None,
+                                      finish_reason=finish_reason,
                                       stop_reason=delta.stop_reason if delta.finished else None)])
         data = dump(body)
         # Clients read `role` only on a choice's first chunk; vLLM leaves it out after.
-        data["choices"][0]["delta"] = {k: v for k, v in data["choices"][0]["delta"].items()
-                                       if v is not None}
+        data["choices"][0]["delta"] = drop_nones(data["choices"][0]["delta"])
         return data
 
     def usage_chunk(self) -> dict[str, Any]:
@@ -224,13 +317,27 @@ class ChatBuilder(ResponseBuilder):
         choices = []
         for index in sorted(self.choices):
             choice = self.choices[index]
+            message = ChatResponseMessage(content="".join(choice.text))
+            finish_reason = choice.finish_reason
+            if index in self.tool_streams:
+                message.content, message.tool_calls, finish_reason = \
+                    self.tool_streams[index].result(finish_reason)
             choices.append(ChatChoice(
-                index=index, message=ChatResponseMessage(content="".join(choice.text)),
+                index=index, message=message,
                 logprobs=ChatLogprobs(content=choice.chat_logprobs) if self.logprobs else None,
-                finish_reason=choice.finish_reason, stop_reason=choice.stop_reason))
+                finish_reason=finish_reason, stop_reason=choice.stop_reason))
         body = ChatCompletionResponse(id=self.request_id, created=self.created,
                                       model=self.model, choices=choices, usage=self.usage())
         return body.model_dump(mode="json")
+
+
+def drop_nones(value: Any) -> Any:
+    """Leave out null fields, in nested tool-call deltas too, as vLLM's chunks do."""
+    if isinstance(value, dict):
+        return {k: drop_nones(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [drop_nones(v) for v in value]
+    return value
 
 
 def consume_event(builder: ResponseBuilder, event: ChoiceEvent) -> None:

@@ -15,10 +15,17 @@ from collections.abc import Sequence
 
 import uvicorn
 
-from engine.config import KV_CACHE_DTYPES, POLICIES, QUANTIZATION_MODES, EngineConfig
+from engine.config import (
+    KV_CACHE_DTYPES,
+    POLICIES,
+    QUANTIZATION_MODES,
+    SCHEDULING_POLICIES,
+    EngineConfig,
+)
 from engine.planner.cli import add_plan_flags, run_plan
 from engine.request_limits import RequestCaps
 from server.app import create_app
+from server.cors import add_cors_flags, cors_settings
 from server.http_limits import timed_h11_protocol
 from server.settings import ServerSettings
 from server.shutdown import DrainingServer
@@ -92,6 +99,10 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
                             "blocks, the GGUF's own), auto (the fastest mode that passes the "
                             "quality gate: int4 on an AVX2 CPU) or none (fp32, token-for-token "
                             "equal to transformers; default). CUDA keeps bf16/fp16")
+    group.add_argument("--scheduling-policy", choices=SCHEDULING_POLICIES,
+                       default=engine_default("scheduling_policy"),
+                       help="priority: the waiting queue by (request priority, arrival), "
+                            "lower first; preemption takes the lowest priority first")
 
 
 def add_limit_flags(parser: argparse.ArgumentParser) -> None:
@@ -128,6 +139,7 @@ def add_limit_flags(parser: argparse.ArgumentParser) -> None:
 
 def add_server_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("server")
+    add_cors_flags(group)
     group.add_argument("--host", default="127.0.0.1", help="address to bind")
     group.add_argument("--port", type=int, default=8000, help="port to bind")
     group.add_argument("--served-model-name", default=None,
@@ -194,7 +206,8 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         watermark=args.watermark, enable_prefix_caching=args.enable_prefix_caching,
         dtype=args.dtype, device=args.device, attention_backend=args.attention_backend,
         seed=args.seed, enforce_eager=args.enforce_eager, request_caps=request_caps(args),
-        kv_cache_dtype=args.kv_cache_dtype, quantization=args.quantization)
+        kv_cache_dtype=args.kv_cache_dtype, quantization=args.quantization,
+        scheduling_policy=args.scheduling_policy)
 
 
 def request_caps(args: argparse.Namespace) -> RequestCaps:
@@ -207,7 +220,7 @@ def server_settings(args: argparse.Namespace) -> ServerSettings:
         max_num_queued_reqs=args.max_num_queued_reqs, shutdown_timeout=args.shutdown_timeout,
         log_requests_text=args.log_requests_text, url=f"http://{args.host}:{args.port}",
         debug_endpoints=os.environ.get("PAGODE_DEBUG_ENDPOINTS") == "1",
-        profile_steps=args.profile_steps,
+        profile_steps=args.profile_steps, cors=cors_settings(args),
         **{name: getattr(args, name) for name in CONNECTION_SETTINGS})
 
 

@@ -15,6 +15,7 @@ from engine.outputs import StreamDelta
 from engine.request_limits import RequestLimits
 from engine.sampling_params import SamplingParams
 from engine.stats import EngineStats, StepStats
+from engine.structured_output import StructuredOutputSpec
 
 
 class EngineClient(Protocol):
@@ -47,5 +48,7 @@ class EngineClient(Protocol):
                             extra: dict[str, Callable[[], float]] | None = None) -> None: ...
 
     def describe(self) -> dict[str, Any]: ...
+
+    def compile_grammar(self, spec: StructuredOutputSpec) -> None: ...
 
     def kill_loop_for_testing(self) -> None: ...

@@ -79,15 +79,23 @@ def message_dicts(messages: list[ChatMessage]) -> list[dict[str, Any]]:
 def render_chat(tokenizer: Any, encoder: PlainTextEncoder, messages: list[ChatMessage],
                 limits: RequestLimits, add_generation_prompt: bool = True,
                 continue_final_message: bool = False) -> PromptInput:
+    """Render with the model's chat template (see render_message_dicts)."""
+    return render_message_dicts(tokenizer, encoder, message_dicts(messages), limits,
+                                add_generation_prompt, continue_final_message)
+
+
+def render_message_dicts(tokenizer: Any, encoder: PlainTextEncoder, dicts: list[dict[str, Any]],
+                         limits: RequestLimits, add_generation_prompt: bool = True,
+                         continue_final_message: bool = False,
+                         **template_kwargs: Any) -> PromptInput:
     """Render with the model's chat template. The template already writes the special
     tokens, so the text is encoded without adding them a second time; message content is
     encoded as plain text (server/user_text.py)."""
     if not getattr(tokenizer, "chat_template", None):
         raise bad_request("this model has no chat template; use /v1/completions", "messages")
-    dicts = message_dicts(messages)
     check_prompt_chars("".join(str(m["content"]) for m in dicts), limits, "messages")
     options = {"add_generation_prompt": add_generation_prompt and not continue_final_message,
-               "continue_final_message": continue_final_message}
+               "continue_final_message": continue_final_message, **template_kwargs}
     try:
         text = tokenizer.apply_chat_template(dicts, tokenize=False, **options)
         ids = encode_chat(tokenizer, encoder, dicts, text, **options)

@@ -99,15 +99,148 @@ class SamplingFields(OpenAIModel):
         return bool(self.stream_options and self.stream_options.include_usage)
 
 
+# ---- structured outputs, tools and priority (issue 11) ------------------------------------
+# Request fields that real clients send: OpenAI's response_format and tools, vLLM's
+# structured_outputs object and its older guided_* aliases, and vLLM's priority.
+
+
+class StructuredOutputsParams(OpenAIModel):
+    """vLLM's `structured_outputs`: exactly one of json, regex, choice, grammar, json_object,
+    structural_tag, plus whitespace options."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    json_schema: dict[str, Any] | str | bool | None = Field(default=None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    structural_tag: dict[str, Any] | str | None = None
+    # None: pagode's default, single spaces only (so that small models end their JSON).
+    disable_any_whitespace: bool | None = None
+    disable_additional_properties: bool = False
+    whitespace_pattern: str | None = None
+
+
+class JsonSchemaFormat(OpenAIModel):
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    name: str = "response"
+    description: str | None = None
+    json_schema: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(OpenAIModel):
+    type: Literal["text", "json_object", "json_schema", "structural_tag"]
+    json_schema: JsonSchemaFormat | None = None
+    format: dict[str, Any] | None = None  # structural_tag's body, as vLLM takes it
+
+    @model_validator(mode="after")
+    def check_schema(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("response_format of type json_schema needs a json_schema object")
+        return self
+
+
+class StructuredFields(OpenAIModel):
+    """What both endpoints accept to constrain the output, and the request's priority."""
+
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsParams | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_whitespace_pattern: str | None = None
+    priority: StrictInt = 0
+
+
+class FunctionDefinition(OpenAIModel):
+    name: Annotated[str, Field(min_length=1)]
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolDefinition(OpenAIModel):
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class NamedFunction(OpenAIModel):
+    name: str
+
+
+class NamedToolChoice(OpenAIModel):
+    type: Literal["function"] = "function"
+    function: NamedFunction
+
+
+class FunctionCall(OpenAIModel):
+    name: str
+    arguments: str = "{}"
+
+
+class ToolCall(OpenAIModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ToolFields(OpenAIModel):
+    """Chat's tools: the definitions, which may be called, and whether several at once."""
+
+    tools: list[ToolDefinition] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
+
+    @model_validator(mode="after")
+    def check_tools(self) -> ToolFields:
+        if self.tools is not None and not self.tools:
+            raise ValueError("tools must not be empty; leave it out instead")
+        if self.tool_choice not in (None, "none") and not self.tools:
+            raise ValueError("tool_choice needs tools")
+        if isinstance(self.tool_choice, NamedToolChoice):
+            names = {t.function.name for t in self.tools or []}
+            if self.tool_choice.function.name not in names:
+                raise ValueError(f"tool_choice names {self.tool_choice.function.name!r}, "
+                                 f"which is not among the tools {sorted(names)}")
+        return self
+
+    def effective_tool_choice(self) -> str | NamedToolChoice:
+        if self.tool_choice is not None:
+            return self.tool_choice
+        return "auto" if self.tools else "none"
+
+
 Prompt = (str | Annotated[list[str], Field(fail_fast=True)] | TokenIds
           | Annotated[list[TokenIds], Field(fail_fast=True)])
 
 
-class CompletionRequest(SamplingFields):
+class CompletionRequest(SamplingFields, StructuredFields):
     prompt: Prompt
-    max_tokens: PositiveInt | None = 16
-    echo: bool = False
+    echo: bool = False  # before max_tokens, whose check reads it
+    max_tokens: NonNegativeInt | None = 16  # 0 only with echo (scoring the prompt)
     logprobs: Annotated[int, Field(strict=True, ge=0, le=MAX_LOGPROBS)] | None = None
+    prompt_logprobs: Annotated[int, Field(strict=True, ge=0, le=MAX_LOGPROBS)] | None = None
+
+    @field_validator("max_tokens")
+    @classmethod
+    def check_max_tokens(cls, max_tokens: int | None, info: ValidationInfo) -> int | None:
+        if max_tokens == 0 and not info.data.get("echo", False):
+            raise ValueError("max_tokens must be at least 1, or 0 together with echo")
+        return max_tokens
+
+    @model_validator(mode="after")
+    def check_scoring(self) -> CompletionRequest:
+        if self.prompt_logprobs is not None and self.stream:
+            raise ValueError("prompt_logprobs is not available when streaming")
+        return self
+
+    def wanted_prompt_logprobs(self) -> int | None:
+        """vLLM: echo with logprobs returns the prompt's logprobs too."""
+        if self.prompt_logprobs is not None:
+            return self.prompt_logprobs
+        return self.logprobs if self.echo else None
 
 
 class TextPart(OpenAIModel):
@@ -119,9 +252,11 @@ class ChatMessage(OpenAIModel):
     role: str
     content: str | Annotated[list[TextPart], Field(fail_fast=True)] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = None  # role "tool": which call this answers
 
 
-class ChatCompletionRequest(SamplingFields):
+class ChatCompletionRequest(SamplingFields, StructuredFields, ToolFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1, fail_fast=True)]
     max_tokens: PositiveInt | None = None
     max_completion_tokens: PositiveInt | None = None
@@ -163,10 +298,15 @@ def now() -> int:
     return int(time.time())
 
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = 0
+
+
 class UsageInfo(BaseModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
+    prompt_tokens_details: PromptTokensDetails | None = None
 
 
 class CompletionLogprobs(BaseModel):
@@ -182,6 +322,8 @@ class CompletionChoice(BaseModel):
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: str | int | None = None
+    # vLLM's: [None, {token_id: {"logprob", "rank", "decoded_token"}}, ...]
+    prompt_logprobs: list[dict[str, dict[str, Any]] | None] | None = None
 
 
 class CompletionResponse(BaseModel):
@@ -210,6 +352,19 @@ class ChatLogprobs(BaseModel):
 class ChatResponseMessage(BaseModel):
     role: str = "assistant"
     content: str | None = None
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+
+
+class DeltaFunctionCall(BaseModel):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class DeltaToolCall(BaseModel):
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: DeltaFunctionCall
 
 
 class ChatChoice(BaseModel):
@@ -232,6 +387,7 @@ class ChatCompletionResponse(BaseModel):
 class DeltaMessage(BaseModel):
     role: str | None = None
     content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
 
 class ChatStreamChoice(BaseModel):

@@ -4,8 +4,6 @@ and the start of the response. The checks themselves live in server/validation.p
 
 from __future__ import annotations
 
-import uuid
-
 from fastapi import Request
 from fastapi.responses import Response
 
@@ -23,10 +21,6 @@ def get_state(request: Request) -> ServerState:
     return state
 
 
-def new_request_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex}"
-
-
 def check_model(state: ServerState, model: str | None) -> None:
     """Accept the served name (or the engine's own); anything else is a 404."""
     names = {state.served_model_name}
@@ -39,6 +33,7 @@ def check_model(state: ServerState, model: str | None) -> None:
 async def respond(state: ServerState, request: Request, body: SamplingFields,
                   subs: list[SubRequest], builder: ResponseBuilder) -> Response:
     stream = state.start_generation(subs)
+    builder.continuous_usage = bool(body.stream_options and body.stream_options.continuous_usage_stats)
     if body.stream:
         return stream_response(state, stream, builder, body.include_usage())
     return await full_response(state, request, stream, builder)

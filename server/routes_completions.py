@@ -7,11 +7,12 @@ from fastapi.responses import Response
 
 from server.body import openapi_body, parse_body
 from server.builders import CompletionBuilder
-from server.errors import bad_request
 from server.offload import run_blocking
 from server.prompts import PromptInput, check_prompt_items, encode_prompts, split_prompts
 from server.protocol import CompletionRequest
-from server.routes_common import check_model, get_state, new_request_id, respond
+from server.request_ids import echo_request_id, request_id_for
+from server.routes_common import check_model, get_state, respond
+from server.structured import compile_spec, constrain, spec_from_request
 from server.validation import check_fields, checked_fan_out, fan_out
 
 router = APIRouter()
@@ -23,22 +24,25 @@ async def create_completion(request: Request) -> Response:
     body = await parse_body(request, CompletionRequest, state.settings)
     engine = state.require_engine()
     check_model(state, body.model)
-    request_id = new_request_id("cmpl")
+    request_id, client_id = request_id_for(request, "cmpl")
     check_fields(request_id, body)
-    if body.echo and body.logprobs is not None:
-        # Prompt logprobs would need a prefill that scores the prompt; the engine does not.
-        raise bad_request("echo together with logprobs is not supported", "echo")
     items = split_prompts(body.prompt)
     checked_fan_out(len(items), body.n, engine.limits)
     check_prompt_items(items, engine.limits)
     prompts = await run_blocking(encode_prompts, engine.tokenizer, items)
+    spec = spec_from_request(body)
+    await compile_spec(engine, spec)
 
     def max_tokens_for(prompt: PromptInput) -> int | None:
-        # An explicit null means "up to the context" (check_prompt resolves it).
-        return body.max_tokens
+        # An explicit null means "up to the context" (check_prompt resolves it); 0 (echo):
+        # one token is computed, none is returned.
+        return None if body.max_tokens is None else body.max_tokens or 1
 
     subs = fan_out(request_id, prompts, body, max_tokens_for, body.logprobs,
                    state.settings.log_requests_text, engine.limits)
+    constrain(engine, subs, spec, body.priority, body.wanted_prompt_logprobs())
     builder = CompletionBuilder(request_id, state.served_model_name, prompts, body.n,
                                 body.echo, body.logprobs)
-    return await respond(state, request, body, subs, builder)
+    builder.score_prompt(body.max_tokens == 0, body.prompt_logprobs is not None,
+                         lambda t: str(engine.tokenizer.decode([t])))
+    return echo_request_id(await respond(state, request, body, subs, builder), client_id)

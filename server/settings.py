@@ -3,7 +3,7 @@ engine.config.EngineConfig)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -26,6 +26,7 @@ class ServerSettings:
     limit_concurrency: int = 1024  # open connections + tasks; past it uvicorn answers 503
     timeout_keep_alive_s: float = 5.0  # idle keep-alive connections are closed after this
     profile_steps: int = 0  # log where the time of every N engine steps goes (0: off)
+    cors: dict[str, object] = field(default_factory=dict)  # CORSMiddleware's arguments; {}: off
 
     def __post_init__(self) -> None:
         if self.max_num_queued_reqs is not None and self.max_num_queued_reqs < 0:

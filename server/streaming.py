@@ -59,6 +59,8 @@ async def sse_events(stream: ChoiceStream, builder: ResponseBuilder, include_usa
                 break
             start = time.perf_counter()
             chunk = builder.chunk(event)
+            if chunk is not None and builder.continuous_usage:  # stream_options.continuous_usage_stats
+                chunk["usage"] = builder.usage().model_dump(mode="json")
             data = None if chunk is None else to_json(chunk)
             guard.state.encode_seconds += time.perf_counter() - start
             if data is not None:

@@ -30,3 +30,27 @@ def hf_reference(default_model_path: str) -> Iterator[torch.nn.Module]:
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
     model.eval()
     yield model
+
+
+@pytest.fixture(scope="session")
+def small_llm():  # type: ignore[no-untyped-def]
+    """One small engine for the tests that need a tight cache (preemption), priorities or a
+    small token budget: 11 KV blocks of 16, scheduling policy "priority" (all-zero
+    priorities behave as fcfs). Tests change max_num_seqs / the token budget through
+    `overrides` and put them back."""
+    from engine import LLM
+
+    return LLM(kv_cache_memory="8MiB", max_model_len=128, scheduling_policy="priority")
+
+
+@pytest.fixture
+def overrides(small_llm):  # type: ignore[no-untyped-def]
+    config = small_llm.engine.config
+    saved = dict(vars(config))
+
+    def apply(**fields: object) -> None:
+        for name, value in fields.items():
+            setattr(config, name, value)
+
+    yield apply
+    vars(config).update(saved)

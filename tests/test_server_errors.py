@@ -75,8 +75,6 @@ BAD_REQUESTS: list[tuple[str, str, Any, int, str | None]] = [
      "stream_options"),
     ("logit-bias-bad-key", COMPLETIONS, {"prompt": "a", "logit_bias": {"abc": 1}}, 400,
      "logit_bias"),
-    ("echo-with-logprobs", COMPLETIONS, {"prompt": "a", "echo": True, "logprobs": 1}, 400,
-     "echo"),
     ("unknown-model", COMPLETIONS, {"prompt": "a", "model": "gpt-17"}, 404, "model"),
     ("unknown-model-chat", CHAT, {"messages": MESSAGES, "model": "gpt-17"}, 404, "model"),
     ("tokenize-neither", "/tokenize", {"add_special_tokens": True}, 400, None),

@@ -1,0 +1,96 @@
+"""Compiling specs into xgrammar grammars, behind an LRU cache keyed by the spec.
+
+Compiling a large JSON schema takes milliseconds to seconds, so the server compiles a
+request's spec in a worker thread before the request reaches the engine (a bad spec is a
+400 then); the engine's own compile is a cache hit. One lock serialises compilations: the
+server's threads and the engine's worker thread share the cache.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from typing import Any
+
+from engine.errors import InvalidRequestError
+from engine.structured_output.spec import StructuredOutputSpec
+
+DEFAULT_CACHE_SIZE = 256
+
+
+class StructuredOutputError(InvalidRequestError):
+    """The spec cannot be compiled into a grammar (HTTP 400, with xgrammar's reason)."""
+
+
+class GrammarCache:
+    def __init__(self, tokenizer_info: Any, max_entries: int = DEFAULT_CACHE_SIZE,
+                 max_threads: int = 2) -> None:
+        import xgrammar as xgr
+
+        self._compiler = xgr.GrammarCompiler(tokenizer_info, max_threads=max_threads,
+                                             cache_enabled=False)
+        self._cache: OrderedDict[tuple[str, str, bool], Any] = OrderedDict()
+        self._max_entries = max_entries
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    def compile(self, spec: StructuredOutputSpec) -> Any:
+        """The xgrammar CompiledGrammar of spec; raises StructuredOutputError."""
+        with self._lock:
+            compiled = self._cache.get(spec.key)
+            if compiled is not None:
+                self._cache.move_to_end(spec.key)
+                self.hits += 1
+                return compiled
+            self.misses += 1
+            compiled = self._compile_uncached(spec)
+            self._cache[spec.key] = compiled
+            if len(self._cache) > self._max_entries:
+                self._cache.popitem(last=False)
+            return compiled
+
+    def __len__(self) -> int:
+        return len(self._cache)
+
+    def _compile_uncached(self, spec: StructuredOutputSpec) -> Any:
+        try:
+            return compile_with(self._compiler, spec)
+        except StructuredOutputError:
+            raise
+        except Exception as exc:  # xgrammar raises RuntimeError/ValueError with the reason
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise StructuredOutputError(f"cannot compile the {describe(spec)}: {reason}",
+                                        "structured_outputs") from exc
+
+
+def compile_with(compiler: Any, spec: StructuredOutputSpec) -> Any:
+    ws = spec.any_whitespace
+    if spec.kind == "json":
+        return compiler.compile_json_schema(spec.text, any_whitespace=ws, strict_mode=True)
+    if spec.kind == "json_object":
+        return compiler.compile_json_schema('{"type": "object"}', any_whitespace=ws)
+    if spec.kind == "regex":
+        return compiler.compile_regex(spec.text)
+    if spec.kind == "choice":
+        return compiler.compile_grammar(choice_grammar(json.loads(spec.text)))
+    if spec.kind == "grammar":
+        return compiler.compile_grammar(spec.text)
+    if spec.kind == "structural_tag":
+        return compiler.compile_structural_tag(spec.text)
+    raise StructuredOutputError(f"unknown structured output kind {spec.kind!r}",
+                                "structured_outputs")
+
+
+def choice_grammar(choices: list[str]) -> str:
+    """EBNF whose language is exactly the given strings."""
+    if not choices:
+        raise StructuredOutputError("choice needs at least one string", "structured_outputs")
+    return "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)
+
+
+def describe(spec: StructuredOutputSpec) -> str:
+    return {"json": "JSON schema", "json_object": "JSON object grammar", "regex": "regex",
+            "choice": "choice list", "grammar": "grammar",
+            "structural_tag": "structural tag"}[spec.kind]

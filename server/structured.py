@@ -1,0 +1,140 @@
+"""From a request's constraint fields to the engine's StructuredOutputSpec, compiled before
+the request reaches the engine.
+
+Precedence, as vLLM: `response_format` (when not "text") wins over `structured_outputs`,
+which wins over the older `guided_*` aliases. Within one of them exactly one kind may be
+given. Compilation runs in a worker thread (a large schema can take a while), fills the
+engine's grammar cache, and turns an uncompilable spec into a 400 that says why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from engine.structured_output import StructuredOutputError, StructuredOutputSpec
+from server.engine_client import EngineClient
+from server.errors import bad_request
+from server.generation import SubRequest
+from server.protocol import ResponseFormat, StructuredFields, StructuredOutputsParams
+
+
+def spec_from_request(body: StructuredFields) -> StructuredOutputSpec | None:
+    if body.response_format is not None and body.response_format.type != "text":
+        return spec_from_response_format(body.response_format)
+    if body.structured_outputs is not None:
+        return spec_from_structured_outputs(body.structured_outputs)
+    return spec_from_guided(body)
+
+
+def spec_from_response_format(fmt: ResponseFormat) -> StructuredOutputSpec:
+    if fmt.type == "json_object":
+        return StructuredOutputSpec.json_object()
+    if fmt.type == "structural_tag":
+        if fmt.format is None:
+            raise bad_request("response_format of type structural_tag needs a format",
+                              "response_format")
+        return StructuredOutputSpec.structural_tag(fmt.format)
+    assert fmt.json_schema is not None  # checked by the model
+    schema = fmt.json_schema.json_schema
+    if schema is None:
+        return StructuredOutputSpec.json_object()
+    return StructuredOutputSpec.json_schema(schema)
+
+
+def spec_from_structured_outputs(params: StructuredOutputsParams) -> StructuredOutputSpec:
+    given = {name: value for name, value in (
+        ("json", params.json_schema), ("regex", params.regex), ("choice", params.choice),
+        ("grammar", params.grammar), ("json_object", params.json_object or None),
+        ("structural_tag", params.structural_tag)) if value is not None}
+    if len(given) != 1:
+        raise bad_request("structured_outputs needs exactly one of json, regex, choice, grammar, "
+                          f"json_object, structural_tag; got {sorted(given) or 'none'}",
+                          "structured_outputs")
+    any_ws = params.disable_any_whitespace is False or params.whitespace_pattern is not None
+    (kind, value), = given.items()
+    if kind == "json":
+        schema = load_schema(value, "structured_outputs")
+        if params.disable_additional_properties and isinstance(schema, dict):
+            schema = close_objects(schema)
+        return StructuredOutputSpec.json_schema(schema, any_ws)
+    if kind == "json_object":
+        return StructuredOutputSpec.json_object(any_ws)
+    return build_simple(kind, value)
+
+
+def spec_from_guided(body: StructuredFields) -> StructuredOutputSpec | None:
+    given = {name: value for name, value in (
+        ("json", body.guided_json), ("regex", body.guided_regex),
+        ("choice", body.guided_choice), ("grammar", body.guided_grammar)) if value is not None}
+    if not given:
+        return None
+    if len(given) > 1:
+        raise bad_request(f"give one guided_* field, not {sorted('guided_' + k for k in given)}",
+                          "guided_" + sorted(given)[0])
+    (kind, value), = given.items()
+    if kind == "json":
+        return StructuredOutputSpec.json_schema(load_schema(value, "guided_json"),
+                                                body.guided_whitespace_pattern is not None)
+    return build_simple(kind, value)
+
+
+def build_simple(kind: str, value: Any) -> StructuredOutputSpec:
+    if kind == "regex":
+        return StructuredOutputSpec.regex(value)
+    if kind == "choice":
+        if not value:
+            raise bad_request("choice needs at least one string", "structured_outputs")
+        return StructuredOutputSpec.choice(value)
+    if kind == "grammar":
+        return StructuredOutputSpec.grammar(value)
+    return StructuredOutputSpec.structural_tag(value)
+
+
+def load_schema(value: Any, param: str) -> dict[str, Any] | bool:
+    if isinstance(value, str):
+        import json
+
+        try:
+            value = json.loads(value)
+        except ValueError as exc:
+            raise bad_request(f"the JSON schema is not valid JSON: {exc}", param) from exc
+    if not isinstance(value, dict | bool):
+        raise bad_request("a JSON schema must be an object", param)
+    return value
+
+
+def close_objects(schema: dict[str, Any]) -> dict[str, Any]:
+    """additionalProperties: false on every object schema that does not say otherwise."""
+    def visit(node: Any) -> Any:
+        if isinstance(node, dict):
+            node = {k: visit(v) for k, v in node.items()}
+            if node.get("type") == "object" and "additionalProperties" not in node:
+                node["additionalProperties"] = False
+            return node
+        if isinstance(node, list):
+            return [visit(v) for v in node]
+        return node
+    return dict(visit(schema))
+
+
+async def compile_spec(engine: EngineClient, spec: StructuredOutputSpec | None) -> None:
+    """Compile in a worker thread; 400 with the compiler's reason if it cannot."""
+    if spec is None:
+        return
+    try:
+        await asyncio.to_thread(engine.compile_grammar, spec)
+    except StructuredOutputError as exc:
+        raise bad_request(str(exc), exc.param) from exc
+
+
+def constrain(engine: EngineClient, subs: list[SubRequest], spec: StructuredOutputSpec | None,
+              priority: int, prompt_logprobs: int | None = None) -> None:
+    """Hand the spec, the priority and prompt_logprobs to every sub-request's parameters."""
+    if priority != 0 and engine.config.scheduling_policy != "priority":
+        raise bad_request("priority is only honoured with --scheduling-policy priority; "
+                          "leave it at 0", "priority")
+    for sub in subs:
+        sub.params.structured_outputs = spec
+        sub.params.priority = priority
+        sub.params.prompt_logprobs = prompt_logprobs
