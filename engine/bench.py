@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from engine.config import QUANTIZATION_MODES, EngineConfig
 from engine.llm import LLM
 from engine.outputs import RequestTimes
 from engine.sampling_params import SamplingParams
@@ -124,6 +125,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-num-batched-tokens", type=int, default=None)
     ap.add_argument("--policy", default="paged")
     ap.add_argument("--kv-cache-dtype", default="auto", help="auto, fp32, fp16 or bf16")
+    ap.add_argument("--quantization", default=EngineConfig.quantization,
+                    choices=QUANTIZATION_MODES, help="linear-layer weights: auto, none, int8 or int4")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--json", default=None, help="write the results here")
@@ -132,7 +135,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.manual_seed(args.seed)
     llm = LLM(model=args.model, kv_cache_memory=args.kv_cache_memory, max_num_seqs=args.max_num_seqs,
               max_num_batched_tokens=args.max_num_batched_tokens, policy=args.policy, max_model_len=1024,
-              kv_cache_dtype=args.kv_cache_dtype)
+              kv_cache_dtype=args.kv_cache_dtype, quantization=args.quantization)
     rng = random.Random(args.seed)
     lo_in, hi_in = parse_range(args.input_len)
     lo_out, hi_out = parse_range(args.output_len)
