@@ -151,7 +151,12 @@ def summarize(
     records: Sequence[RequestRecord], duration: float, slo: SLO | None = None,
     percentiles: Sequence[float] = PERCENTILES,
 ) -> dict[str, Any]:
-    """The report of one run: counts, throughputs and latency distributions."""
+    """The report of one run: counts, throughputs and latency distributions.
+
+    The distributions always carry p50 and p99 (the tables and plots use them) beside the
+    requested `percentiles`; the vLLM-named keys carry exactly the requested ones."""
+    requested = percentiles
+    percentiles = tuple(sorted(set(percentiles) | {50.0, 99.0}))
     ok = [r for r in records if r.success]
     input_tokens = sum(r.prompt_tokens if r.prompt_tokens is not None else r.prompt_len for r in ok)
     output_tokens = sum(r.counted_output_tokens for r in ok)
@@ -181,5 +186,5 @@ def summarize(
         summary["slo"] = slo.to_json()
         summary["good_requests"] = good
         summary["goodput"] = good * per_s
-    summary["vllm"] = vllm_keys(summary, percentiles)
+    summary["vllm"] = vllm_keys(summary, requested)
     return summary

@@ -38,7 +38,7 @@ class Grid:
     def for_device(cls, device: str) -> Grid:
         if device == "cuda":
             return cls((1, 8, 32, 128, 256), (128, 1024), (128, 512, 2048), 4)
-        return cls((1, 8, 32, 96), (32, 256), (64, 256, 512), 3)
+        return cls((1, 8, 32, 64), (32, 192), (64, 256, 512), 3)
 
     @classmethod
     def quick(cls) -> Grid:
