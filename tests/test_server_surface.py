@@ -177,3 +177,24 @@ async def test_cached_tokens_and_continuous_usage(http: httpx.AsyncClient) -> No
                 usages.append(json.loads(line[6:]).get("usage"))
     assert all(u is not None for u in usages)
     assert [u["completion_tokens"] for u in usages[:3]] == [1, 2, 3]
+
+
+async def test_replies_validate_against_openai_types(http: httpx.AsyncClient) -> None:
+    """The SDK builds its objects without validation; validate the raw bodies here so that
+    the shapes cannot drift from the openai package's types."""
+    from openai.types import Completion
+    from openai.types.chat import ChatCompletion, ChatCompletionChunk
+
+    body = {"messages": ASK, "tools": TOOLS, "tool_choice": "required", "temperature": 0,
+            "max_tokens": 48}
+    reply = await http.post("/v1/chat/completions", json=body)
+    ChatCompletion.model_validate(reply.json(), strict=False)
+    async with http.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as r:
+        async for line in r.aiter_lines():
+            if line.startswith("data: {"):
+                ChatCompletionChunk.model_validate(json.loads(line[6:]))
+    completion = await http.post("/v1/completions", json={
+        "prompt": "Hi there", "max_tokens": 2, "echo": True, "logprobs": 2})
+    parsed = Completion.model_validate(completion.json())
+    assert parsed.choices[0].logprobs is not None
+    assert parsed.choices[0].logprobs.token_logprobs[0] is None  # type: ignore[index]
