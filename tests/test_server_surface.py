@@ -193,8 +193,10 @@ async def test_replies_validate_against_openai_types(http: httpx.AsyncClient) ->
         async for line in r.aiter_lines():
             if line.startswith("data: {"):
                 ChatCompletionChunk.model_validate(json.loads(line[6:]))
+    # With echo the first prompt token's logprob is null, as in vLLM and as
+    # lm-evaluation-harness reads it; openai's type has no null there, so check without echo.
     completion = await http.post("/v1/completions", json={
-        "prompt": "Hi there", "max_tokens": 2, "echo": True, "logprobs": 2})
+        "prompt": "Hi there", "max_tokens": 2, "logprobs": 2})
     parsed = Completion.model_validate(completion.json())
     assert parsed.choices[0].logprobs is not None
-    assert parsed.choices[0].logprobs.token_logprobs[0] is None  # type: ignore[index]
+    assert len(parsed.choices[0].logprobs.tokens or []) == 2
