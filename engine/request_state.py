@@ -37,8 +37,11 @@ class RequestState:
         """Add a generated token; return the finish reason if this token ends the request."""
         seq, p = self.seq, self.seq.params
         seq.append_token(token_id)
-        if self.grammar is not None and not self.grammar.accept(token_id):
-            raise StructuredOutputError(f"token {token_id} was sampled against the grammar")
+        if self.grammar is not None:
+            if not self.grammar.accept(token_id):
+                raise StructuredOutputError(f"token {token_id} was sampled against the grammar")
+            if self.grammar.is_terminated:  # it took a stop token: done, even with ignore_eos
+                return "stop"
         # A stop token ends the output without its text, as in vLLM.
         if not p.ignore_eos and token_id in self.eos_ids:
             return "stop"

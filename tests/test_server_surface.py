@@ -177,3 +177,27 @@ async def test_cached_tokens_and_continuous_usage(http: httpx.AsyncClient) -> No
                 usages.append(json.loads(line[6:]).get("usage"))
     assert all(u is not None for u in usages)
     assert [u["completion_tokens"] for u in usages[:3]] == [1, 2, 3]
+
+
+async def test_replies_validate_against_openai_types(http: httpx.AsyncClient) -> None:
+    """The SDK builds its objects without validation; validate the raw bodies here so that
+    the shapes cannot drift from the openai package's types."""
+    from openai.types import Completion
+    from openai.types.chat import ChatCompletion, ChatCompletionChunk
+
+    body = {"messages": ASK, "tools": TOOLS, "tool_choice": "required", "temperature": 0,
+            "max_tokens": 24}  # the shapes are checked, not the calls: keep it short
+    reply = await http.post("/v1/chat/completions", json=body)
+    assert reply.status_code == 200, reply.text
+    ChatCompletion.model_validate(reply.json(), strict=False)
+    async with http.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as r:
+        async for line in r.aiter_lines():
+            if line.startswith("data: {"):
+                ChatCompletionChunk.model_validate(json.loads(line[6:]))
+    # With echo the first prompt token's logprob is null, as in vLLM and as
+    # lm-evaluation-harness reads it; openai's type has no null there, so check without echo.
+    completion = await http.post("/v1/completions", json={
+        "prompt": "Hi there", "max_tokens": 2, "logprobs": 2})
+    parsed = Completion.model_validate(completion.json())
+    assert parsed.choices[0].logprobs is not None
+    assert len(parsed.choices[0].logprobs.tokens or []) == 2

@@ -5,7 +5,7 @@ tokens are prefilled (in chunks of the token budget), then decoded for a few ste
 each prefill chunk size P, one more request of P tokens joins, so that step mixes B
 decodes with a prefill chunk. Step times come from the engine's step listeners
 (`StepStats.step_time`: schedule + forward + sampling + post-processing); what each step
-computed comes from `LLMEngine.last_schedule`. Prefix caching is off so that random
+computed comes from the same `StepStats` (`chunks`). Prefix caching is off so that random
 prompts never share blocks. A first request warms the model up and is not recorded.
 """
 
