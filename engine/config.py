@@ -17,6 +17,7 @@ SCHEDULING_POLICIES: tuple[SchedulingPolicy, ...] = ("fcfs", "priority")
 
 KV_CACHE_DTYPES = ("auto", "fp32", "fp16", "bf16")
 QUANTIZATION_MODES = ("auto", "none", "int8", "int4")
+LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")
 
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
 
@@ -73,6 +74,7 @@ class EngineConfig:
     enforce_eager: bool = False  # disable CUDA graphs
     request_caps: RequestCaps = field(default_factory=RequestCaps)  # per-request limits
     kv_cache_dtype: str = "auto"  # auto | fp32 | fp16 | bf16; auto: fp16 on CPU, the model dtype on CUDA
+    logprobs_mode: str = "raw_logprobs"  # or processed_logprobs (after bias, penalties, masks)
     quantization: str = "none"  # auto | none | int8 | int4 (engine/quant/modes.py)
     scheduling_policy: SchedulingPolicy = "fcfs"  # priority: waiting queue by (priority, arrival)
 
@@ -93,6 +95,8 @@ class EngineConfig:
         parse_bytes(self.kv_cache_memory)
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, not {self.kv_cache_dtype!r}")
+        if self.logprobs_mode not in LOGPROBS_MODES:
+            raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES}, not {self.logprobs_mode!r}")
         if self.quantization not in QUANTIZATION_MODES:
             raise ValueError(f"quantization must be one of {QUANTIZATION_MODES}, not {self.quantization!r}")
 

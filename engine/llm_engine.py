@@ -150,11 +150,12 @@ class LLMEngine:
             clock = phases.lap("forward", clock)
             self.scheduler.advance(out)
             states = [self.requests[s.seq.request_id] for s in to_sample]
+            raw = self._unmasked_for_logprobs(logits, states)
             self.structured.apply_masks(logits, [st.grammar for st in states])  # structured outputs
         except Exception as err:  # the batch is lost; its requests fail, the engine goes on
             log.exception("step failed; failing its %d requests", len(out.scheduled))
             return [self._fail(self.requests[s.seq.request_id], err) for s in out.scheduled]
-        picks = self._sample(logits, states)
+        picks = self._sample(logits, states, raw)
         clock = phases.lap("sample", clock)
         deltas = []
         for state, picked in zip(states, picks, strict=True):
@@ -170,7 +171,18 @@ class LLMEngine:
         phases.lap("postprocess", clock)
         return deltas
 
-    def _sample(self, logits: torch.Tensor, states: list[RequestState]) -> list[_Picked | BaseException]:
+    def _unmasked_for_logprobs(self, logits: torch.Tensor,
+                               states: list[RequestState]) -> torch.Tensor | None:
+        """A copy of the logits from before the grammar masks, when raw logprobs are wanted
+        of a constrained row; None otherwise (the common case costs nothing)."""
+        if self.config.logprobs_mode != "raw_logprobs":
+            return None
+        if any(st.grammar is not None and st.seq.params.logprobs is not None for st in states):
+            return logits.clone()
+        return None
+
+    def _sample(self, logits: torch.Tensor, states: list[RequestState],
+                raw: torch.Tensor | None = None) -> list[_Picked | BaseException]:
         """One (token, logprobs) per state; if the batched sample raises, sample row by row
         so that only the rows that raise fail."""
         rows: list[SamplingRow | BaseException] = []
@@ -183,7 +195,7 @@ class LLMEngine:
         picked: list[_Picked | BaseException] = [
             r if isinstance(r, BaseException) else RuntimeError("not sampled") for r in rows]
         try:
-            result = self._sample_rows(logits, rows, good)
+            result = self._sample_rows(logits, rows, good, raw)
             for j, i in enumerate(good):
                 picked[i] = (result.token_ids[j], result.logprobs[j])
             return picked
@@ -191,20 +203,22 @@ class LLMEngine:
             log.warning("batched sampling failed; sampling %d rows one by one", len(good))
         for i in good:
             try:
-                one = self._sample_rows(logits, rows, [i])
+                one = self._sample_rows(logits, rows, [i], raw)
                 picked[i] = (one.token_ids[0], one.logprobs[0])
             except Exception as err:  # noqa: BLE001 - this row alone fails
                 picked[i] = err
         return picked
 
     def _sample_rows(self, logits: torch.Tensor, rows: list[SamplingRow | BaseException],
-                     indices: list[int]) -> SampleResult:
+                     indices: list[int], raw: torch.Tensor | None = None) -> SampleResult:
         if not indices:
             return SampleResult([], [])
         chosen = [rows[i] for i in indices]
         assert all(isinstance(r, SamplingRow) for r in chosen)
-        subset = logits if len(indices) == logits.shape[0] else logits[indices]
-        return self.runner.sample(subset, chosen)  # type: ignore[arg-type]
+        every = len(indices) == logits.shape[0]
+        subset = logits if every else logits[indices]
+        raw_subset = raw if raw is None or every else raw[indices]
+        return self.runner.sample(subset, chosen, raw_subset)  # type: ignore[arg-type]
 
     def _plan_prompt_logprobs(self, out: SchedulerOutput, inputs: Any) -> list[PromptRows]:
         wanted = {rid: len(st.prompt_logprobs) - 1 for rid, st in self.requests.items()

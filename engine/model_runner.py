@@ -36,6 +36,7 @@ class ModelRunner:
         self.device = config.torch_device
         self.dtype = parse_dtype(config.dtype, self.device)
         self.block_size = config.block_size
+        self.logprobs_mode = config.logprobs_mode
         self.model_config = model_config
         self.backend = select_backend(config.attention_backend, self.device)
         self.model: LlamaForCausalLM = load_model(source, model_config, self.backend,
@@ -122,8 +123,9 @@ class ModelRunner:
         return self.model.compute_logits(hidden.index_select(0, index))
 
     @torch.inference_mode()
-    def sample(self, logits: torch.Tensor, rows: list[SamplingRow]) -> SampleResult:
-        return sample(logits, rows)
+    def sample(self, logits: torch.Tensor, rows: list[SamplingRow],
+               raw_logits: torch.Tensor | None = None) -> SampleResult:
+        return sample(logits, rows, self.logprobs_mode, raw_logits)
 
 
 def _every_row_in_order(indices: list[int], num_rows: int) -> bool:

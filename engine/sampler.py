@@ -32,12 +32,23 @@ class SampleResult:
     logprobs: list[tuple[float, list[tuple[int, float]]] | None]  # chosen logprob, top-N
 
 
-def sample(logits: torch.Tensor, rows: list[SamplingRow]) -> SampleResult:
+def sample(logits: torch.Tensor, rows: list[SamplingRow], logprobs_mode: str = "raw_logprobs",
+           raw_logits: torch.Tensor | None = None) -> SampleResult:
+    """Next tokens of `rows`. Logprobs are those of the model's own distribution by default
+    (raw_logprobs, as vLLM V1: before bias, penalties, min_tokens and grammar masks;
+    `raw_logits` holds the logits from before a grammar mask when one was applied), or of
+    the distribution after them (processed_logprobs)."""
     logits = logits.float()
+    wants_logprobs = any(r.params.logprobs is not None for r in rows)
+    source = None
+    if wants_logprobs and logprobs_mode == "raw_logprobs":
+        source = logits if raw_logits is None else raw_logits.float()
     if any(_needs_processing(r) for r in rows):
         logits = logits.clone()
         apply_processors(logits, rows)
-    raw_logprobs = torch.log_softmax(logits, dim=-1) if any(r.params.logprobs is not None for r in rows) else None
+    if wants_logprobs and source is None:
+        source = logits
+    raw_logprobs = None if source is None else torch.log_softmax(source, dim=-1)
     chosen = logits.argmax(dim=-1)
     sampled = [i for i, r in enumerate(rows) if not r.params.greedy]
     if sampled:

@@ -17,6 +17,7 @@ import uvicorn
 
 from engine.config import (
     KV_CACHE_DTYPES,
+    LOGPROBS_MODES,
     POLICIES,
     QUANTIZATION_MODES,
     SCHEDULING_POLICIES,
@@ -99,6 +100,10 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
                             "blocks, the GGUF's own), auto (the fastest mode that passes the "
                             "quality gate: int4 on an AVX2 CPU) or none (fp32, token-for-token "
                             "equal to transformers; default). CUDA keeps bf16/fp16")
+    group.add_argument("--logprobs-mode", choices=LOGPROBS_MODES, default=engine_default("logprobs_mode"),
+                       help="raw_logprobs: of the model's own distribution, before logit_bias, "
+                            "penalties and grammar masks (vLLM V1's default); processed_logprobs: "
+                            "after them")
     group.add_argument("--scheduling-policy", choices=SCHEDULING_POLICIES,
                        default=engine_default("scheduling_policy"),
                        help="priority: the waiting queue by (request priority, arrival), "
@@ -207,7 +212,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         dtype=args.dtype, device=args.device, attention_backend=args.attention_backend,
         seed=args.seed, enforce_eager=args.enforce_eager, request_caps=request_caps(args),
         kv_cache_dtype=args.kv_cache_dtype, quantization=args.quantization,
-        scheduling_policy=args.scheduling_policy)
+        scheduling_policy=args.scheduling_policy, logprobs_mode=args.logprobs_mode)
 
 
 def request_caps(args: argparse.Namespace) -> RequestCaps:

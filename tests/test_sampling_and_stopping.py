@@ -120,11 +120,17 @@ def test_penalties_and_bias_follow_their_definitions() -> None:
     params = SamplingParams(temperature=0, repetition_penalty=2.0, presence_penalty=0.5,
                             frequency_penalty=0.25, logit_bias={2: 10.0}, logprobs=4)
     row = SamplingRow(params, prompt_ids=[0], output_ids=[3, 3], generator=None, blocked_ids=[])
-    result = sample(logits, [row])
+    result = sample(logits, [row], "processed_logprobs")
     expected = torch.tensor([2.0 / 2.0, -1.0, 0.5 + 10.0, 3.0 / 2.0 - 0.5 - 0.25 * 2])
     assert result.token_ids == [2]
     top = dict((i, v) for i, v in result.logprobs[0][1])  # type: ignore[index]
     torch.testing.assert_close(torch.tensor([top[i] for i in range(4)]), torch.log_softmax(expected, 0))
+    # By default (raw_logprobs, as vLLM V1) logprobs are the model's own, before any processing,
+    # while the token is still chosen from the processed logits.
+    raw = sample(logits, [row])
+    assert raw.token_ids == [2]
+    top = dict((i, v) for i, v in raw.logprobs[0][1])  # type: ignore[index]
+    torch.testing.assert_close(torch.tensor([top[i] for i in range(4)]), torch.log_softmax(logits[0], 0))
 
 
 def test_top_k_top_p_min_p_restrict_the_support() -> None:
