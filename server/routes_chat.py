@@ -25,6 +25,7 @@ async def create_chat_completion(request: Request) -> Response:
     request_id = new_request_id("chatcmpl")
     check_fields(request_id, body)
     checked_fan_out(1, body.n, engine.limits)
+    state.refuse_if_full(body.n)
     prompt = await run_blocking(render_chat, engine.tokenizer, state.text_encoder, body.messages,
                                 engine.limits, body.add_generation_prompt,
                                 body.continue_final_message)

@@ -31,6 +31,7 @@ async def create_completion(request: Request) -> Response:
     items = split_prompts(body.prompt)
     checked_fan_out(len(items), body.n, engine.limits)
     check_prompt_items(items, engine.limits)
+    state.refuse_if_full(len(items) * body.n)
     prompts = await run_blocking(encode_prompts, engine.tokenizer, items)
 
     def max_tokens_for(prompt: PromptInput) -> int | None:
