@@ -28,6 +28,7 @@ async def create_chat_completion(request: Request) -> Response:
     request_id, client_id = request_id_for(request, "chatcmpl")
     check_fields(request_id, body)
     checked_fan_out(1, body.n, engine.limits)
+    state.refuse_if_full(body.n)
     if uses_tools(body):
         prompt = await run_blocking(render_chat_with_tools, engine.tokenizer, state.text_encoder,
                                     body, engine.limits)

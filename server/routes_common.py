@@ -1,6 +1,7 @@
 """What the completions and chat routes share: the checks every generation request goes
-through, in the order clients expect (400 for a malformed body, 503, 404, 400, then 429),
-and the start of the response. The checks themselves live in server/validation.py."""
+through, in the order clients expect (400 for a malformed body, 503, 404, 400, then 429;
+a full queue is refused before tokenizing, after the cheap checks), and the start of the
+response. The checks themselves live in server/validation.py."""
 
 from __future__ import annotations
 

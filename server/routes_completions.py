@@ -29,6 +29,7 @@ async def create_completion(request: Request) -> Response:
     items = split_prompts(body.prompt)
     checked_fan_out(len(items), body.n, engine.limits)
     check_prompt_items(items, engine.limits)
+    state.refuse_if_full(len(items) * body.n)
     prompts = await run_blocking(encode_prompts, engine.tokenizer, items)
     spec = spec_from_request(body)
     await compile_spec(engine, spec)

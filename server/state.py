@@ -144,6 +144,15 @@ class ServerState:
         assert self.engine is not None
         return self.engine
 
+    def refuse_if_full(self, num_seqs: int) -> None:
+        """A 429 before tokenizing, when the queue is already full: under a flood the
+        refusal costs a parse, not a trip through the worker pool. start_generation takes
+        the slots for real (no await between its check and its take)."""
+        if self.admission.is_full(num_seqs):
+            assert self.metrics is not None
+            self.metrics.reject("queue_full")
+            self.admission.admit(num_seqs)  # raises the 429 with Retry-After
+
     def start_generation(self, subs: list[SubRequest]) -> ChoiceStream:
         """Admit the sub-requests (429 when the queue is full) and start them."""
         assert self.generation is not None and self.metrics is not None

@@ -30,6 +30,8 @@ FLOOD_SECONDS = float(os.environ.get("PAGODE_FLOOD_SECONDS", "60"))
 OVERLOAD = 10.0
 MAX_IN_FLIGHT = 64
 WARM_UP = 8  # requests at once: the batch (4) and part of the queue (11)
+# The target for a refusal under flood; a loaded shared machine can override it.
+P99_429_LIMIT_S = float(os.environ.get("PAGODE_FLOOD_P99_MS", "50")) / 1000
 TIMEOUTS = ["--header-timeout", "2", "--body-timeout", "2", "--sse-send-timeout", "2"]
 FLOOD_ARGS = ["--kv-cache-memory", "64MiB", "--max-model-len", "256", "--max-num-seqs", "4",
               "--disable-access-log", *TIMEOUTS]
@@ -143,7 +145,7 @@ async def test_flood_at_ten_times_capacity(small: ServerProcess) -> None:
     assert result.statuses.get(429, 0) > 0 and result.statuses.get(200, 0) > 0, summary
     assert result.retry_after == {"1"}, summary
     assert not result.incomplete, result.incomplete[:3]
-    assert p99 < 0.05, summary
+    assert p99 < P99_429_LIMIT_S, summary
     assert abs(rss_after - rss_warm) <= 0.10 * rss_warm, summary
     for name in ("num_requests_running", "num_requests_waiting", "num_requests_queued",
                  "kv_cache_usage_perc"):
