@@ -183,7 +183,7 @@ def full_logits(llm: LLM, ids: list[int]) -> torch.Tensor:
 
 # ---- the quality gate ----------------------------------------------------------------
 
-LLM_ARGS = {"kv_cache_memory": "160MiB", "max_model_len": 3072}
+LLM_ARGS = {"kv_cache_memory": "64MiB", "max_model_len": 1024}
 
 
 class Records(logging.Handler):

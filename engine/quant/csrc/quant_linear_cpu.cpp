@@ -178,10 +178,11 @@ void for_rows(int64_t M, int64_t N, const float* bias, float* y, int nthreads, R
 #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int64_t tile = 0; tile < tiles; ++tile) {
         const int64_t end = std::min(N, (tile + 1) * ROW_TILE);
-        for (int64_t n = tile * ROW_TILE; n < end; ++n) {
-            float out[4];
-            for (int64_t t0 = 0; t0 < M; t0 += 4) {
-                const int T = (int)std::min<int64_t>(4, M - t0);
+        // Tokens outer, rows inner: the tile's weight rows and four tokens' activations stay in L1.
+        for (int64_t t0 = 0; t0 < M; t0 += 4) {
+            const int T = (int)std::min<int64_t>(4, M - t0);
+            for (int64_t n = tile * ROW_TILE; n < end; ++n) {
+                float out[4];
                 row(n, t0, T, out);
                 const float b = bias ? bias[n] : 0.f;
                 for (int t = 0; t < T; ++t) y[(t0 + t) * N + n] = out[t] + b;
