@@ -1,7 +1,7 @@
 """The quality gate's measure: teacher-forced perplexity and top-1 agreement on fixed prose.
 
 Every position of the text is read through the engine's own model, KV cache and attention
-(as one sequence, prefilled in chunks); the log-probability of the true next token gives
+(in independent windows of 512 tokens, each prefilled in chunks); the log-probability of the true next token gives
 the perplexity, and the argmax at each position is compared with the fp32 model's.
 
     python -m engine.quant.quality [--text tests/data/prose.txt] [--modes int8 int4]
@@ -41,8 +41,15 @@ class Reading:
 
 
 @torch.inference_mode()
-def read_text(llm: LLM, token_ids: list[int], chunk: int = 256) -> Reading:
-    """Teacher-forced next-token log-probs and argmaxes over `token_ids` (one sequence)."""
+def read_text(llm: LLM, token_ids: list[int], window: int = 512, chunk: int = 256) -> Reading:
+    """Teacher-forced next-token log-probs and argmaxes over `token_ids`, read in independent
+    windows of `window` tokens (each a fresh sequence, prefilled in chunks of `chunk`)."""
+    readings = [_read_window(llm, token_ids[s:s + window + 1], chunk)
+                for s in range(0, len(token_ids) - 1, window)]
+    return Reading(torch.cat([r.nll for r in readings]), torch.cat([r.argmax for r in readings]))
+
+
+def _read_window(llm: LLM, token_ids: list[int], chunk: int) -> Reading:
     engine, runner = llm.engine, llm.engine.runner
     seq = Sequence("quality", list(token_ids), SamplingParams(max_tokens=1), RequestTimes(0.0))
     engine.block_manager.allocate(seq, len(token_ids))
@@ -79,7 +86,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--modes", nargs="+", default=["int8", "int4"])
     ap.add_argument("--model", default=None)
     args = ap.parse_args(argv)
-    kwargs = {"model": args.model, "kv_cache_memory": "256MiB", "max_model_len": 4096}
+    kwargs = {"model": args.model, "kv_cache_memory": "256MiB", "max_model_len": 1024}
     base = LLM(quantization="none", **kwargs)  # type: ignore[arg-type]
     ids = text_tokens(base, args.text)
     ref = read_text(base, ids)
