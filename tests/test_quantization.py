@@ -4,6 +4,7 @@ the quality gate (perplexity and top-1 agreement with fp32 on fixed English pros
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -215,11 +216,21 @@ def quantized(request: pytest.FixtureRequest) -> Iterator[tuple[str, LLM, list[s
     logger.addHandler(records)
     level = logger.level
     logger.setLevel(logging.INFO)
+    # Keep both kernels in every layer, whatever this machine's measured crossover, so the gate
+    # can read the text through each.
+    saved_cache, saved_env = dispatch._cache, os.environ.get("PAGODE_QUANT_CROSSOVER")
+    dispatch._cache = {}
+    os.environ["PAGODE_QUANT_CROSSOVER"] = "16"
     try:
         llm = LLM(quantization=request.param, **LLM_ARGS)  # type: ignore[arg-type]
     finally:
         logger.removeHandler(records)
         logger.setLevel(level)
+        dispatch._cache = saved_cache
+        if saved_env is None:
+            os.environ.pop("PAGODE_QUANT_CROSSOVER", None)
+        else:
+            os.environ["PAGODE_QUANT_CROSSOVER"] = saved_env
     yield request.param, llm, records.messages
 
 
