@@ -47,10 +47,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--context", type=int, default=256)
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--kv-cache-dtype", default="auto")
+    ap.add_argument("--quantization", default="none", help="auto, none, int8 or int4")
     ap.add_argument("--model", default=None)
     args = ap.parse_args(argv)
-    llm = LLM(model=args.model, kv_cache_memory="1GiB", max_model_len=2048, kv_cache_dtype=args.kv_cache_dtype)
-    print(f"torch threads {torch.get_num_threads()}, KV cache {llm.engine.describe()['kv_cache_dtype']}, "
+    llm = LLM(model=args.model, kv_cache_memory="1GiB", max_model_len=2048, kv_cache_dtype=args.kv_cache_dtype,
+              quantization=args.quantization)
+    print(f"torch threads {torch.get_num_threads()}, quantization {args.quantization}, "
+          f"KV cache {llm.engine.describe()['kv_cache_dtype']}, "
           f"context {args.context}")
     for batch in args.batch:
         print(f"\n== decode batch {batch} ==")

@@ -95,11 +95,13 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--profile-steps", type=int, default=0, metavar="N",
                        help="log a table of where the time of N engine steps goes (packing, "
                             "forward by op class, sampling, detokenize, streaming), then every N")
-    group.add_argument("--quantization", choices=QUANTIZATION_MODES, default=engine_default("quantization"),
-                       help="linear-layer weights on the CPU: int8 (Q8_0 blocks), int4 (Q4_1 "
-                            "blocks, the GGUF's own), auto (the fastest mode that passes the "
-                            "quality gate: int4 on an AVX2 CPU) or none (fp32, token-for-token "
-                            "equal to transformers; default). CUDA keeps bf16/fp16")
+    # The server's default is deliberately not EngineConfig's: `pagode serve` serves the fast
+    # mode, while the library (LLM, EngineConfig) stays exact unless asked.
+    group.add_argument("--quantization", choices=QUANTIZATION_MODES, default="auto",
+                       help="linear-layer weights on the CPU: auto (default: the fastest mode that "
+                            "passes the quality gate: int4 on an AVX2 CPU, i.e. the GGUF's own "
+                            "Q4_1 blocks), int8 (Q8_0 blocks), int4, or none (fp32, token-for-token "
+                            "equal to transformers; LLM(...)'s default). CUDA keeps bf16/fp16")
     group.add_argument("--logprobs-mode", choices=LOGPROBS_MODES, default=engine_default("logprobs_mode"),
                        help="raw_logprobs: of the model's own distribution, before logit_bias, "
                             "penalties and grammar masks (vLLM V1's default); processed_logprobs: "

@@ -147,7 +147,7 @@ def test_modes_resolve_per_device() -> None:
 def test_cli_flag_reaches_the_engine_config() -> None:
     args = build_parser().parse_args(["serve", "--quantization", "int4"])
     assert engine_config(args).quantization == "int4"
-    assert engine_config(build_parser().parse_args(["serve"])).quantization == "none"
+    assert engine_config(build_parser().parse_args(["serve"])).quantization == "auto"
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "--quantization", "fp8"])
 
