@@ -8,44 +8,23 @@ quantized layers run on fbgemm alone and `--quantization auto` falls back to `no
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
 import os
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 
 import torch
 
+from engine import native
 from engine.quant.formats import BlockWeights
 
 log = logging.getLogger("pagode")
 
 _SOURCE = Path(__file__).parent / "csrc" / "quant_linear_cpu.cpp"
-_FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
+_FLAGS = native.CPU_FLAGS
 _lib: ctypes.CDLL | None = None
 _failed = False
 _P = ctypes.c_void_p
 _I64 = ctypes.c_int64
-
-
-def _cache_path() -> Path:
-    digest = hashlib.sha256(_SOURCE.read_bytes() + " ".join(_FLAGS).encode()).hexdigest()[:16]
-    root = Path(os.environ.get("PAGODE_CACHE_DIR", Path.home() / ".cache" / "pagode"))
-    return root / "kernels" / f"quant_linear_cpu-{digest}.so"
-
-
-def _build(target: Path) -> None:
-    compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
-    if compiler is None:
-        raise RuntimeError("no C++ compiler (g++) found")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        built = Path(tmp) / target.name
-        subprocess.run([compiler, *_FLAGS, str(_SOURCE), "-o", str(built)], check=True,
-                       capture_output=True, text=True)
-        built.replace(target)  # atomic: concurrent builders never see half a file
 
 
 def load() -> ctypes.CDLL | None:
@@ -56,22 +35,17 @@ def load() -> ctypes.CDLL | None:
     if os.environ.get("PAGODE_QUANT_KERNEL", "1") == "0":
         _failed = True
         return None
-    target = _cache_path()
-    try:
-        if not target.exists():
-            log.info("compiling the quantized-linear kernel into %s", target)
-            _build(target)
-        lib = ctypes.CDLL(str(target))
-        lib.linear_q4_1.restype = None
-        lib.linear_q4_1.argtypes = [_P] * 6 + [_I64] * 3 + [ctypes.c_int]
-        lib.linear_q8_0.restype = None
-        lib.linear_q8_0.argtypes = [_P] * 5 + [_I64] * 3 + [ctypes.c_int]
-        lib.quant_kernel_uses_avx2.restype = ctypes.c_int
-        _lib = lib
-    except (OSError, RuntimeError, subprocess.CalledProcessError) as err:
-        detail = getattr(err, "stderr", "") or err
-        log.warning("quantized-linear kernel unavailable (%s); quantized layers use fbgemm only", detail)
+    lib = native.load_library(_SOURCE, _FLAGS)
+    if lib is None:
+        log.warning("quantized-linear kernel unavailable; quantized layers use fbgemm only")
         _failed = True
+        return None
+    lib.linear_q4_1.restype = None
+    lib.linear_q4_1.argtypes = [_P] * 6 + [_I64] * 3 + [ctypes.c_int]
+    lib.linear_q8_0.restype = None
+    lib.linear_q8_0.argtypes = [_P] * 5 + [_I64] * 3 + [ctypes.c_int]
+    lib.quant_kernel_uses_avx2.restype = ctypes.c_int
+    _lib = lib
     return _lib
 
 
