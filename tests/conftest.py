@@ -40,7 +40,9 @@ def small_llm():  # type: ignore[no-untyped-def]
     `overrides` and put them back."""
     from engine import LLM
 
-    return LLM(kv_cache_memory="8MiB", max_model_len=128, scheduling_policy="priority")
+    # fp32 KV: 11 blocks, and prompt logprobs compared with transformers to 1e-4.
+    return LLM(kv_cache_memory="8MiB", max_model_len=128, scheduling_policy="priority",
+               kv_cache_dtype="fp32")
 
 
 @pytest.fixture

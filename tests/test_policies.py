@@ -24,7 +24,8 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _engine(tiny_dir: Path, policy: str, **kwargs: object) -> LLMEngine:
     config = EngineConfig(model=str(tiny_dir), policy=policy, kv_cache_memory=KV_MEMORY,  # type: ignore[arg-type]
-                          max_model_len=MAX_MODEL_LEN, max_num_batched_tokens=256, **kwargs)  # type: ignore[arg-type]
+                          max_model_len=MAX_MODEL_LEN, max_num_batched_tokens=256,
+                          kv_cache_dtype="fp32", **kwargs)  # type: ignore[arg-type]
     engine = LLMEngine(config)
     assert engine.num_blocks == 32
     for i in range(24):
