@@ -321,7 +321,7 @@ class ChatBuilder(ResponseBuilder):
             finish_reason = choice.finish_reason
             if index in self.tool_streams:
                 message.content, message.tool_calls, finish_reason = \
-                    self.tool_streams[index].result(finish_reason)
+                    self.tool_streams[index].result("".join(choice.text), finish_reason)
             choices.append(ChatChoice(
                 index=index, message=message,
                 logprobs=ChatLogprobs(content=choice.chat_logprobs) if self.logprobs else None,

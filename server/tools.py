@@ -275,8 +275,9 @@ class ToolCallStream:
                 deltas.append(delta)
         return deltas
 
-    def result(self, finish_reason: str | None) -> tuple[str | None, list[ToolCall], str | None]:
-        """Non-streaming: (content, calls, finish_reason)."""
+    def result(self, text: str, finish_reason: str | None) -> tuple[str | None, list[ToolCall], str | None]:
+        """Non-streaming: (content, calls, finish_reason) of the whole output `text`."""
+        self.text = text
         content, calls = self.extract(final=True)
         if finish_reason == "length" or not calls or any(a is None for _, a in calls):
             return self.text, [], finish_reason

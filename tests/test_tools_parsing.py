@@ -34,9 +34,7 @@ def test_hermes_blocks_stream_and_parse(step: int) -> None:
     assert content == "Let me check. "
     assert calls[0][0] == "get_weather" and calls[1] == ["get_time", "{}"]
     assert json.loads(calls[0][1]) == {"city": "Pa}ris", "days": [1, 23], "deep": {"x": True}}
-    whole = ToolCallStream("auto")
-    whole.feed(text, True)
-    content_whole, tool_calls, finish = whole.result("stop")
+    content_whole, tool_calls, finish = ToolCallStream("auto").result(text, "stop")
     assert finish == "tool_calls" and content_whole == "Let me check."
     assert [c.function.arguments for c in tool_calls] == [calls[0][1], "{}"]
 
@@ -50,9 +48,7 @@ def test_plain_text_and_generic_json() -> None:
 def test_required_array_and_length() -> None:
     text = '[{"name": "a", "parameters": {"q": "x"}}, {"name": "b", "parameters": {"n": 5}}]'
     assert stream("required", text)[1] == {0: ["a", '{"q": "x"}'], 1: ["b", '{"n": 5}']}
-    cut = ToolCallStream("required")
-    cut.feed(text[:20], True)
-    content, calls, finish = cut.result("length")
+    content, calls, finish = ToolCallStream("required").result(text[:20], "length")
     assert finish == "length" and calls == [] and content == text[:20]
 
 
