@@ -33,7 +33,7 @@ WARM_UP = 8  # requests at once: the batch (4) and part of the queue (11)
 # The target for a refusal under flood; a loaded shared machine can override it.
 P99_429_LIMIT_S = float(os.environ.get("PAGODE_FLOOD_P99_MS", "50")) / 1000
 TIMEOUTS = ["--header-timeout", "2", "--body-timeout", "2", "--sse-send-timeout", "2"]
-FLOOD_ARGS = ["--kv-cache-memory", "64MiB", "--max-model-len", "256", "--max-num-seqs", "4",
+FLOOD_ARGS = ["--kv-cache-memory", "64MiB", "--kv-cache-dtype", "fp32", "--max-model-len", "256", "--max-num-seqs", "4",
               "--disable-access-log", *TIMEOUTS]
 BODY = {"prompt": "Write one sentence about the sea.", "max_tokens": 8, "ignore_eos": True,
         "temperature": 0}

@@ -6,8 +6,10 @@ import json
 
 import pytest
 
+from engine.request_limits import RequestLimits
 from server.protocol import ChatCompletionRequest
 from server.tools import ToolCallStream, render_chat_with_tools
+from server.user_text import PlainTextEncoder
 
 
 def stream(mode: str, text: str, name: str | None = None, step: int = 2) -> tuple[str, dict]:
@@ -63,7 +65,8 @@ def test_generic_rendering_of_tool_turns(default_model_path: str) -> None:
         {"role": "tool", "tool_call_id": "c1", "content": "sunny"}],
         "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {
             "type": "object", "properties": {"city": {"type": "string"}}}}}]})
-    text = render_chat_with_tools(tokenizer, body).text
+    limits = RequestLimits(vocab_size=len(tokenizer), max_model_len=2048, max_prompt_tokens=2048)
+    text = render_chat_with_tools(tokenizer, PlainTextEncoder(tokenizer), body, limits).text
     assert '"name": "get_weather"' in text and "<tools>" in text
     assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>' in text
     assert "<tool_response>\nsunny\n</tool_response>" in text
