@@ -4,10 +4,13 @@
 //   Q4_1: per block of 32 inputs, 16 bytes of nibbles (low nibble = element i, high = i + 16),
 //         w = d * q + m with q in 0..15;
 //   Q8_0: per block of 32 inputs, 32 int8, w = d * q.
-// Activations are quantized per block of 32 to two int8 levels (x ~ d1 q1 + d2 q2, the second
-// rounding what the first left over; one level, llama.cpp's Q8_1, cost 5% of top-1 agreement
-// with fp32 on real prose), so a block's dot product is two _mm256_maddubs_epi16 per token. Each weight block is unpacked
-// once and used for up to four tokens; OpenMP splits the output rows across threads.
+// Activations are quantized per block of 32 to int16 with an absmax scale (x ~ dx * q, about
+// 15 bits: one int8 level, llama.cpp's Q8_1, cost 5% of top-1 agreement with fp32 on real
+// prose). A block's dot product is two _mm256_madd_epi16 on the weights widened to int16, and
+// the scales of a row are converted and multiplied once per row, vectorised, so the inner loop
+// is loads, two madds, an add, a convert and an FMA into one of two accumulators per token
+// (two chains hide the FMA latency when one token runs alone). Each weight block is unpacked
+// once for up to four tokens; OpenMP splits the output rows across threads.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -23,6 +26,8 @@ namespace {
 
 constexpr int64_t QK = 32;
 constexpr int64_t ROW_TILE = 16;
+constexpr int64_t MAX_TOKENS = 4;  // tokens that share one unpacked weight block
+constexpr int64_t CHUNK = 128;     // blocks whose scales are prepared at once (K up to 4096 per chunk)
 
 inline float half_to_float(uint16_t h) {
 #ifdef PAGODE_AVX2
@@ -48,32 +53,51 @@ inline float half_to_float(uint16_t h) {
 #endif
 }
 
-// x [M, K] fp32 -> two int8 levels per block of 32: x ~ d1 * q1 + d2 * q2, where q2 rounds what
-// q1 left over (about 14 bits in all: one int8 level costs 5% of top-1 agreement on real prose).
+// x [M, K] fp32 -> int16 per block of 32: x ~ dx * q with dx = absmax / 32767.
 // xs [M, K/32] is the block's exact fp32 sum, for Q4_1's minimum term.
-void quantize_activations(const float* x, int64_t M, int64_t K, int8_t* q1, int8_t* q2, float* d1,
-                          float* d2, float* xs) {
+void quantize_activations(const float* x, int64_t M, int64_t K, int16_t* q, float* dx, float* xs) {
     const int64_t nb = K / QK;
-    for (int64_t m = 0; m < M; ++m) {
-        for (int64_t b = 0; b < nb; ++b) {
-            const float* src = x + m * K + b * QK;
-            const int64_t o = m * K + b * QK, ob = m * nb + b;
-            float amax = 0.f, sum = 0.f;
-            for (int i = 0; i < QK; ++i) { amax = std::fmax(amax, std::fabs(src[i])); sum += src[i]; }
-            const float da = amax / 127.f, ia = da > 0.f ? 1.f / da : 0.f;
-            float rest[QK], rmax = 0.f;
-            for (int i = 0; i < QK; ++i) {
-                const float q = std::nearbyint(src[i] * ia);
-                q1[o + i] = (int8_t)q;
-                rest[i] = src[i] - q * da;
-                rmax = std::fmax(rmax, std::fabs(rest[i]));
-            }
-            const float db = rmax / 127.f, ib = db > 0.f ? 1.f / db : 0.f;
-            for (int i = 0; i < QK; ++i) q2[o + i] = (int8_t)std::nearbyint(rest[i] * ib);
-            d1[ob] = da;
-            d2[ob] = db;
-            xs[ob] = sum;
+    for (int64_t ob = 0; ob < M * nb; ++ob) {
+        const float* src = x + ob * QK;
+        float amax = 0.f, sum = 0.f;
+        for (int i = 0; i < QK; ++i) { amax = std::fmax(amax, std::fabs(src[i])); sum += src[i]; }
+        const float d = amax / 32767.f, inv = d > 0.f ? 1.f / d : 0.f;
+        for (int i = 0; i < QK; ++i) q[ob * QK + i] = (int16_t)std::nearbyint(src[i] * inv);
+        dx[ob] = d;
+        xs[ob] = sum;
+    }
+}
+
+// Per block of a row chunk: the weight scale times each token's activation scale (and, for
+// Q4_1, the sum over the chunk of minimum * block sum per token).
+template <int T>
+void prepare_scales(const uint16_t* wd, const uint16_t* wm, const float* dx, const float* xs, int64_t nb,
+                    int64_t b0, int64_t n, float comb[][CHUNK], float* mins) {
+    int64_t j = 0;
+#ifdef PAGODE_AVX2
+    __m256 macc[T];
+    for (int t = 0; t < T; ++t) macc[t] = _mm256_setzero_ps();
+    for (; j + 8 <= n; j += 8) {
+        const __m256 w = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(wd + b0 + j)));
+        for (int t = 0; t < T; ++t)
+            _mm256_storeu_ps(&comb[t][j], _mm256_mul_ps(w, _mm256_loadu_ps(dx + t * nb + b0 + j)));
+        if (wm == nullptr) continue;
+        const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(wm + b0 + j)));
+        for (int t = 0; t < T; ++t) macc[t] = _mm256_fmadd_ps(m, _mm256_loadu_ps(xs + t * nb + b0 + j), macc[t]);
+    }
+    if (wm != nullptr)
+        for (int t = 0; t < T; ++t) {
+            float lanes[8];
+            _mm256_storeu_ps(lanes, macc[t]);
+            for (float v : lanes) mins[t] += v;
         }
+#endif
+    for (; j < n; ++j) {
+        const float w = half_to_float(wd[b0 + j]);
+        for (int t = 0; t < T; ++t) comb[t][j] = w * dx[t * nb + b0 + j];
+        if (wm == nullptr) continue;
+        const float m = half_to_float(wm[b0 + j]);
+        for (int t = 0; t < T; ++t) mins[t] += m * xs[t * nb + b0 + j];
     }
 }
 
@@ -85,131 +109,145 @@ inline float hsum(__m256 v) {
     return _mm_cvtss_f32(r);
 }
 
-// 8 int32 lanes of sum(u[i] * s[i]) for 32 unsigned and 32 signed bytes.
-inline __m256 dot_u8_i8(__m256i u, __m256i s) {
-    const __m256i pairs = _mm256_maddubs_epi16(u, s);
-    return _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+// Sum over a block of w[i] * x[i] (8 float lanes), weights as two int16 halves of 16.
+inline __m256 block_dot(__m256i w0, __m256i w1, const int16_t* x) {
+    const __m256i a = _mm256_madd_epi16(w0, _mm256_loadu_si256((const __m256i*)x));
+    const __m256i b = _mm256_madd_epi16(w1, _mm256_loadu_si256((const __m256i*)(x + 16)));
+    return _mm256_cvtepi32_ps(_mm256_add_epi32(a, b));
 }
 
-inline __m256i unpack_q4(const uint8_t* qs) {
-    const __m128i raw = _mm_loadu_si128((const __m128i*)qs);
-    const __m128i mask = _mm_set1_epi8(0x0f);
-    const __m128i lo = _mm_and_si128(raw, mask);
-    const __m128i hi = _mm_and_si128(_mm_srli_epi16(raw, 4), mask);
-    return _mm256_set_m128i(hi, lo);
-}
+struct Q4Unpack {
+    static void get(const uint8_t* qs, int64_t b, __m256i& w0, __m256i& w1) {
+        const __m128i raw = _mm_loadu_si128((const __m128i*)(qs + b * (QK / 2)));
+        const __m128i mask = _mm_set1_epi8(0x0f);
+        w0 = _mm256_cvtepu8_epi16(_mm_and_si128(raw, mask));                     // elements 0..15
+        w1 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), mask));  // elements 16..31
+    }
+};
+
+struct Q8Unpack {
+    static void get(const uint8_t* qs, int64_t b, __m256i& w0, __m256i& w1) {
+        const int8_t* p = (const int8_t*)qs + b * QK;
+        w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)p));
+        w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(p + 16)));
+    }
+};
 #endif
 
-// One output row of a Q4_1 weight against T (<= 4) quantized tokens.
-template <int T>
-void row_q4_1(const uint8_t* qs, const uint16_t* wd, const uint16_t* wm, const int8_t* x1, const int8_t* x2,
-              const float* d1, const float* d2, const float* xs, int64_t K, float* out) {
+// One output row against T (<= 4) quantized tokens; qs is the row's quants (Q4_1 nibbles or
+// Q8_0 bytes), wm its minima (nullptr for Q8_0).
+template <int T, typename Unpack, bool NIBBLES>
+void dot_row(const uint8_t* qs, const uint16_t* wd, const uint16_t* wm, const int16_t* xq, const float* dx,
+             const float* xs, int64_t K, float* out) {
     const int64_t nb = K / QK;
+    float comb[T][CHUNK];
     float mins[T] = {};
 #ifdef PAGODE_AVX2
-    __m256 acc[T];
-    for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; ++b) {
-        const __m256i q = unpack_q4(qs + b * (QK / 2));
-        const float d = half_to_float(wd[b]);
-        const float mn = half_to_float(wm[b]);
-        for (int t = 0; t < T; ++t) {
-            const int64_t o = t * K + b * QK, ob = t * nb + b;
-            const __m256i a = _mm256_loadu_si256((const __m256i*)(x1 + o));
-            const __m256i r = _mm256_loadu_si256((const __m256i*)(x2 + o));
-            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * d1[ob]), dot_u8_i8(q, a), acc[t]);
-            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * d2[ob]), dot_u8_i8(q, r), acc[t]);
-            mins[t] += mn * xs[ob];
-        }
-    }
-    for (int t = 0; t < T; ++t) out[t] = hsum(acc[t]) + mins[t];
-#else
-    for (int t = 0; t < T; ++t) {
-        float total = 0.f;
-        for (int64_t b = 0; b < nb; ++b) {
-            const uint8_t* blk = qs + b * (QK / 2);
-            const int64_t o = t * K + b * QK, ob = t * nb + b;
-            int sa = 0, sr = 0;
-            for (int i = 0; i < QK / 2; ++i) {
-                const int lo = blk[i] & 0x0f, hi = blk[i] >> 4;
-                sa += lo * x1[o + i] + hi * x1[o + i + QK / 2];
-                sr += lo * x2[o + i] + hi * x2[o + i + QK / 2];
+    __m256 acc0[T], acc1[T];
+    for (int t = 0; t < T; ++t) acc0[t] = acc1[t] = _mm256_setzero_ps();
+    for (int64_t b0 = 0; b0 < nb; b0 += CHUNK) {
+        const int64_t n = std::min(CHUNK, nb - b0);
+        prepare_scales<T>(wd, wm, dx, xs, nb, b0, n, comb, mins);
+        int64_t j = 0;
+        for (; j + 1 < n; j += 2) {
+            __m256i w0, w1, v0, v1;
+            Unpack::get(qs, b0 + j, w0, w1);
+            Unpack::get(qs, b0 + j + 1, v0, v1);
+            for (int t = 0; t < T; ++t) {
+                const int16_t* x = xq + t * K + (b0 + j) * QK;
+                acc0[t] = _mm256_fmadd_ps(block_dot(w0, w1, x), _mm256_broadcast_ss(&comb[t][j]), acc0[t]);
+                acc1[t] = _mm256_fmadd_ps(block_dot(v0, v1, x + QK), _mm256_broadcast_ss(&comb[t][j + 1]), acc1[t]);
             }
-            const float d = half_to_float(wd[b]);
-            total += d * (d1[ob] * (float)sa + d2[ob] * (float)sr);
-            mins[t] += half_to_float(wm[b]) * xs[ob];
         }
-        out[t] = total + mins[t];
-    }
-#endif
-}
-
-template <int T>
-void row_q8_0(const int8_t* qs, const uint16_t* wd, const int8_t* x1, const int8_t* x2, const float* d1,
-              const float* d2, int64_t K, float* out) {
-    const int64_t nb = K / QK;
-#ifdef PAGODE_AVX2
-    __m256 acc[T];
-    for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; ++b) {
-        const __m256i w = _mm256_loadu_si256((const __m256i*)(qs + b * QK));
-        const __m256i wabs = _mm256_sign_epi8(w, w);
-        const float d = half_to_float(wd[b]);
-        for (int t = 0; t < T; ++t) {
-            const int64_t o = t * K + b * QK, ob = t * nb + b;
-            const __m256i a = _mm256_loadu_si256((const __m256i*)(x1 + o));
-            const __m256i r = _mm256_loadu_si256((const __m256i*)(x2 + o));
-            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * d1[ob]), dot_u8_i8(wabs, _mm256_sign_epi8(a, w)), acc[t]);
-            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * d2[ob]), dot_u8_i8(wabs, _mm256_sign_epi8(r, w)), acc[t]);
+        if (j < n) {
+            __m256i w0, w1;
+            Unpack::get(qs, b0 + j, w0, w1);
+            for (int t = 0; t < T; ++t) {
+                const int16_t* x = xq + t * K + (b0 + j) * QK;
+                acc0[t] = _mm256_fmadd_ps(block_dot(w0, w1, x), _mm256_broadcast_ss(&comb[t][j]), acc0[t]);
+            }
         }
     }
-    for (int t = 0; t < T; ++t) out[t] = hsum(acc[t]);
+    for (int t = 0; t < T; ++t) out[t] = hsum(_mm256_add_ps(acc0[t], acc1[t])) + mins[t];
 #else
-    for (int t = 0; t < T; ++t) {
-        float total = 0.f;
-        for (int64_t b = 0; b < nb; ++b) {
-            const int64_t o = t * K + b * QK, ob = t * nb + b;
-            int sa = 0, sr = 0;
-            for (int i = 0; i < QK; ++i) { sa += qs[b * QK + i] * x1[o + i]; sr += qs[b * QK + i] * x2[o + i]; }
-            total += half_to_float(wd[b]) * (d1[ob] * (float)sa + d2[ob] * (float)sr);
+    float total[T] = {};
+    for (int64_t b0 = 0; b0 < nb; b0 += CHUNK) {
+        const int64_t n = std::min(CHUNK, nb - b0);
+        prepare_scales<T>(wd, wm, dx, xs, nb, b0, n, comb, mins);
+        for (int64_t j = 0; j < n; ++j) {
+            const int64_t b = b0 + j;
+            int w[QK];
+            for (int i = 0; i < QK; ++i) {
+                if (NIBBLES) {
+                    const uint8_t byte = qs[b * (QK / 2) + (i % 16)];
+                    w[i] = i < 16 ? (byte & 0x0f) : (byte >> 4);
+                } else {
+                    w[i] = ((const int8_t*)qs)[b * QK + i];
+                }
+            }
+            for (int t = 0; t < T; ++t) {
+                int64_t s = 0;
+                for (int i = 0; i < QK; ++i) s += (int64_t)w[i] * xq[t * K + b * QK + i];
+                total[t] += comb[t][j] * (float)s;
+            }
         }
-        out[t] = total;
     }
+    for (int t = 0; t < T; ++t) out[t] = total[t] + mins[t];
 #endif
 }
 
 struct Activations {
-    std::vector<int8_t> q1, q2;
-    std::vector<float> d1, d2, s;
+    std::vector<int16_t> q;
+    std::vector<float> d, s;
     void quantize(const float* x, int64_t M, int64_t K) {
-        q1.resize(M * K);
-        q2.resize(M * K);
-        d1.resize(M * (K / QK));
-        d2.resize(M * (K / QK));
+        q.resize(M * K);
+        d.resize(M * (K / QK));
         s.resize(M * (K / QK));
-        quantize_activations(x, M, K, q1.data(), q2.data(), d1.data(), d2.data(), s.data());
+        quantize_activations(x, M, K, q.data(), d.data(), s.data());
     }
 };
 
-// Calls row(n, t0, T, out[T]) for every row n and token group, in parallel over row tiles.
-template <typename RowFn>
-void for_rows(int64_t M, int64_t N, const float* bias, float* y, int nthreads, RowFn row) {
+// y [M, N] = x [M, K] @ W^T (+ bias) for a weight whose row n starts at qs + n * row_bytes.
+template <typename Unpack, bool NIBBLES>
+void block_linear(const float* x, const uint8_t* qs, int64_t row_bytes, const uint16_t* wd, const uint16_t* wm,
+                  const float* bias, float* y, int64_t M, int64_t N, int64_t K, int nthreads) {
+    thread_local Activations act;
+    act.quantize(x, M, K);
+    const int64_t nb = K / QK;
+    // Pointers, not `act`: a thread_local named inside the loop would be each worker's own, empty.
+    const int16_t* xq = act.q.data();
+    const float *dx = act.d.data(), *xs = act.s.data();
     const int64_t tiles = (N + ROW_TILE - 1) / ROW_TILE;
 #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int64_t tile = 0; tile < tiles; ++tile) {
         const int64_t end = std::min(N, (tile + 1) * ROW_TILE);
         // Tokens outer, rows inner: the tile's weight rows and four tokens' activations stay in L1.
-        for (int64_t t0 = 0; t0 < M; t0 += 4) {
-            const int T = (int)std::min<int64_t>(4, M - t0);
+        for (int64_t t0 = 0; t0 < M; t0 += MAX_TOKENS) {
+            const int T = (int)std::min<int64_t>(MAX_TOKENS, M - t0);
+            const int16_t* xt = xq + t0 * K;
+            const float *dt = dx + t0 * nb, *st = xs + t0 * nb;
             for (int64_t n = tile * ROW_TILE; n < end; ++n) {
-                float out[4];
-                row(n, t0, T, out);
+                const uint8_t* q = qs + n * row_bytes;
+                const uint16_t* d = wd + n * nb;
+                const uint16_t* mn = wm ? wm + n * nb : nullptr;
+                float out[MAX_TOKENS];
+                switch (T) {
+                    case 1: dot_row<1, Unpack, NIBBLES>(q, d, mn, xt, dt, st, K, out); break;
+                    case 2: dot_row<2, Unpack, NIBBLES>(q, d, mn, xt, dt, st, K, out); break;
+                    case 3: dot_row<3, Unpack, NIBBLES>(q, d, mn, xt, dt, st, K, out); break;
+                    default: dot_row<4, Unpack, NIBBLES>(q, d, mn, xt, dt, st, K, out); break;
+                }
                 const float b = bias ? bias[n] : 0.f;
                 for (int t = 0; t < T; ++t) y[(t0 + t) * N + n] = out[t] + b;
             }
         }
     }
 }
+
+#ifndef PAGODE_AVX2
+struct Q4Unpack {};
+struct Q8Unpack {};
+#endif
 
 }  // namespace
 
@@ -218,46 +256,13 @@ extern "C" {
 // y [M, N] = x [M, K] @ W^T (+ bias), W in Q4_1: qs [N, K/2], d and m [N, K/32] fp16.
 void linear_q4_1(const float* x, const uint8_t* qs, const uint16_t* wd, const uint16_t* wm,
                  const float* bias, float* y, int64_t M, int64_t N, int64_t K, int nthreads) {
-    thread_local Activations act;
-    act.quantize(x, M, K);
-    const int64_t nb = K / QK;
-    // Pointers, not `act`: a thread_local named inside the lambda would be each worker's own, empty.
-    const int8_t *q1 = act.q1.data(), *q2 = act.q2.data();
-    const float *d1 = act.d1.data(), *d2 = act.d2.data(), *xs = act.s.data();
-    for_rows(M, N, bias, y, nthreads, [&](int64_t n, int64_t t0, int T, float* out) {
-        const uint8_t* q = qs + n * (K / 2);
-        const uint16_t *d = wd + n * nb, *mn = wm + n * nb;
-        const int8_t *a = q1 + t0 * K, *r = q2 + t0 * K;
-        const float *da = d1 + t0 * nb, *dr = d2 + t0 * nb, *st = xs + t0 * nb;
-        switch (T) {
-            case 1: row_q4_1<1>(q, d, mn, a, r, da, dr, st, K, out); break;
-            case 2: row_q4_1<2>(q, d, mn, a, r, da, dr, st, K, out); break;
-            case 3: row_q4_1<3>(q, d, mn, a, r, da, dr, st, K, out); break;
-            default: row_q4_1<4>(q, d, mn, a, r, da, dr, st, K, out); break;
-        }
-    });
+    block_linear<Q4Unpack, true>(x, qs, K / 2, wd, wm, bias, y, M, N, K, nthreads);
 }
 
 // y [M, N] = x [M, K] @ W^T (+ bias), W in Q8_0: qs [N, K] int8, d [N, K/32] fp16.
 void linear_q8_0(const float* x, const int8_t* qs, const uint16_t* wd, const float* bias, float* y,
                  int64_t M, int64_t N, int64_t K, int nthreads) {
-    thread_local Activations act;
-    act.quantize(x, M, K);
-    const int64_t nb = K / QK;
-    const int8_t *q1 = act.q1.data(), *q2 = act.q2.data();
-    const float *d1 = act.d1.data(), *d2 = act.d2.data();
-    for_rows(M, N, bias, y, nthreads, [&](int64_t n, int64_t t0, int T, float* out) {
-        const int8_t* q = qs + n * K;
-        const uint16_t* d = wd + n * nb;
-        const int8_t *a = q1 + t0 * K, *r = q2 + t0 * K;
-        const float *da = d1 + t0 * nb, *dr = d2 + t0 * nb;
-        switch (T) {
-            case 1: row_q8_0<1>(q, d, a, r, da, dr, K, out); break;
-            case 2: row_q8_0<2>(q, d, a, r, da, dr, K, out); break;
-            case 3: row_q8_0<3>(q, d, a, r, da, dr, K, out); break;
-            default: row_q8_0<4>(q, d, a, r, da, dr, K, out); break;
-        }
-    });
+    block_linear<Q8Unpack, false>(x, (const uint8_t*)qs, K, wd, nullptr, bias, y, M, N, K, nthreads);
 }
 
 int quant_kernel_uses_avx2() {
