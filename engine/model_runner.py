@@ -13,6 +13,7 @@ from engine.attention import AttentionMetadata, select_backend
 from engine.config import EngineConfig, parse_dtype
 from engine.cuda_graph import CudaGraphRunner, use_cuda_graphs
 from engine.kv_cache import allocate_kv_cache, num_blocks_for, resolve_kv_cache_dtype
+from engine.model import decode_step
 from engine.model.config import ModelConfig
 from engine.model.llama import LlamaForCausalLM
 from engine.model.loader import ModelSource, load_model
@@ -47,6 +48,10 @@ class ModelRunner:
         self.kv_caches = allocate_kv_cache(model_config, self.num_blocks, self.block_size,
                                            self.kv_dtype, self.device)
         self.graphs: CudaGraphRunner | None = None
+        # Decode-only steps of a block-quantized model on the CPU: one C++ call for all layers.
+        self.decode_step = (decode_step.build(self.model, self.kv_caches, config.max_num_seqs)
+                            if self.device.type == "cpu" else None)
+        self.model.decode_step = self.decode_step  # a submodule, so the step profiler times it
 
     def enable_cuda_graphs(self, config: EngineConfig, max_model_len: int) -> None:
         self.graphs = self._maybe_cuda_graphs(config, max_model_len)
@@ -113,6 +118,8 @@ class ModelRunner:
         """Logits [len(sample_indices), vocab] of the tokens that complete their sequence."""
         if self.graphs is not None and self.graphs.can_run(inputs.meta):
             hidden = self.graphs.run(inputs.input_ids, inputs.positions, inputs.meta)
+        elif self.decode_step is not None and self.decode_step.applies(inputs.meta, len(inputs.input_ids)):
+            hidden = self.decode_step(inputs.input_ids, inputs.positions, inputs.meta)
         else:
             hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta, self.kv_caches)
         if not inputs.sample_indices:

@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 log = logging.getLogger("pagode")
@@ -22,8 +23,10 @@ log = logging.getLogger("pagode")
 CPU_FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
 
 
-def cache_path(source: Path, flags: list[str]) -> Path:
-    digest = hashlib.sha256(source.read_bytes() + " ".join(flags).encode()).hexdigest()[:16]
+def cache_path(source: Path, flags: list[str], depends: tuple[Path, ...] = ()) -> Path:
+    """Where the library of `source` (and the files it #includes, `depends`) is cached."""
+    content = b"".join(p.read_bytes() for p in (source, *depends))
+    digest = hashlib.sha256(content + " ".join(flags).encode()).hexdigest()[:16]
     root = Path(os.environ.get("PAGODE_CACHE_DIR", Path.home() / ".cache" / "pagode"))
     return root / "kernels" / f"{source.stem}-{digest}.so"
 
@@ -40,10 +43,11 @@ def build(source: Path, target: Path, flags: list[str]) -> None:
         built.replace(target)  # atomic: concurrent builders never see half a file
 
 
-def load_library(source: Path, flags: list[str] | None = None) -> ctypes.CDLL | None:
+def load_library(source: Path, flags: list[str] | None = None,
+                 depends: tuple[Path, ...] = ()) -> ctypes.CDLL | None:
     """The compiled library, or None (with a warning) when it cannot be built here."""
     flags = flags or CPU_FLAGS
-    target = cache_path(source, flags)
+    target = cache_path(source, flags, depends)
     try:
         if not target.exists():
             log.info("compiling %s into %s", source.name, target)
@@ -58,3 +62,34 @@ def load_library(source: Path, flags: list[str] | None = None) -> ctypes.CDLL | 
 def enabled() -> bool:
     """PAGODE_CPU_KERNEL=0 turns every C++ CPU kernel off (the pure-torch paths remain)."""
     return os.environ.get("PAGODE_CPU_KERNEL", "1") != "0"
+
+
+class Kernel:
+    """One C++ library: built and loaded on first use, None where it cannot be.
+
+    `declare` sets the ctypes signatures; `switch` names an extra environment variable
+    that turns this library off when set to 0 (PAGODE_CPU_KERNEL=0 turns every one off).
+    """
+
+    def __init__(self, source: Path, flags: list[str], declare: Callable[[ctypes.CDLL], None],
+                 depends: tuple[Path, ...] = (), switch: str | None = None) -> None:
+        self.source, self.flags, self.depends = source, flags, depends
+        self.declare, self.switch = declare, switch
+        self.lib: ctypes.CDLL | None = None
+        self.tried = False
+
+    def load(self) -> ctypes.CDLL | None:
+        if self.tried:
+            return self.lib
+        self.tried = True
+        if not enabled() or (self.switch and os.environ.get(self.switch, "1") == "0"):
+            return None
+        lib = load_library(self.source, self.flags, self.depends)
+        if lib is not None:
+            self.declare(lib)
+        self.lib = lib
+        return lib
+
+    def disable(self) -> None:
+        """Behave as if the library could not be built (the pure-torch paths take over)."""
+        self.lib, self.tried = None, True

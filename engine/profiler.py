@@ -17,10 +17,11 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
+from engine.model.decode_step import FusedDecodeStep
 from engine.model.layers import PagedAttention, RMSNorm, RotaryCacheWrite, SiluAndMul
 from engine.stats import StepStats
 
-FORWARD_CLASSES = ("linears", "attention", "norms/rope/act + KV write", "lm_head")
+FORWARD_CLASSES = ("linears", "attention", "norms/rope/act + KV write", "all layers in one C++ call", "lm_head")
 
 
 def op_class(name: str, module: nn.Module) -> str | None:
@@ -29,6 +30,8 @@ def op_class(name: str, module: nn.Module) -> str | None:
         return "lm_head"
     if name.rsplit(".", 1)[-1].endswith("_proj"):
         return "linears"
+    if isinstance(module, FusedDecodeStep):
+        return "all layers in one C++ call"
     if isinstance(module, PagedAttention):
         return "attention"
     if isinstance(module, RMSNorm | RotaryCacheWrite | SiluAndMul):

@@ -120,10 +120,10 @@ def test_each_call_runs_the_kernel_its_token_count_picks() -> None:
     assert layer(torch.randn(2, 3, 64)).shape == (2, 3, 48)
 
 
-def test_a_layer_keeps_only_the_copies_its_crossover_can_pick(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_layer_keeps_the_dense_copy_only_if_its_crossover_can_pick_it(monkeypatch: pytest.MonkeyPatch) -> None:
     w = formats.quantize(torch.randn(40, 64), "q4_1")
     report = apply.QuantReport("int4")
-    for crossover, has_blocks, has_dense in ((4, True, True), (dispatch.NO_LIMIT, True, False), (0, False, True)):
+    for crossover, has_blocks, has_dense in ((4, True, True), (dispatch.NO_LIMIT, True, False), (0, True, True)):
         monkeypatch.setattr(dispatch, "_cache", {("q4_1", 40, 64): dispatch.Crossover(crossover)})
         layer = apply.build_layer(w, DenseGemm(formats.dequantize(w)), None, 512, report)
         assert (layer.blocks is not None, layer.gemm is not None) == (has_blocks, has_dense)

@@ -17,32 +17,23 @@ import torch
 from engine import native
 
 _SOURCE = Path(__file__).parent / "csrc" / "paged_attention_cpu.cpp"
+_EXP_HEADER = Path(__file__).parents[1] / "model" / "csrc" / "simd_exp.h"
 _FLAGS = [*native.CPU_FLAGS, "-ffp-contract=off"]
 _SUFFIX = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 _P, _I64 = ctypes.c_void_p, ctypes.c_int64
-_lib: ctypes.CDLL | None = None
-_tried = False
 MAX_KV_ROW = 1024  # kv_heads * head_dim the fused cache write supports
 
 
-def load() -> ctypes.CDLL | None:
-    """The compiled library, or None when it cannot be built here (or PAGODE_CPU_KERNEL=0)."""
-    global _lib, _tried
-    if _tried:
-        return _lib
-    _tried = True
-    if not native.enabled():
-        return None
-    lib = native.load_library(_SOURCE, _FLAGS)
-    if lib is None:
-        return None
+def _declare(lib: ctypes.CDLL) -> None:
     for suffix in _SUFFIX.values():
         fn = getattr(lib, f"paged_decode_attention_{suffix}")
         fn.restype, fn.argtypes = None, [_P] * 6 + [_I64] * 6 + [ctypes.c_float, ctypes.c_int]
         fn = getattr(lib, f"rope_write_kv_{suffix}")
         fn.restype, fn.argtypes = None, [_P, _I64] + [_P] * 7 + [_I64] * 4 + [ctypes.c_int]
-    _lib = lib
-    return _lib
+
+
+KERNEL = native.Kernel(_SOURCE, _FLAGS, _declare, depends=(_EXP_HEADER,))
+load = KERNEL.load  # the compiled library, or None when it cannot be built here (or PAGODE_CPU_KERNEL=0)
 
 
 def available(query_dtype: torch.dtype, cache_dtype: torch.dtype, device: torch.device) -> bool:

@@ -18,25 +18,17 @@ from engine import native
 _SOURCE = Path(__file__).parent / "csrc" / "fused_ops_cpu.cpp"
 _FLAGS = [*native.CPU_FLAGS, "-ffp-contract=off"]
 _P, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-_lib: ctypes.CDLL | None = None
-_tried = False
 
 
-def load() -> ctypes.CDLL | None:
-    global _lib, _tried
-    if _tried:
-        return _lib
-    _tried = True
-    if not native.enabled():
-        return None
-    lib = native.load_library(_SOURCE, _FLAGS)
-    if lib is not None:
-        lib.add_rmsnorm_f32.restype = None
-        lib.add_rmsnorm_f32.argtypes = [_P] * 4 + [_I64, _I64, ctypes.c_float, _INT, _INT]
-        lib.silu_and_mul_f32.restype = None
-        lib.silu_and_mul_f32.argtypes = [_P, _P, _I64, _I64, _INT]
-    _lib = lib
-    return _lib
+def _declare(lib: ctypes.CDLL) -> None:
+    lib.add_rmsnorm_f32.restype = None
+    lib.add_rmsnorm_f32.argtypes = [_P] * 4 + [_I64, _I64, ctypes.c_float, _INT, _INT]
+    lib.silu_and_mul_f32.restype = None
+    lib.silu_and_mul_f32.argtypes = [_P, _P, _I64, _I64, _INT]
+
+
+KERNEL = native.Kernel(_SOURCE, _FLAGS, _declare, depends=(_SOURCE.parent / "simd_exp.h",))
+load = KERNEL.load
 
 
 def _native(x: torch.Tensor) -> bool:
@@ -55,7 +47,7 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(norm(residual + x), residual + x); with residual None, (norm(x), x)."""
     if _native(x) and weight.dtype == torch.float32 and (residual is None or residual.is_contiguous()):
-        lib = _lib
+        lib = KERNEL.lib
         assert lib is not None
         n = x.shape[-1]
         rows = x.numel() // n
@@ -71,7 +63,7 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """[T, 2N] -> [T, N]: silu(gate) * up."""
     if _native(gate_up):
-        lib = _lib
+        lib = KERNEL.lib
         assert lib is not None
         n = gate_up.shape[-1] // 2
         rows = gate_up.numel() // (2 * n)

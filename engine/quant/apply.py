@@ -82,14 +82,17 @@ def quantize_model(model: nn.Module, mode: str, raw: RawBlocks | None = None, ma
 
 def build_layer(blocks: BlockWeights, dense: DenseGemm | Int8Gemm, bias: torch.Tensor | None, max_tokens: int,
                 report: QuantReport) -> QuantLinear:
-    """Measure this shape's crossover, keep the copies it can pick for steps of <= max_tokens."""
+    """Measure this shape's crossover; keep the dense copy only if steps of <= max_tokens can pick it.
+
+    The blocks stay even where the GEMM wins at one token: the fused decode step
+    (engine/model/decode_step.py) computes every projection on them.
+    """
     if not cpu_kernel.available():
         return QuantLinear(None, dense, bias, 0)
     crossover = dispatch.measure(blocks, dense).max_kernel_tokens
     report.crossovers[f"{blocks.kind} {blocks.out_features}x{blocks.in_features}"] = crossover
     gemm = None if crossover >= max_tokens else dense  # steps never get big enough for the GEMM
-    kept_blocks = blocks if crossover >= 1 else None
-    return QuantLinear(kept_blocks, gemm, bias, crossover)
+    return QuantLinear(blocks, gemm, bias, crossover)
 
 
 def gguf_blocks(names: list[str], kind: Kind, raw: RawBlocks) -> BlockWeights | None:

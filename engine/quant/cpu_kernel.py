@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import os
 from pathlib import Path
 
 import torch
@@ -20,33 +19,25 @@ from engine.quant.formats import BlockWeights
 log = logging.getLogger("pagode")
 
 _SOURCE = Path(__file__).parent / "csrc" / "quant_linear_cpu.cpp"
-_FLAGS = native.CPU_FLAGS
-_lib: ctypes.CDLL | None = None
-_failed = False
+# No contraction of the scalar arithmetic, like the other CPU kernels: the fused decode step
+# (engine/model/decode_step.py) compiles this file with them and must give the same numbers.
+_FLAGS = [*native.CPU_FLAGS, "-ffp-contract=off"]
 _P = ctypes.c_void_p
 _I64 = ctypes.c_int64
 
 
-def load() -> ctypes.CDLL | None:
-    """The compiled library, or None when it cannot be built here (or PAGODE_QUANT_KERNEL=0)."""
-    global _lib, _failed
-    if _lib is not None or _failed:
-        return _lib
-    if os.environ.get("PAGODE_QUANT_KERNEL", "1") == "0":
-        _failed = True
-        return None
-    lib = native.load_library(_SOURCE, _FLAGS)
-    if lib is None:
-        log.warning("quantized-linear kernel unavailable; quantized layers use fbgemm only")
-        _failed = True
-        return None
+def _declare(lib: ctypes.CDLL) -> None:
     lib.linear_q4_1.restype = None
     lib.linear_q4_1.argtypes = [_P] * 6 + [_I64] * 3 + [ctypes.c_int]
     lib.linear_q8_0.restype = None
     lib.linear_q8_0.argtypes = [_P] * 5 + [_I64] * 3 + [ctypes.c_int]
     lib.quant_kernel_uses_avx2.restype = ctypes.c_int
-    _lib = lib
-    return _lib
+
+
+KERNEL = native.Kernel(_SOURCE, _FLAGS, _declare, switch="PAGODE_QUANT_KERNEL")
+
+
+load = KERNEL.load  # the library, or None when it cannot be built here (or PAGODE_QUANT_KERNEL=0)
 
 
 def available() -> bool:

@@ -12,6 +12,8 @@
 #include <cstring>
 #include <vector>
 
+#include "../../model/csrc/simd_exp.h"
+
 namespace {
 
 struct F16 { uint16_t bits; };
@@ -72,8 +74,23 @@ inline void axpy(float w, const float* __restrict x, float* __restrict y, int64_
   for (int64_t i = 0; i < n; ++i) y[i] += w * x[i];
 }
 
-// One task per sequence: its K/V rows of all heads are contiguous, so each block is
-// streamed once from memory (decode attention is bandwidth-bound on a CPU).
+// softmax in place: exp(s - max) with AVX2, then a sequential sum (the order of a plain loop).
+inline void softmax(float* s, int64_t L) {
+  const float m = *std::max_element(s, s + L);
+  int64_t t = 0;
+  const __m256 mv = _mm256_set1_ps(m);
+  for (; t + 8 <= L; t += 8)
+    _mm256_storeu_ps(s + t, pagode_simd::exp256(_mm256_sub_ps(_mm256_loadu_ps(s + t), mv)));
+  for (; t < L; ++t) s[t] = std::exp(s[t] - m);
+  float sum = 0.f;
+  for (t = 0; t < L; ++t) sum += s[t];
+  const float inv = 1.f / sum;
+  for (t = 0; t < L; ++t) s[t] *= inv;
+}
+
+// One task per (sequence, KV head): the task's query heads share each K/V row it converts
+// once, each row of the cache is streamed once in all, and a lone sequence still spreads
+// over the threads (one decode at a time is the common case).
 template <typename T>
 void decode(const float* query, const T* k_cache, const T* v_cache, const int32_t* block_tables,
             const int32_t* seq_lens, float* out, int64_t B, int64_t H, int64_t D, int64_t BS,
@@ -81,32 +98,25 @@ void decode(const float* query, const T* k_cache, const T* v_cache, const int32_
   const int64_t G = H / KVH, row = KVH * D;
 #pragma omp parallel num_threads(num_threads)
   {
-    std::vector<float> scores, buf(row);
+    thread_local std::vector<float> scores, buf;  // kept across calls: no allocation per step
+    buf.resize(D);
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t b = 0; b < B; ++b) {
+    for (int64_t task = 0; task < B * KVH; ++task) {
+      const int64_t b = task / KVH, kv = (task % KVH) * D;
       const int64_t L = seq_lens[b];
-      const float* qb = query + b * H * D;
-      float* ob = out + b * H * D;
+      const float* q = query + (b * H + (task % KVH) * G) * D;
+      float* o = out + (b * H + (task % KVH) * G) * D;
       const int32_t* table = block_tables + b * MB;
-      scores.assign(H * L, 0.f);
+      scores.resize(G * L);
       for (int64_t t = 0; t < L; ++t) {
-        const T* k = k_cache + (static_cast<int64_t>(table[t / BS]) * BS + t % BS) * row;
-        to_float(k, buf.data(), row);
-        for (int64_t h = 0; h < H; ++h) scores[h * L + t] = dot(qb + h * D, buf.data() + (h / G) * D, D) * scale;
+        to_float(k_cache + (static_cast<int64_t>(table[t / BS]) * BS + t % BS) * row + kv, buf.data(), D);
+        for (int64_t g = 0; g < G; ++g) scores[g * L + t] = dot(q + g * D, buf.data(), D) * scale;
       }
-      for (int64_t h = 0; h < H; ++h) {
-        float* s = scores.data() + h * L;
-        const float m = *std::max_element(s, s + L);
-        float sum = 0.f;
-        for (int64_t t = 0; t < L; ++t) sum += (s[t] = std::exp(s[t] - m));
-        const float inv = 1.f / sum;
-        for (int64_t t = 0; t < L; ++t) s[t] *= inv;
-      }
-      std::fill(ob, ob + H * D, 0.f);
+      for (int64_t g = 0; g < G; ++g) softmax(scores.data() + g * L, L);
+      std::fill(o, o + G * D, 0.f);
       for (int64_t t = 0; t < L; ++t) {
-        const T* v = v_cache + (static_cast<int64_t>(table[t / BS]) * BS + t % BS) * row;
-        to_float(v, buf.data(), row);
-        for (int64_t h = 0; h < H; ++h) axpy(scores[h * L + t], buf.data() + (h / G) * D, ob + h * D, D);
+        to_float(v_cache + (static_cast<int64_t>(table[t / BS]) * BS + t % BS) * row + kv, buf.data(), D);
+        for (int64_t g = 0; g < G; ++g) axpy(scores[g * L + t], buf.data(), o + g * D, D);
       }
     }
   }

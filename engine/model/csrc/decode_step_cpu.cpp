@@ -1,0 +1,110 @@
+// A whole decode step of a Llama decoder on block-quantized weights, in one call (CPU).
+//
+// At one to a few tokens per step a layer's ten or so ops each take microseconds, and
+// dispatching them from Python (module calls, ctypes, tensor allocation) cost as much as
+// the arithmetic. This file runs every layer's ops back to back on preallocated scratch:
+// residual-add + RMSNorm, the fused QKV projection, RoPE + K/V cache write, paged decode
+// attention, the output projection, residual-add + RMSNorm, gate-up, SiLU-and-mul, down,
+// and the final norm. Each op is the same C++ function that the per-op path calls (the
+// three sources are compiled into this one library), so both paths give the same numbers.
+#include "../../attention/csrc/paged_attention_cpu.cpp"
+#include "../../quant/csrc/quant_linear_cpu.cpp"
+#include "fused_ops_cpu.cpp"
+
+namespace {
+
+// Per layer, the pointer slots the Python side fills (engine/model/decode_step.py).
+enum Slot : int64_t {
+    IN_NORM, POST_NORM, K_CACHE, V_CACHE,
+    QKV, O = QKV + 4, GATE_UP = O + 4, DOWN = GATE_UP + 4,  // each linear: qs, scales, mins, bias
+    SLOTS = DOWN + 4,
+};
+enum Kind : int64_t { Q4_1 = 0, Q8_0 = 1 };
+enum CacheType : int64_t { F32 = 0, F16_CACHE = 1, BF16_CACHE = 2 };
+
+struct Dims {
+    int64_t hidden, heads, kv_heads, head_dim, inter, block_size;
+};
+
+void linear(const int64_t* slot, int64_t kind, const float* x, float* y, int64_t M, int64_t N, int64_t K,
+            int nthreads) {
+    const auto* qs = reinterpret_cast<const uint8_t*>(slot[0]);
+    const auto* wd = reinterpret_cast<const uint16_t*>(slot[1]);
+    const auto* wm = reinterpret_cast<const uint16_t*>(slot[2]);
+    const auto* bias = reinterpret_cast<const float*>(slot[3]);
+    if (kind == Q4_1) block_linear<Q4Unpack, true>(x, qs, K / 2, wd, wm, bias, y, M, N, K, nthreads);
+    else block_linear<Q8Unpack, false>(x, qs, K, wd, nullptr, bias, y, M, N, K, nthreads);
+}
+
+template <typename T>
+void attend(const int64_t* p, const Dims& d, const float* qkv, const int64_t* positions, const float* cos,
+            const float* sin, const int64_t* slots, const int32_t* tables, const int32_t* lens, float* q, float* out,
+            int64_t B, int64_t MB, float scale, int nthreads) {
+    T* kc = reinterpret_cast<T*>(p[K_CACHE]);
+    T* vc = reinterpret_cast<T*>(p[V_CACHE]);
+    const int64_t row = (d.heads + 2 * d.kv_heads) * d.head_dim;
+    rope_write(qkv, row, positions, cos, sin, q, kc, vc, slots, B, d.heads, d.kv_heads, d.head_dim, nthreads);
+    decode(q, kc, vc, tables, lens, out, B, d.heads, d.head_dim, d.block_size, d.kv_heads, MB, scale, nthreads);
+}
+
+struct Scratch {
+    std::vector<float> residual, normed, qkv, q, attn, gate_up, act;
+    void size(int64_t B, const Dims& d) {
+        const int64_t qd = d.heads * d.head_dim;
+        residual.resize(B * d.hidden);
+        normed.resize(B * d.hidden);
+        qkv.resize(B * (qd + 2 * d.kv_heads * d.head_dim));
+        q.resize(B * qd);
+        attn.resize(B * qd);
+        gate_up.resize(B * 2 * d.inter);
+        act.resize(B * d.inter);
+    }
+};
+
+}  // namespace
+
+extern "C" {
+
+// hidden [B, hidden]: in, the token embeddings; out, the final RMSNorm of the last layer's
+// residual stream (what the lm_head reads). layers [L, SLOTS] holds pointers (engine/model/
+// decode_step.py), kinds [L, 4] the format of each layer's qkv, o, gate_up, down weight.
+// dims: hidden, heads, kv_heads, head_dim, intermediate, block_size. Positions and slots are
+// int64 [B], block tables int32 [B, MB], seq_lens int32 [B]; every slot must be >= 0.
+void decode_step(float* hidden, const int64_t* layers, const int64_t* kinds, int64_t L, const int64_t* dims,
+                 int64_t cache_type, const float* final_norm, float eps, float scale, const float* cos,
+                 const float* sin, const int64_t* positions, const int64_t* slots, const int32_t* tables,
+                 const int32_t* lens, int64_t B, int64_t MB, int nthreads) {
+    const Dims d{dims[0], dims[1], dims[2], dims[3], dims[4], dims[5]};
+    thread_local Scratch s;
+    s.size(B, d);
+    const int64_t qd = d.heads * d.head_dim, qkv_n = qd + 2 * d.kv_heads * d.head_dim;
+    float* x = hidden;  // the running layer output, added into the residual by the next norm
+    for (int64_t l = 0; l < L; ++l) {
+        const int64_t* p = layers + l * SLOTS;
+        const int64_t* k = kinds + l * 4;
+        add_rmsnorm_f32(x, s.residual.data(), reinterpret_cast<const float*>(p[IN_NORM]), s.normed.data(), B,
+                        d.hidden, eps, l > 0, nthreads);
+        linear(p + QKV, k[0], s.normed.data(), s.qkv.data(), B, qkv_n, d.hidden, nthreads);
+        if (cache_type == F16_CACHE)
+            attend<F16>(p, d, s.qkv.data(), positions, cos, sin, slots, tables, lens, s.q.data(), s.attn.data(),
+                        B, MB, scale, nthreads);
+        else if (cache_type == BF16_CACHE)
+            attend<BF16>(p, d, s.qkv.data(), positions, cos, sin, slots, tables, lens, s.q.data(), s.attn.data(),
+                         B, MB, scale, nthreads);
+        else
+            attend<float>(p, d, s.qkv.data(), positions, cos, sin, slots, tables, lens, s.q.data(),
+                          s.attn.data(), B, MB, scale, nthreads);
+        linear(p + O, k[1], s.attn.data(), x, B, d.hidden, qd, nthreads);
+        add_rmsnorm_f32(x, s.residual.data(), reinterpret_cast<const float*>(p[POST_NORM]), s.normed.data(), B,
+                        d.hidden, eps, 1, nthreads);
+        linear(p + GATE_UP, k[2], s.normed.data(), s.gate_up.data(), B, 2 * d.inter, d.hidden, nthreads);
+        silu_and_mul_f32(s.gate_up.data(), s.act.data(), B, d.inter, nthreads);
+        linear(p + DOWN, k[3], s.act.data(), x, B, d.hidden, d.inter, nthreads);
+    }
+    add_rmsnorm_f32(x, s.residual.data(), final_norm, s.normed.data(), B, d.hidden, eps, L > 0, nthreads);
+    std::memcpy(hidden, s.normed.data(), B * d.hidden * sizeof(float));
+}
+
+int64_t decode_step_slots() { return SLOTS; }
+
+}  // extern "C"

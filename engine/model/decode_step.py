@@ -1,0 +1,193 @@
+"""A whole decode step of a block-quantized Llama in one C++ call, on the CPU.
+
+Why: with one to a few tokens per step, a layer's ten or so ops each take microseconds,
+and dispatching ~300 of them per step from Python (module calls, ctypes, allocations)
+cost about as much as the arithmetic. `engine/model/csrc/decode_step_cpu.cpp` runs every
+layer back to back on preallocated scratch, with the same C++ functions that the
+layer-by-layer path calls one at a time, so both give the same numbers.
+
+It applies to a step of decodes only, on a model whose projections are all block-quantized
+QuantLinear and whose K/V cache the C++ attention kernel reads, up to a number of decodes
+measured at load: both paths run synthetic decode steps of 1, 2, 4, ... tokens, and the
+fused step keeps every count up to its last win before the layer-by-layer path (whose big
+projections move to BLAS) wins twice in a row (on this machine, about 24 of 32). Anything
+else runs layer by layer. PAGODE_DECODE_STEP=0 turns it off; PAGODE_DECODE_STEP_TOKENS=N
+pins the limit.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+from pathlib import Path
+from typing import Any, cast
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine import native
+from engine.attention import AttentionMetadata, cpu_kernels
+from engine.model.llama import DecoderLayer, LlamaForCausalLM
+from engine.quant import dispatch
+from engine.quant.linear import QuantLinear
+
+log = logging.getLogger("pagode")
+
+_CSRC = Path(__file__).parent / "csrc"
+_SOURCE = _CSRC / "decode_step_cpu.cpp"
+_DEPENDS = (_CSRC / "fused_ops_cpu.cpp", _CSRC / "simd_exp.h",
+            Path(cpu_kernels.__file__).parent / "csrc" / "paged_attention_cpu.cpp",
+            Path(__file__).parents[1] / "quant" / "csrc" / "quant_linear_cpu.cpp")
+_P, _I64 = ctypes.c_void_p, ctypes.c_int64
+_CACHE_TYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+_KINDS = {"q4_1": 0, "q8_0": 1}
+PROJECTIONS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    lib.decode_step.restype = None
+    args: list[Any] = [_P, _P, _P, _I64, _P, _I64, _P, ctypes.c_float, ctypes.c_float]
+    lib.decode_step.argtypes = args + [_P] * 6 + [_I64, _I64, ctypes.c_int]
+    lib.decode_step_slots.restype = _I64
+
+
+KERNEL = native.Kernel(_SOURCE, [*native.CPU_FLAGS, "-ffp-contract=off"], _declare, depends=_DEPENDS)
+
+
+class FusedDecodeStep(nn.Module):
+    """The C++ step over one model and its K/V caches; holds pointers, not tensors of its own."""
+
+    def __init__(self, model: LlamaForCausalLM, kv_caches: list[torch.Tensor], lib: ctypes.CDLL) -> None:
+        super().__init__()
+        cfg = model.config
+        self.lib = lib
+        slots = int(lib.decode_step_slots())
+        layers = decoder_layers(model)
+        self.table = torch.zeros(len(layers), slots, dtype=torch.int64)
+        self.kinds = torch.zeros(len(layers), len(PROJECTIONS), dtype=torch.int64)
+        for i, (layer, cache) in enumerate(zip(layers, kv_caches, strict=True)):
+            row = [layer.input_layernorm.weight.data_ptr(), layer.post_attention_layernorm.weight.data_ptr(),
+                   cache[0].data_ptr(), cache[1].data_ptr()]
+            for j, name in enumerate(PROJECTIONS):
+                proj = layer.get_submodule(name)
+                assert isinstance(proj, QuantLinear) and proj.blocks is not None
+                b = proj.blocks
+                row += [b.qs.data_ptr(), b.scales.data_ptr(), 0 if b.mins is None else b.mins.data_ptr(),
+                        0 if proj.bias is None else proj.bias.data_ptr()]
+                self.kinds[i, j] = _KINDS[b.kind]
+            self.table[i] = torch.tensor(row, dtype=torch.int64)
+        self.max_tokens = 0  # set by measure_limit
+        self.dims = torch.tensor([cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
+                                  cfg.intermediate_size, kv_caches[0].shape[2]], dtype=torch.int64)
+        self.cache_type = _CACHE_TYPES[kv_caches[0].dtype]
+        self.final_norm = model.norm.weight.detach()
+        self.eps = model.norm.eps
+        self.scale = cfg.head_dim ** -0.5
+        self.cos, self.sin = model.rope.cos, model.rope.sin
+        self.embedding = model.embed_tokens.weight.detach()
+
+    def applies(self, meta: AttentionMetadata, num_tokens: int) -> bool:
+        return num_tokens == meta.num_decodes == meta.num_seqs and num_tokens <= self.max_tokens
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """The final-norm hidden states [B, hidden] of a decode-only step (K/V written)."""
+        hidden = F.embedding(input_ids, self.embedding).contiguous()
+        tables = meta.block_tables.to(torch.int32).contiguous()
+        lens = meta.seq_lens.to(torch.int32).contiguous()
+        positions = positions.to(torch.int64).contiguous()
+        slots = meta.slot_mapping.to(torch.int64).contiguous()
+        self.lib.decode_step(hidden.data_ptr(), self.table.data_ptr(), self.kinds.data_ptr(), self.table.shape[0],
+                             self.dims.data_ptr(), self.cache_type, self.final_norm.data_ptr(), self.eps,
+                             self.scale, self.cos.data_ptr(), self.sin.data_ptr(), positions.data_ptr(),
+                             slots.data_ptr(), tables.data_ptr(), lens.data_ptr(), hidden.shape[0],
+                             tables.shape[1], torch.get_num_threads())
+        return hidden
+
+
+def decoder_layers(model: LlamaForCausalLM) -> list[DecoderLayer]:
+    return [cast(DecoderLayer, layer) for layer in model.layers]
+
+
+def unsupported(model: LlamaForCausalLM, kv_caches: list[torch.Tensor]) -> str | None:
+    """Why the fused step cannot run this model, or None when it can."""
+    cfg = model.config
+    if os.environ.get("PAGODE_DECODE_STEP", "1") == "0":
+        return "PAGODE_DECODE_STEP=0"
+    if kv_caches[0].device.type != "cpu" or model.embed_tokens.weight.dtype != torch.float32:
+        return "not an fp32 model on the CPU"
+    if not getattr(decoder_layers(model)[0].self_attn.backend, "use_cpu_kernel", False):
+        return "the attention backend does not use the C++ kernel"
+    if not cpu_kernels.available(torch.float32, kv_caches[0].dtype, kv_caches[0].device):
+        return "no C++ attention kernel for this cache"
+    if cfg.num_key_value_heads * cfg.head_dim > cpu_kernels.MAX_KV_ROW:
+        return "K/V rows too wide"
+    for layer in model.layers:
+        for name in PROJECTIONS:
+            proj = layer.get_submodule(name)
+            if not isinstance(proj, QuantLinear) or proj.blocks is None:
+                return "not every projection is block-quantized"
+    return None
+
+
+def build(model: LlamaForCausalLM, kv_caches: list[torch.Tensor], max_decodes: int) -> FusedDecodeStep | None:
+    """The fused decode step for this model, or None (layer by layer) with the reason logged."""
+    why = unsupported(model, kv_caches)
+    lib = None if why else KERNEL.load()
+    if lib is None:
+        log.info("decode steps run layer by layer (%s)", why or "the C++ step did not build")
+        return None
+    step = FusedDecodeStep(model, kv_caches, lib)
+    crossover = measure_limit(step, model, kv_caches, max_decodes)
+    step.max_tokens = crossover.max_kernel_tokens
+    log.info("decode steps of up to %d decodes run as one C++ call (ms fused / layer by layer: %s)",
+             step.max_tokens, crossover.timings_ms)
+    return step
+
+
+_limits: dict[tuple[int, ...], dispatch.Crossover] = {}
+
+
+def measure_limit(step: FusedDecodeStep, model: LlamaForCausalLM, kv_caches: list[torch.Tensor],
+                  max_decodes: int) -> dispatch.Crossover:
+    """Time both paths on decode steps of 1, 2, 4, ... sequences; cached per model shape.
+
+    Each synthetic sequence holds one block of the (still empty) cache, so the K/V written
+    here is overwritten before any request reads it.
+    """
+    pinned = os.environ.get("PAGODE_DECODE_STEP_TOKENS")
+    if pinned:
+        return dispatch.Crossover(int(pinned))
+    block_size, num_blocks = kv_caches[0].shape[2], kv_caches[0].shape[1]
+    key = (*step.dims.tolist(), step.cache_type, len(kv_caches), max_decodes)
+    if key in _limits:
+        return _limits[key]
+    result = dispatch.Crossover(0)
+    losses = 0
+    with torch.inference_mode():
+        for m in dispatch.TOKEN_COUNTS:
+            if m > min(max_decodes, num_blocks):
+                break
+            ids, positions, meta = synthetic_decodes(m, block_size, step.embedding.shape[0])
+            t_fused = dispatch.best_time(lambda: step(ids, positions, meta), 3)  # noqa: B023
+            t_layers = dispatch.best_time(lambda: model(ids, positions, meta, kv_caches), 3)  # noqa: B023
+            result.timings_ms[m] = (round(t_fused * 1e3, 2), round(t_layers * 1e3, 2))
+            losses = losses + 1 if t_fused > t_layers else 0
+            if losses == 2:
+                break
+    result.decide()
+    _limits[key] = result
+    return result
+
+
+def synthetic_decodes(m: int, block_size: int, vocab: int) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+    """m decodes, sequence i at the last position of cache block i."""
+    seq_lens = torch.full((m,), block_size, dtype=torch.int32)
+    slots = torch.arange(m, dtype=torch.int64) * block_size + block_size - 1
+    meta = AttentionMetadata(
+        slot_mapping=slots, query_start_loc=torch.arange(m + 1, dtype=torch.int32), seq_lens=seq_lens,
+        block_tables=torch.arange(m, dtype=torch.int32).reshape(m, 1), num_decodes=m, max_query_len=1,
+        max_seq_len=block_size, query_start_loc_cpu=list(range(m + 1)), seq_lens_cpu=[block_size] * m)
+    ids = torch.randint(0, vocab, (m,), dtype=torch.int64)
+    return ids, torch.full((m,), block_size - 1, dtype=torch.int64), meta

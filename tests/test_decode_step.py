@@ -1,0 +1,80 @@
+"""The fused C++ decode step (engine/model/decode_step.py) against the layer-by-layer path.
+
+With every projection pinned to the block kernel, both paths compute with the same C++
+functions, so on the real model and a real batch of requests of different lengths they
+must pick the same tokens with the same log-probs, to the bit; and the step must really
+have run. (Unpinned, the layer-by-layer path moves some projections to BLAS.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from engine.bench import prose_token_ids
+from engine.llm import LLM
+from engine.model import decode_step
+from engine.model.decode_step import FusedDecodeStep
+from engine.outputs import RequestOutput
+from engine.quant import quality
+from engine.sampling_params import SamplingParams
+
+pytestmark = pytest.mark.skipif(decode_step.KERNEL.load() is None, reason="no C++ compiler")
+
+
+@pytest.fixture(scope="module", params=[("int4", "fp16"), ("int8", "fp32")], ids=lambda p: f"{p[0]}-{p[1]}")
+def quantized_llm(request: pytest.FixtureRequest) -> Iterator[LLM]:
+    mode, kv = request.param
+    yield LLM(quantization=mode, kv_cache_dtype=kv, kv_cache_memory="64MiB", max_model_len=512, max_num_seqs=8)
+
+
+def generate(llm: LLM, prompts: list[list[int]]) -> list[RequestOutput]:
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, logprobs=5)
+    return llm.generate(prompts, params)
+
+
+def test_fused_step_gives_the_layer_by_layer_tokens_and_logprobs(quantized_llm: LLM) -> None:
+    runner = quantized_llm.engine.runner
+    step = runner.decode_step
+    assert isinstance(step, FusedDecodeStep)
+    limit = decode_step.measure_limit(step, runner.model, runner.kv_caches, 8)
+    assert step.max_tokens == limit.max_kernel_tokens >= 1, limit.timings_ms  # it beats the layers at one token
+    step.max_tokens = 8  # every decode step of this batch takes it
+    batches: list[int] = []
+    hook = step.register_forward_hook(lambda mod, args, out: batches.append(out.shape[0]))
+    prompts = prose_token_ids(quantized_llm, [7, 40, 23], seed=3)
+    try:
+        fused = generate(quantized_llm, prompts)
+        runner.decode_step = None
+        quality.force_path(quantized_llm, "kernel")
+        layered = generate(quantized_llm, prompts)
+    finally:
+        runner.decode_step = step
+        quality.force_path(quantized_llm, None)
+        hook.remove()
+    assert batches == [3] * 19, batches  # every decode step of the batch ran fused
+    for a, b in zip(fused, layered, strict=True):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        assert a.outputs[0].logprobs == b.outputs[0].logprobs
+
+
+def test_fused_step_output_is_the_final_norm_of_the_last_layer(quantized_llm: LLM) -> None:
+    """Synthetic decodes straight through both paths: the hidden states agree bit for bit."""
+    runner = quantized_llm.engine.runner
+    step = runner.decode_step
+    assert isinstance(step, FusedDecodeStep)
+    ids, positions, meta = decode_step.synthetic_decodes(4, runner.block_size, step.embedding.shape[0])
+    quality.force_path(quantized_llm, "kernel")
+    try:
+        with torch.inference_mode():
+            got = step(ids, positions, meta)
+            expected = runner.model(ids, positions, meta, runner.kv_caches)
+    finally:
+        quality.force_path(quantized_llm, None)
+    assert torch.equal(got, expected)
+
+
+def test_unquantized_models_run_layer_by_layer(small_llm: LLM) -> None:
+    assert small_llm.engine.runner.decode_step is None
