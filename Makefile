@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 TORCH_SPEC ?= torch==2.13.0
 ARGS ?=
 
-.PHONY: install serve test lint bench-engine bench-attention bench-kernels bench-serve bench-quant profile-steps experiment tools check-deploy clean crosscheck plan-check bench-structured
+.PHONY: install serve test lint bench-engine bench-attention bench-kernels bench-serve bench-quant profile-steps experiment tools check-deploy clean crosscheck plan-check bench-structured bench-fused-ops
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -70,3 +70,6 @@ clean:
 
 bench-quant: $(STAMP)
 	$(PY) -m engine.quant.bench --json docs/bench/quant.json $(ARGS)
+
+bench-fused-ops: $(STAMP)
+	$(PY) -m engine.bench_fused_ops $(ARGS)

@@ -1,7 +1,7 @@
 """Quantization modes side by side, in one run: per-linear kernel timings, the bare model
 forward at decode batches of 1-256, one-stream decode tok/s and saturation out tok/s.
 
-    python -m engine.quant.bench [--modes none int8 int4] [--batches 1 16 64 256]
+    python -m engine.quant.bench [--modes none int8 int4] [--kv-cache-dtypes fp32 fp16] [--batches 1 16 64 256]
     make bench-quant ARGS="--modes none int4"
 
 Every mode is loaded in turn in the same process, so the ratios to `none` compare runs a
@@ -79,12 +79,13 @@ def linear_timings(llm: LLM, batches: list[int]) -> list[dict[str, Any]]:
     return rows
 
 
-def bench_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
-    llm = LLM(quantization=mode, kv_cache_memory=args.kv_cache_memory, max_model_len=1024,
+def bench_mode(mode: str, kv: str, args: argparse.Namespace) -> dict[str, Any]:
+    llm = LLM(quantization=mode, kv_cache_dtype=kv, kv_cache_memory=args.kv_cache_memory, max_model_len=1024,
               max_num_seqs=max(args.saturation_batch, max(args.batches)))
     prompts = prose_token_ids(llm, [args.prompt_len] * args.saturation_batch, seed=0)
     llm.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=4))  # warm-up
-    result: dict[str, Any] = {"mode": mode}
+    result: dict[str, Any] = {"mode": mode, "kv_cache_dtype": kv}
+    mode = f"{mode}, {kv} KV"
     result["one_stream_decode_tok_s"] = round(one_stream_decode(llm, prompts[0], args.stream_tokens), 1)
     print(f"[{mode}] one stream: {result['one_stream_decode_tok_s']} decode tok/s", flush=True)
     result["saturation_out_tok_s"] = round(saturation(llm, prompts, args.saturation_tokens), 1)
@@ -94,7 +95,7 @@ def bench_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
                                     for b in args.batches}
     print(f"[{mode}] bare forward tok/s by decode batch (context {args.context}): "
           f"{result['bare_forward_tok_s']}", flush=True)
-    if mode != "none":
+    if result["mode"] != "none" and kv == args.kv_cache_dtypes[0]:  # the linears do not depend on the KV dtype
         result["linears"] = linear_timings(llm, args.batches)
         result["crossovers"] = {f"{k[0]} {k[1]}x{k[2]}": v.max_kernel_tokens for k, v in dispatch.cached().items()}
     return result
@@ -111,18 +112,20 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--saturation-batch", type=int, default=128)
     ap.add_argument("--saturation-tokens", type=int, default=32)
     ap.add_argument("--kv-cache-memory", default="1GiB")
+    ap.add_argument("--kv-cache-dtypes", nargs="+", default=["auto"], help="each mode runs with each of these")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     torch.manual_seed(0)
-    results = [bench_mode(mode, args) for mode in args.modes]
-    base = next((r for r in results if r["mode"] == "none"), None)
-    print(f"\n{'mode':>5} {'1 stream':>9} {'ratio':>6} {'saturation':>11} {'ratio':>6}  bare forward tok/s (batch)")
+    results = [bench_mode(mode, kv, args) for mode in args.modes for kv in args.kv_cache_dtypes]
+    base = next((r for r in results if r["mode"] == "none"), None)  # the ratios' reference: the first `none`
+    print(f"\n{'mode':>5} {'KV':>5} {'1 stream':>9} {'ratio':>6} {'saturation':>11} {'ratio':>6}  "
+          "bare forward tok/s (batch)")
     for r in results:
         s1 = r["one_stream_decode_tok_s"] / base["one_stream_decode_tok_s"] if base else float("nan")
         s2 = r["saturation_out_tok_s"] / base["saturation_out_tok_s"] if base else float("nan")
         bare = " ".join(f"{b}:{v}" for b, v in r["bare_forward_tok_s"].items())
-        print(f"{r['mode']:>5} {r['one_stream_decode_tok_s']:>9} {s1:>6.2f} {r['saturation_out_tok_s']:>11} "
-              f"{s2:>6.2f}  {bare}")
+        print(f"{r['mode']:>5} {r['kv_cache_dtype']:>5} {r['one_stream_decode_tok_s']:>9} {s1:>6.2f} "
+              f"{r['saturation_out_tok_s']:>11} {s2:>6.2f}  {bare}")
     for r in results:
         for row in r.get("linears", []):
             print(f"[{r['mode']}] {row}")
