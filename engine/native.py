@@ -89,7 +89,3 @@ class Kernel:
             self.declare(lib)
         self.lib = lib
         return lib
-
-    def disable(self) -> None:
-        """Behave as if the library could not be built (the pure-torch paths take over)."""
-        self.lib, self.tried = None, True

@@ -10,7 +10,7 @@ It applies to a step of decodes only, on a model whose projections are all block
 QuantLinear and whose K/V cache the C++ attention kernel reads, up to a number of decodes
 measured at load: both paths run synthetic decode steps of 1, 2, 4, ... tokens, and the
 fused step keeps every count up to its last win before the layer-by-layer path (whose big
-projections move to BLAS) wins twice in a row (on this machine, about 24 of 32). Anything
+projections move to BLAS) wins twice in a row (on this machine, up to 16). Anything
 else runs layer by layer. PAGODE_DECODE_STEP=0 turns it off; PAGODE_DECODE_STEP_TOKENS=N
 pins the limit.
 """
@@ -163,20 +163,15 @@ def measure_limit(step: FusedDecodeStep, model: LlamaForCausalLM, kv_caches: lis
     key = (*step.dims.tolist(), step.cache_type, len(kv_caches), max_decodes)
     if key in _limits:
         return _limits[key]
-    result = dispatch.Crossover(0)
-    losses = 0
+    counts = [m for m in dispatch.TOKEN_COUNTS if m <= min(max_decodes, num_blocks)]
+
+    def time_both(m: int) -> tuple[float, float]:
+        ids, positions, meta = synthetic_decodes(m, block_size, step.embedding.shape[0])
+        return (dispatch.best_time(lambda: step(ids, positions, meta), 3),
+                dispatch.best_time(lambda: model(ids, positions, meta, kv_caches), 3))
+
     with torch.inference_mode():
-        for m in dispatch.TOKEN_COUNTS:
-            if m > min(max_decodes, num_blocks):
-                break
-            ids, positions, meta = synthetic_decodes(m, block_size, step.embedding.shape[0])
-            t_fused = dispatch.best_time(lambda: step(ids, positions, meta), 3)  # noqa: B023
-            t_layers = dispatch.best_time(lambda: model(ids, positions, meta, kv_caches), 3)  # noqa: B023
-            result.timings_ms[m] = (round(t_fused * 1e3, 2), round(t_layers * 1e3, 2))
-            losses = losses + 1 if t_fused > t_layers else 0
-            if losses == 2:
-                break
-    result.decide()
+        result = dispatch.race(counts, time_both, digits=2)
     _limits[key] = result
     return result
 

@@ -85,17 +85,17 @@ def bench_mode(mode: str, kv: str, args: argparse.Namespace) -> dict[str, Any]:
     prompts = prose_token_ids(llm, [args.prompt_len] * args.saturation_batch, seed=0)
     llm.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=4))  # warm-up
     result: dict[str, Any] = {"mode": mode, "kv_cache_dtype": kv}
-    mode = f"{mode}, {kv} KV"
+    label = f"{mode}, {kv} KV"
     result["one_stream_decode_tok_s"] = round(one_stream_decode(llm, prompts[0], args.stream_tokens), 1)
-    print(f"[{mode}] one stream: {result['one_stream_decode_tok_s']} decode tok/s", flush=True)
+    print(f"[{label}] one stream: {result['one_stream_decode_tok_s']} decode tok/s", flush=True)
     result["saturation_out_tok_s"] = round(saturation(llm, prompts, args.saturation_tokens), 1)
-    print(f"[{mode}] saturation (batch {args.saturation_batch}): {result['saturation_out_tok_s']} out tok/s",
+    print(f"[{label}] saturation (batch {args.saturation_batch}): {result['saturation_out_tok_s']} out tok/s",
           flush=True)
     result["bare_forward_tok_s"] = {b: round(bare_forward_rate(llm, b, args.context, args.reps), 1)
                                     for b in args.batches}
-    print(f"[{mode}] bare forward tok/s by decode batch (context {args.context}): "
+    print(f"[{label}] bare forward tok/s by decode batch (context {args.context}): "
           f"{result['bare_forward_tok_s']}", flush=True)
-    if result["mode"] != "none" and kv == args.kv_cache_dtypes[0]:  # the linears do not depend on the KV dtype
+    if mode != "none" and kv == args.kv_cache_dtypes[0]:  # the linears do not depend on the KV dtype
         result["linears"] = linear_timings(llm, args.batches)
         result["crossovers"] = {f"{k[0]} {k[1]}x{k[2]}": v.max_kernel_tokens for k, v in dispatch.cached().items()}
     return result

@@ -35,8 +35,6 @@ def _declare(lib: ctypes.CDLL) -> None:
 
 
 KERNEL = native.Kernel(_SOURCE, _FLAGS, _declare, switch="PAGODE_QUANT_KERNEL")
-
-
 load = KERNEL.load  # the library, or None when it cannot be built here (or PAGODE_QUANT_KERNEL=0)
 
 

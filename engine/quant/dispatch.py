@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -69,26 +69,37 @@ def measure(blocks: BlockWeights, gemm: Callable[[torch.Tensor], torch.Tensor]) 
     if pinned:
         _cache[key] = Crossover(int(pinned))
         return _cache[key]
-    result = Crossover(0)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         with torch.inference_mode():
-            losses = 0
-            for m in TOKEN_COUNTS:
-                x = torch.randn(m, blocks.in_features)
-                reps = 5 if m <= 16 else 2
-                t_kernel = best_time(lambda: cpu_kernel.block_linear(x, blocks), reps)  # noqa: B023
-                t_gemm = best_time(lambda: gemm(x), reps)  # noqa: B023
-                result.timings_ms[m] = (round(t_kernel * 1e3, 4), round(t_gemm * 1e3, 4))
-                losses = losses + 1 if t_kernel > t_gemm else 0
-                if losses == 2:
-                    break
+            result = race(TOKEN_COUNTS, lambda m: time_layer(blocks, gemm, m), digits=4)
     finally:
         torch.set_num_threads(threads)
-    result.decide()
     log.debug("crossover %s: kernel up to %d tokens, %s", key, result.max_kernel_tokens, result.timings_ms)
     _cache[key] = result
+    return result
+
+
+def time_layer(blocks: BlockWeights, gemm: Callable[[torch.Tensor], torch.Tensor], m: int) -> tuple[float, float]:
+    """Seconds of (block kernel, GEMM) on m random tokens, best of a few runs."""
+    x = torch.randn(m, blocks.in_features)
+    reps = 5 if m <= 16 else 2
+    return best_time(lambda: cpu_kernel.block_linear(x, blocks), reps), best_time(lambda: gemm(x), reps)
+
+
+def race(counts: Iterable[int], time_both: Callable[[int], tuple[float, float]], digits: int) -> Crossover:
+    """Time (candidate, incumbent) in seconds at each count, in order, until the incumbent wins
+    twice in a row; the candidate keeps every count up to its last win (Crossover.decide)."""
+    result = Crossover(0)
+    losses = 0
+    for m in counts:
+        mine, theirs = time_both(m)
+        result.timings_ms[m] = (round(mine * 1e3, digits), round(theirs * 1e3, digits))
+        losses = losses + 1 if mine > theirs else 0
+        if losses == 2:
+            break
+    result.decide()
     return result
 
 

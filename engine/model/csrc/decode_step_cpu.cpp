@@ -78,6 +78,9 @@ void decode_step(float* hidden, const int64_t* layers, const int64_t* kinds, int
     thread_local Scratch s;
     s.size(B, d);
     const int64_t qd = d.heads * d.head_dim, qkv_n = qd + 2 * d.kv_heads * d.head_dim;
+    const auto attend_fn = cache_type == F16_CACHE    ? attend<F16>
+                           : cache_type == BF16_CACHE ? attend<BF16>
+                                                      : attend<float>;
     float* x = hidden;  // the running layer output, added into the residual by the next norm
     for (int64_t l = 0; l < L; ++l) {
         const int64_t* p = layers + l * SLOTS;
@@ -85,15 +88,8 @@ void decode_step(float* hidden, const int64_t* layers, const int64_t* kinds, int
         add_rmsnorm_f32(x, s.residual.data(), reinterpret_cast<const float*>(p[IN_NORM]), s.normed.data(), B,
                         d.hidden, eps, l > 0, nthreads);
         linear(p + QKV, k[0], s.normed.data(), s.qkv.data(), B, qkv_n, d.hidden, nthreads);
-        if (cache_type == F16_CACHE)
-            attend<F16>(p, d, s.qkv.data(), positions, cos, sin, slots, tables, lens, s.q.data(), s.attn.data(),
-                        B, MB, scale, nthreads);
-        else if (cache_type == BF16_CACHE)
-            attend<BF16>(p, d, s.qkv.data(), positions, cos, sin, slots, tables, lens, s.q.data(), s.attn.data(),
-                         B, MB, scale, nthreads);
-        else
-            attend<float>(p, d, s.qkv.data(), positions, cos, sin, slots, tables, lens, s.q.data(),
-                          s.attn.data(), B, MB, scale, nthreads);
+        attend_fn(p, d, s.qkv.data(), positions, cos, sin, slots, tables, lens, s.q.data(), s.attn.data(), B, MB,
+                  scale, nthreads);
         linear(p + O, k[1], s.attn.data(), x, B, d.hidden, qd, nthreads);
         add_rmsnorm_f32(x, s.residual.data(), reinterpret_cast<const float*>(p[POST_NORM]), s.normed.data(), B,
                         d.hidden, eps, 1, nthreads);
