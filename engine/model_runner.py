@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -52,6 +53,20 @@ class ModelRunner:
         self.decode_step = (decode_step.build(self.model, self.kv_caches, config.max_num_seqs)
                             if self.device.type == "cpu" else None)
         self.model.decode_step = self.decode_step  # a submodule, so the step profiler times it
+        self._loading_thread: int | None = threading.get_ident()  # None once warned
+
+    def _check_thread(self) -> None:
+        """Warn once if steps run in another thread than the one that loaded the model.
+
+        libgomp gives each thread that opens a parallel region its own worker pool and, with
+        more threads than cores, throttles their spin-wait: on 2 cores a one-stream step took
+        22 ms instead of 13. AsyncEngine loads and steps in one thread for this reason."""
+        if self._loading_thread is None or threading.get_ident() == self._loading_thread:
+            return
+        self._loading_thread = None
+        if self.device.type == "cpu":
+            log.warning("the model runs steps in another thread than the one that loaded it: OpenMP "
+                        "keeps a worker pool per thread and CPU steps get slower; load and step in one thread")
 
     def enable_cuda_graphs(self, config: EngineConfig, max_model_len: int) -> None:
         self.graphs = self._maybe_cuda_graphs(config, max_model_len)
@@ -116,6 +131,7 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, inputs: StepInputs) -> torch.Tensor:
         """Logits [len(sample_indices), vocab] of the tokens that complete their sequence."""
+        self._check_thread()
         if self.graphs is not None and self.graphs.can_run(inputs.meta):
             hidden = self.graphs.run(inputs.input_ids, inputs.positions, inputs.meta)
         elif self.decode_step is not None and self.decode_step.applies(inputs.meta, len(inputs.input_ids)):

@@ -32,11 +32,13 @@ from loadgen.plots import plot_cdfs, plot_timelines, save
 from loadgen.report import clean_json, fmt, write_results
 from loadgen.server_process import running_server
 
-# SmolLM2-135M: 30 layers x 3 KV heads x 64 dims, K and V, fp32.
-BYTES_PER_POSITION = 2 * 30 * 3 * 64 * 4  # 46080
+# SmolLM2-135M: 30 layers x 3 KV heads x 64 dims, K and V, fp16 (pinned on the server, so
+# that the budget holds SEQS_RESERVED x MAX_MODEL_LEN positions whatever the default).
+KV_CACHE_DTYPE = "fp16"
+BYTES_PER_POSITION = 2 * 30 * 3 * 64 * 2  # 23040
 SEQS_RESERVED = 64
 MAX_MODEL_LEN = 512
-DEFAULT_KV_BYTES = SEQS_RESERVED * MAX_MODEL_LEN * BYTES_PER_POSITION  # 1509949440
+DEFAULT_KV_BYTES = SEQS_RESERVED * MAX_MODEL_LEN * BYTES_PER_POSITION  # 754974720
 LOADS = ("low", "high")
 
 
@@ -75,7 +77,8 @@ def server_args(args: argparse.Namespace, policy: str) -> list[str]:
     extra = ["--model", args.model] if args.model else []
     return ["--policy", policy, "--max-model-len", str(args.max_model_len),
             "--block-size", str(args.block_size), "--watermark", str(args.watermark),
-            "--kv-cache-memory", str(args.kv_cache_memory), *extra, *args.server_arg]
+            "--kv-cache-memory", str(args.kv_cache_memory), "--kv-cache-dtype", KV_CACHE_DTYPE,
+            *extra, *args.server_arg]
 
 
 def run_policy(

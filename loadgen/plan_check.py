@@ -1,12 +1,14 @@
 """`make plan-check`: `pagode plan`'s predictions against a real loadgen run, at two rates.
 
-It asks `pagode plan` (a subprocess: loadgen never imports the engine) for the saturation
-throughput of the workload, then for its predictions at 40% and 85% of it (or at
---rates), replays the same seeded trace at those rates against a live `pagode serve`
-with the same engine settings, and writes predicted and measured output tok/s and TTFT,
-ITL, TPOT and E2E at p50 and p99 side by side (JSON and markdown). The planner draws its
-trace exactly as loadgen's `text` dataset and arrivals do (same seed, same lengths).
-Without a step-time fit it first runs `pagode plan --calibrate`.
+It starts a `pagode serve` with the engine settings of the step-time fit, measures the
+serving overhead the engine's calibration cannot see (SSE writes and this client on the
+same cores) with two short probes, asks `pagode plan` (a subprocess: loadgen never imports
+the engine) for the saturation throughput of the workload with that overhead, then for its
+predictions at 40% and 85% of it (or at --rates), replays the same seeded trace at those
+rates, and writes predicted and measured output tok/s and TTFT, ITL, TPOT and E2E at p50
+and p99 side by side (JSON and markdown), beside the prediction for the engine alone. The
+planner draws its trace exactly as loadgen's `text` dataset and arrivals do (same seed,
+same lengths). Without a step-time fit it first runs `pagode plan --calibrate`.
 
     python -m loadgen.plan_check --num-prompts 60 --kv-cache-memory 1GiB
 """
@@ -16,6 +18,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -30,6 +34,8 @@ from loadgen.client import COMPLETIONS_PATH, Target
 from loadgen.datasets import parse_range
 from loadgen.server_process import REPO_ROOT, running_server
 
+PROBE_BURSTS = (1, 16)  # requests sent at once by the two overhead probes
+PROBE_LENS = ("64", "128")  # their prompt and output tokens
 METRICS = (("output tok/s", "output_throughput", None),
            ("TTFT p50 (ms)", "ttft_s", "p50"), ("TTFT p99 (ms)", "ttft_s", "p99"),
            ("ITL p50 (ms)", "itl_s", "p50"), ("ITL p99 (ms)", "itl_s", "p99"),
@@ -37,10 +43,11 @@ METRICS = (("output tok/s", "output_throughput", None),
            ("E2E p99 (s)", "e2e_s", "p99"))
 
 
-def plan(args: argparse.Namespace, *extra: str) -> dict[str, Any]:
+def plan(args: argparse.Namespace, *extra: str, num_prompts: int | None = None,
+         input_len: str | None = None, output_len: str | None = None) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "server.cli", "plan", "--kv-cache-memory", args.kv_cache_memory,
-           "--input-len", args.input_len, "--output-len", args.output_len,
-           "--num-prompts", str(args.num_prompts), "--seed", str(args.seed), *extra]
+           "--input-len", input_len or args.input_len, "--output-len", output_len or args.output_len,
+           "--num-prompts", str(num_prompts or args.num_prompts), "--seed", str(args.seed), *extra]
     if args.fit:
         cmd += ["--fit", str(args.fit)]
     out = subprocess.run(cmd, cwd=REPO_ROOT, check=True, capture_output=True, text=True).stdout
@@ -50,6 +57,36 @@ def plan(args: argparse.Namespace, *extra: str) -> dict[str, Any]:
     return data
 
 
+def measure_overhead(args: argparse.Namespace, target: Target, console: Console) -> dict[str, Any]:
+    """The serving cost per step beyond the engine's, a + b x sequences, from two short probes.
+
+    A burst of 1 and one of 16 requests (64 prompt and 128 output tokens) each decode as one
+    batch; the TPOT p50 loadgen measures, minus the one `pagode plan` predicts for the engine
+    alone, is the step's overhead at 1 and at 16 sequences. The probes' lengths and sizes differ
+    from the checked workload's, so the check still tests the model."""
+    points = []
+    for n in PROBE_BURSTS:
+        predicted = plan(args, "--json", "--rate", "inf", num_prompts=n, input_len=PROBE_LENS[0],
+                         output_len=PROBE_LENS[1])["prediction"]["tpot_s"]["p50"]
+        settings = Settings(num_prompts=n, input_len=parse_range(PROBE_LENS[0]),
+                            output_len=parse_range(PROBE_LENS[1]), seed=args.seed + 1, ignore_eos=True,
+                            show_progress=False)
+        _, _, res = asyncio.run(run_loadgen(target, settings, [math.inf], console))
+        measured = res["runs"][0]["summary"]["tpot_s"]["p50"]
+        points.append({"requests": n, "tpot_predicted_s": predicted, "tpot_measured_s": measured})
+    per_step, per_seq = fit_overhead([(p["requests"], p["tpot_measured_s"] - p["tpot_predicted_s"])
+                                      for p in points])
+    return {"per_step_s": per_step, "per_seq_s": per_seq, "probes": points}
+
+
+def fit_overhead(points: list[tuple[int, float]]) -> tuple[float, float]:
+    """(a, b) of a + b x sequences through two (sequences, extra seconds per step) points,
+    neither below 0: a probe that ran faster than the engine alone adds nothing."""
+    (n1, d1), (n2, d2) = points
+    per_seq = max((d2 - d1) / (n2 - n1), 0.0)
+    return max(d1 - per_seq * n1, 0.0), per_seq
+
+
 def value(summary: dict[str, Any], key: str, stat: str | None) -> float | None:
     v = summary[key] if stat is None else summary[key][stat]
     if v is None:
@@ -57,22 +94,36 @@ def value(summary: dict[str, Any], key: str, stat: str | None) -> float | None:
     return float(v) * (1e3 if stat is not None and key != "e2e_s" else 1.0)
 
 
-def compare(predicted: dict[str, Any], measured: dict[str, Any]) -> list[dict[str, Any]]:
+def error(p: float | None, m: float | None) -> float | None:
+    return None if p is None or m is None or m == 0 else (p - m) / m
+
+
+def compare(predicted: dict[str, Any], measured: dict[str, Any],
+            engine_only: dict[str, Any]) -> list[dict[str, Any]]:
     rows = []
     for label, key, stat in METRICS:
-        p, m = value(predicted, key, stat), value(measured, key, stat)
-        err = None if p is None or m is None or m == 0 else (p - m) / m
-        rows.append({"metric": label, "predicted": p, "measured": m, "error": err})
+        p, m, e = value(predicted, key, stat), value(measured, key, stat), value(engine_only, key, stat)
+        rows.append({"metric": label, "predicted": p, "measured": m, "error": error(p, m),
+                     "engine_only": e, "engine_only_error": error(e, m)})
     return rows
 
 
+def number(v: float | None) -> str:
+    return "-" if v is None else f"{v:,.2f}"
+
+
+def percent(v: float | None) -> str:
+    return "-" if v is None else f"{v:+.0%}"
+
+
 def markdown(runs: list[dict[str, Any]]) -> str:
-    lines = ["| rate (req/s) | metric | predicted | measured | error |", "|---:|---|---:|---:|---:|"]
+    lines = ["| rate (req/s) | metric | predicted | measured | error | engine alone | its error |",
+             "|---:|---|---:|---:|---:|---:|---:|"]
     for run in runs:
         for r in run["rows"]:
-            p, m, e = r["predicted"], r["measured"], r["error"]
-            lines.append(f"| {run['rate']:.3g} | {r['metric']} | {'-' if p is None else f'{p:,.2f}'} | "
-                         f"{'-' if m is None else f'{m:,.2f}'} | {'-' if e is None else f'{e:+.0%}'} |")
+            lines.append(f"| {run['rate']:.3g} | {r['metric']} | {number(r['predicted'])} | "
+                         f"{number(r['measured'])} | {percent(r['error'])} | {number(r['engine_only'])} | "
+                         f"{percent(r['engine_only_error'])} |")
     return "\n".join(lines) + "\n"
 
 
@@ -95,9 +146,11 @@ def main(argv: list[str] | None = None) -> int:
         console.print("calibrating the step-time model (pagode plan --calibrate)...")
         plan(args, "--calibrate")
         first = plan(args, "--json", "--rate", "inf")
-    saturation = first["prediction"]["request_throughput"]
-    rates = args.rates or [round(0.40 * saturation, 3), round(0.85 * saturation, 3)]
-    predictions = [plan(args, "--json", "--rate", str(r))["prediction"] for r in rates]
+    # The server measures its fused-decode limit at load, with the machine's noise; run it
+    # with the limit the step-time model was fitted for, so both describe the same engine.
+    limit = (first.get("step_model") or {}).get("fused_decode_limit", 0)
+    if limit:
+        os.environ["PAGODE_DECODE_STEP_TOKENS"] = str(limit)
     settings = Settings(num_prompts=args.num_prompts, input_len=parse_range(args.input_len),
                         output_len=parse_range(args.output_len), seed=args.seed, ignore_eos=True,
                         show_progress=False)
@@ -105,11 +158,21 @@ def main(argv: list[str] | None = None) -> int:
         model = httpx.get(url + "/v1/models", timeout=30).json()["data"][0]["id"]
         httpx.post(url + COMPLETIONS_PATH, json={"model": model, "prompt": "Warm up.", "max_tokens": 8},
                    timeout=600).raise_for_status()
-        _, _, results = asyncio.run(run_loadgen(Target(url, COMPLETIONS_PATH, model), settings, rates, console))
+        target = Target(url, COMPLETIONS_PATH, model)
+        overhead = measure_overhead(args, target, console)
+        flag = f"{overhead['per_step_s'] * 1e3:.3f},{overhead['per_seq_s'] * 1e3:.3f}"
+        saturation = plan(args, "--json", "--rate", "inf", "--serving-overhead", flag)["prediction"]["request_throughput"]
+        console.print(f"serving overhead: {flag} (ms per step, ms per sequence); saturation {saturation:.3f} req/s")
+        rates = args.rates or [round(0.40 * saturation, 3), round(0.85 * saturation, 3)]
+        engine_only = [plan(args, "--json", "--rate", str(r))["prediction"] for r in rates]
+        predictions = [plan(args, "--json", "--rate", str(r), "--serving-overhead", flag)["prediction"]
+                       for r in rates]
+        _, _, results = asyncio.run(run_loadgen(target, settings, rates, console))
     runs = [{"rate": r, "predicted": pred, "measured": run["summary"],
-             "rows": compare(pred, run["summary"])}
-            for r, pred, run in zip(rates, predictions, results["runs"], strict=True)]
+             "rows": compare(pred, run["summary"], alone)}
+            for r, pred, alone, run in zip(rates, predictions, engine_only, results["runs"], strict=True)]
     report = {"saturation_predicted_req_s": saturation, "step_model": first.get("step_model"),
+              "fused_decode_limit": limit, "serving_overhead": overhead,
               "settings": {k: str(v) for k, v in vars(args).items()},
               "runs": [{"rate": r["rate"], "rows": r["rows"]} for r in runs]}
     (args.out / "plan_check.json").write_text(json.dumps(report, indent=1))
@@ -117,7 +180,9 @@ def main(argv: list[str] | None = None) -> int:
     table = markdown(runs)
     (args.out / "plan_check.md").write_text(
         f"Predicted saturation: {saturation:.3f} req/s; {args.num_prompts} requests per rate, prompts "
-        f"{args.input_len}, outputs {args.output_len} (ignore_eos), KV {args.kv_cache_memory}.\n\n" + table)
+        f"{args.input_len}, outputs {args.output_len} (ignore_eos), KV {args.kv_cache_memory}; fused decode "
+        f"limit {limit}; serving overhead measured by the probes: {flag} (ms per step, ms per sequence). "
+        f"'engine alone' predicts without that overhead.\n\n" + table)
     console.print(table)
     return 0
 

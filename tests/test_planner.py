@@ -8,6 +8,8 @@ engine on a tiny grid.
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -64,16 +66,31 @@ def test_the_seed_articles_8b_example() -> None:
 
 
 def test_fit_recovers_known_coefficients() -> None:
-    true = [0.02, 0.001, 0.003, 0.0005, 0.04]
+    true = [0.02, 0.001, 0.003, 0.0005, 0.04, 0.008, 0.003]
     works = [StepWork(b, b * c, p, p * (p + c)) for b in (1, 4, 16, 64) for c in (32, 300)
              for p in (0, 64, 500)]
-    times = [StepTimeModel(true).predict(w) for w in works]
-    model = fit(works, times)
+    times = [StepTimeModel(true, fused_decode_limit=16).predict(w) for w in works]
+    model = fit(works, times, fused_decode_limit=16)
     assert model.coefficients == pytest.approx(true, rel=1e-6)
     assert model.meta["median_rel_error"] < 1e-9
     # a feature that only adds noise in the wrong direction is dropped, not made negative
-    model = fit(works, [t - 1e-5 * w.decode_context / 1e3 for t, w in zip(times, works, strict=True)])
+    model = fit(works, [t - 1e-5 * w.decode_context / 1e3 for t, w in zip(times, works, strict=True)],
+                fused_decode_limit=16)
     assert all(c >= 0 for c in model.coefficients[1:])
+
+
+def test_fused_decode_steps_take_their_own_piece() -> None:
+    model = StepTimeModel([0.05, 0.001, 0.0, 0.0, 0.0, 0.01, 0.003], fused_decode_limit=16)
+    assert model.predict(StepWork(1, 100)) == pytest.approx(0.01 + 0.003)
+    assert model.predict(StepWork(16, 1600)) == pytest.approx(0.01 + 16 * 0.003)
+    assert model.predict(StepWork(17, 1700)) == pytest.approx(0.05 + 17 * 0.001)
+    # a step with a prefill chunk is never fused, whatever its decode batch
+    assert model.predict(StepWork(1, 100, 64, 64 * 64)) == pytest.approx(0.05 + 0.001)
+    # no fused step (CUDA, or PAGODE_DECODE_STEP=0): one piece, the fused columns stay empty
+    works = [StepWork(b, b * 64) for b in (1, 2, 8, 32)] + [StepWork(b, b * 64, 64, 4096) for b in (1, 8, 32)]
+    flat = fit(works, [0.02 + 0.001 * w.decode_seqs + 1e-5 * w.prefill_tokens for w in works])
+    assert flat.coefficients[5:] == [0.0, 0.0] and flat.fused_decode_limit == 0
+    assert StepTimeModel.from_json(flat.to_json()).fused_decode_limit == 0
 
 
 def test_work_of_splits_decodes_and_prefill_chunks() -> None:
@@ -86,7 +103,7 @@ CONSTANT = 0.05
 
 
 def constant_model() -> StepTimeModel:
-    return StepTimeModel([CONSTANT, 0.0, 0.0, 0.0, 0.0])
+    return StepTimeModel([CONSTANT, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0])
 
 
 def test_one_request_alone_takes_one_step_per_token() -> None:
@@ -128,7 +145,7 @@ def test_spaced_arrivals_never_queue() -> None:
 
 def test_preemption_under_a_small_cache_completes_everything_without_leaks() -> None:
     work = Workload((16, 128), (32, 200), num_requests=40, seed=3)
-    model = StepTimeModel([0.01, 0.001, 0.0, 0.0001, 0.0])
+    model = StepTimeModel([0.01, 0.001, 0.0, 0.0001, 0.0, 0.0, 0.0])
     sim = Simulator(SimConfig(num_blocks=60, max_model_len=400), model, check_invariants=True)
     res = sim.run(work.requests(math.inf))
     assert len(res.requests) == 40 and res.unservable == 0
@@ -160,6 +177,30 @@ def test_bisection_finds_the_highest_rate_meeting_the_slo(threshold: float) -> N
     assert found is not None and threshold / 1.02 <= found <= threshold
     assert len(calls) < 30
     assert bisect_rate(lambda r: False) is None
+
+
+def test_serving_overhead_adds_per_step_and_per_sequence() -> None:
+    from engine.planner.cli import parse_overhead
+
+    assert parse_overhead("3,1.1") == pytest.approx((0.003, 0.0011))
+    for bad in ("3", "3,x", "-1,1", "1,inf"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse_overhead(bad)
+    alone = StepTimeModel([0.05, 0.001, 0.0, 0.0001, 0.0, 0.01, 0.003], fused_decode_limit=16)
+    served = dataclasses.replace(alone, overhead_s=0.003, overhead_per_seq_s=0.001)
+    for work, seqs in ((StepWork(1, 100), 1), (StepWork(40, 4000), 40), (StepWork(8, 800, 64, 4096), 9)):
+        assert served.predict(work) == pytest.approx(alone.predict(work) + 0.003 + 0.001 * seqs)
+
+
+def test_plan_check_fits_the_overhead_through_its_two_probes() -> None:
+    from loadgen.plan_check import fit_overhead
+
+    # 1 sequence: 3.1 ms more than the engine alone; 16 sequences: 11.8 ms more
+    per_step, per_seq = fit_overhead([(1, 0.0031), (16, 0.0118)])
+    assert per_seq == pytest.approx(0.00058) and per_step == pytest.approx(0.00252)
+    # probes faster than the engine alone add nothing, and never a negative cost
+    assert fit_overhead([(1, -0.002), (16, -0.001)]) == (0.0, pytest.approx(0.001 / 15))
+    assert fit_overhead([(1, 0.004), (16, 0.001)]) == (0.004, 0.0)
 
 
 @pytest.fixture(scope="module")
@@ -195,8 +236,10 @@ def test_pagode_plan_json(calibrated: Path, capsys: pytest.CaptureFixture[str]) 
                "--num-prompts", "20", "--rate", "0.5", "--slo", "ttft=60000,itl=60000", "--json"])
     assert rc == 0
     plan = json.loads(capsys.readouterr().out)
-    assert plan["memory"]["kv_bytes_per_token"] == 46_080
-    assert plan["memory"]["num_blocks"] == 512 * 2**20 // (46_080 * 16)
+    # the KV dtype pagode serve uses on the CPU by default (auto: fp16), 2 bytes a value
+    assert plan["kv_cache_dtype"] == "fp16"
+    assert plan["memory"]["kv_bytes_per_token"] == 23_040
+    assert plan["memory"]["num_blocks"] == 512 * 2**20 // (23_040 * 16)
     pred = plan["prediction"]
     assert pred["completed"] == 20 and pred["output_throughput"] > 0
     assert pred["ttft_s"]["p50"] <= pred["ttft_s"]["p99"] <= pred["e2e_s"]["p99"]

@@ -144,6 +144,18 @@ async def test_log_requests_text_logs_prompt_and_output(
     assert f"output={result['choices'][0]['text']!r}" in line
 
 
+async def test_steps_run_in_the_thread_that_loaded_the_model(
+        servers: dict[str, ServerProcess]) -> None:
+    # One OpenMP master thread per process: the runner warns when a step runs in another
+    # thread than the model's loader (each gets its own throttled worker pool, a slower step).
+    server = servers["dying"]
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=30.0) as client:
+        body = {"prompt": "Sing about a kettle", "max_tokens": 4, "temperature": 0}
+        (await client.post("/v1/completions", json=body)).raise_for_status()
+    assert "id=" in server.log()  # the request reached the engine and was logged
+    assert "another thread than the one that loaded it" not in server.log()
+
+
 async def wait_for_metric(client: httpx.AsyncClient, name: str, value: float) -> str:
     deadline = time.monotonic() + WAIT_S
     while True:

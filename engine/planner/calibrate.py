@@ -38,7 +38,8 @@ class Grid:
     def for_device(cls, device: str) -> Grid:
         if device == "cuda":
             return cls((1, 8, 32, 128, 256), (128, 1024), (128, 512, 2048), 4)
-        return cls((1, 8, 32, 64), (32, 192), (64, 256, 512), 3)
+        # both pieces of the step model: fused decode steps (up to 16 here) and layer by layer
+        return cls((1, 4, 12, 24, 48, 96), (32, 192), (64, 256, 512), 3)
 
     @classmethod
     def quick(cls) -> Grid:
@@ -46,9 +47,10 @@ class Grid:
         return cls((1, 6), (16, 64), (32, 96), 2)
 
 
-def default_fit_path(model_name: str, device: str) -> Path:
+def default_fit_path(model_name: str, device: str, weights: str, kv: str) -> Path:
+    """One fit per model, device, weights (fp32, int4, ...) and KV dtype: each times differently."""
     root = Path(os.environ.get("PAGODE_CACHE_DIR", Path.home() / ".cache" / "pagode"))
-    return root / "plan" / f"{model_name}-{device}.json"
+    return root / "plan" / f"{model_name}-{device}-{weights}-{kv}.json"
 
 
 class StepRecorder:
@@ -129,13 +131,16 @@ class Calibration:
             self.log(f"  batch {batch:4d} x context {context:5d}: {len(self.recorder.times)} steps "
                      f"timed, {time.monotonic() - started:.0f} s")
         self.engine.check_invariants()
-        model = fit(self.recorder.works, self.recorder.times, str(self.engine.runner.device.type))
+        step = self.engine.runner.decode_step
+        model = fit(self.recorder.works, self.recorder.times, str(self.engine.runner.device.type),
+                    step.max_tokens if step is not None else 0)
         model.meta.update(self.describe(time.monotonic() - started))
         return model
 
     def describe(self, seconds: float) -> dict[str, object]:
         e = self.engine
         return {"model": e.model_name, "dtype": str(e.runner.dtype).removeprefix("torch."),
+                "quantization": e.config.quantization, "kv_cache_dtype": str(e.runner.kv_dtype).removeprefix("torch."),
                 "attention": e.runner.backend.name, "token_budget": e.config.token_budget,
                 "grid": {"batches": list(self.grid.batches), "contexts": list(self.grid.contexts),
                          "chunks": list(self.grid.chunks)},

@@ -9,12 +9,20 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 from pathlib import Path
 from typing import Any
 
-from engine.config import EngineConfig, parse_bytes
+from engine.config import (
+    KV_CACHE_DTYPES,
+    POLICIES,
+    QUANTIZATION_MODES,
+    EngineConfig,
+    parse_bytes,
+    parse_dtype,
+)
 from engine.planner.calibrate import calibrate, default_fit_path
 from engine.planner.memory import default_contexts, plan_memory
 from engine.planner.predict import SLO, advise, attainment, capacity, parse_slo, simulate, summarize
@@ -26,11 +34,13 @@ from engine.planner.workload import Workload, parse_range
 def add_plan_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="a .gguf file or HF folder (default: SmolLM2-135M-Instruct)")
     p.add_argument("--kv-cache-memory", default="1GiB", help="memory for the KV cache")
-    p.add_argument("--kv-cache-dtype", default=None,
-                   help="fp32, fp16 or bf16 (default: the device's dtype: fp32 on CPU, bf16 on CUDA)")
-    p.add_argument("--quantization", default=None,
-                   help="weights bytes: int8 or int4 (default: the device's dtype)")
+    p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",
+                   help="as pagode serve's (auto: fp16 on CPU, the model dtype on CUDA)")
+    p.add_argument("--quantization", choices=QUANTIZATION_MODES, default="auto",
+                   help="as pagode serve's (auto: int4 on an AVX2 CPU, none on CUDA)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
+    p.add_argument("--policy", choices=POLICIES, default="paged",
+                   help="as pagode serve's: paged, continuous (whole-context reservation) or static batches")
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--max-model-len", type=int, default=None, help="default: the context, capped at 2048")
     p.add_argument("--max-num-seqs", type=int, default=256)
@@ -46,22 +56,48 @@ def add_plan_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--slo-attainment", type=float, default=0.99,
                    help="fraction of requests that must meet the SLO")
     p.add_argument("--fit", type=Path, default=None,
-                   help="step-time fit file (default: ~/.cache/pagode/plan/MODEL-DEVICE.json)")
+                   help="step-time fit file (default: ~/.cache/pagode/plan/MODEL-DEVICE-WEIGHTS-KV.json)")
+    p.add_argument("--serving-overhead", type=parse_overhead, default=(0.0, 0.0), metavar="MS,MS_PER_SEQ",
+                   help="serving cost added to each engine step: MS plus MS_PER_SEQ per sequence "
+                        "(SSE writes and clients on the same cores; default 0,0: the engine alone)")
     p.add_argument("--calibrate", action="store_true",
                    help="time the real engine over a grid (a minute or two) and save the fit")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
 
 
+def parse_overhead(text: str) -> tuple[float, float]:
+    """'3,1.1' -> (0.003, 0.0011) seconds: per step and per sequence."""
+    parts = text.split(",")
+    if len(parts) != 2:
+        raise argparse.ArgumentTypeError(f"--serving-overhead wants MS,MS_PER_SEQ, not {text!r}")
+    try:
+        per_step, per_seq = (float(x) / 1e3 for x in parts)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"--serving-overhead wants two numbers, not {text!r}") from err
+    if per_step < 0 or per_seq < 0 or not math.isfinite(per_step + per_seq):
+        raise argparse.ArgumentTypeError("--serving-overhead wants finite values >= 0")
+    return per_step, per_seq
+
+
 def engine_config(args: argparse.Namespace) -> EngineConfig:
-    return EngineConfig(model=args.model, kv_cache_memory=args.kv_cache_memory, block_size=args.block_size,
+    return EngineConfig(model=args.model, policy=args.policy, kv_cache_memory=args.kv_cache_memory,
+                        block_size=args.block_size,
                         max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
                         max_num_batched_tokens=args.max_num_batched_tokens, watermark=args.watermark,
-                        device=args.device, seed=args.seed)
+                        device=args.device, seed=args.seed, kv_cache_dtype=args.kv_cache_dtype,
+                        quantization=args.quantization)
 
 
-def device_dtypes(device: str, args: argparse.Namespace) -> tuple[str, str]:
-    native = "fp32" if device == "cpu" else "bf16"
-    return args.kv_cache_dtype or native, args.quantization or native
+def device_dtypes(config: EngineConfig) -> tuple[str, str]:
+    """(KV dtype, weights dtype) as the engine resolves them for this config's device."""
+    from engine.kv_cache import dtype_name, resolve_kv_cache_dtype
+    from engine.quant.modes import resolve_mode
+
+    device = config.torch_device
+    model_dtype = parse_dtype(config.dtype, device)
+    kv = dtype_name(resolve_kv_cache_dtype(config.kv_cache_dtype, model_dtype, device))
+    mode, _ = resolve_mode(config.quantization, device, model_dtype)
+    return kv, dtype_name(model_dtype) if mode == "none" else mode
 
 
 def build_plan(args: argparse.Namespace) -> dict[str, Any]:
@@ -71,7 +107,7 @@ def build_plan(args: argparse.Namespace) -> dict[str, Any]:
     source = resolve_model(args.model)
     cfg = read_config(source)
     device = config.torch_device.type
-    kv_dtype, w_dtype = device_dtypes(device, args)
+    kv_dtype, w_dtype = device_dtypes(config)
     mem = plan_memory(cfg, parse_bytes(args.kv_cache_memory), kv_dtype, w_dtype, args.block_size)
     max_len = args.max_model_len or min(cfg.max_position_embeddings, 2048, mem.kv_tokens)
     plan: dict[str, Any] = {
@@ -81,15 +117,16 @@ def build_plan(args: argparse.Namespace) -> dict[str, Any]:
                    "weights_bytes": mem.weights_bytes,
                    "max_sequences_by_context": mem.table(default_contexts(cfg.max_position_embeddings))},
     }
-    fit_path = args.fit or default_fit_path(source.name, device)
+    fit_path = args.fit or default_fit_path(source.name, device, w_dtype, kv_dtype)
     if not fit_path.exists():
         plan["prediction"] = None
         plan["note"] = f"no step-time fit at {fit_path}: run `pagode plan --calibrate` first"
         return plan
-    model = StepTimeModel.load(fit_path)
+    model = dataclasses.replace(StepTimeModel.load(fit_path), overhead_s=args.serving_overhead[0],
+                                overhead_per_seq_s=args.serving_overhead[1])
     sim = SimConfig(num_blocks=mem.num_blocks, block_size=args.block_size, max_model_len=max_len,
                     max_num_seqs=args.max_num_seqs, max_num_batched_tokens=config.token_budget,
-                    watermark=args.watermark)
+                    watermark=args.watermark, policy=args.policy)
     workload = Workload(args.input_len, args.output_len, args.num_prompts, args.burstiness, args.seed)
     plan["step_model"] = {**model.to_json(), "path": str(fit_path)}
     plan["prediction"] = predict_at(sim, model, workload, args.rate, args.slo, args.slo_attainment)
@@ -159,7 +196,8 @@ def run_plan(args: argparse.Namespace) -> int:
     if args.calibrate:
         config = engine_config(args)
         model = calibrate(config)
-        path = args.fit or default_fit_path(model.meta.get("model", "model"), model.device)
+        kv_dtype, w_dtype = device_dtypes(config)
+        path = args.fit or default_fit_path(model.meta.get("model", "model"), model.device, w_dtype, kv_dtype)
         model.save(path)
         print(f"fit saved to {path}: median step error {model.meta['median_rel_error']:.0%} over "
               f"{model.meta['steps']} steps")
