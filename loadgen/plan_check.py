@@ -32,6 +32,7 @@ from loadgen.bench import Settings
 from loadgen.cli import run_loadgen
 from loadgen.client import COMPLETIONS_PATH, Target
 from loadgen.datasets import parse_range
+from loadgen.report import fmt
 from loadgen.server_process import REPO_ROOT, running_server
 
 PROBE_BURSTS = (1, 16)  # requests sent at once by the two overhead probes
@@ -108,10 +109,6 @@ def compare(predicted: dict[str, Any], measured: dict[str, Any],
     return rows
 
 
-def number(v: float | None) -> str:
-    return "-" if v is None else f"{v:,.2f}"
-
-
 def percent(v: float | None) -> str:
     return "-" if v is None else f"{v:+.0%}"
 
@@ -121,8 +118,8 @@ def markdown(runs: list[dict[str, Any]]) -> str:
              "|---:|---|---:|---:|---:|---:|---:|"]
     for run in runs:
         for r in run["rows"]:
-            lines.append(f"| {run['rate']:.3g} | {r['metric']} | {number(r['predicted'])} | "
-                         f"{number(r['measured'])} | {percent(r['error'])} | {number(r['engine_only'])} | "
+            lines.append(f"| {run['rate']:.3g} | {r['metric']} | {fmt(r['predicted'], digits=2)} | "
+                         f"{fmt(r['measured'], digits=2)} | {percent(r['error'])} | {fmt(r['engine_only'], digits=2)} | "
                          f"{percent(r['engine_only_error'])} |")
     return "\n".join(lines) + "\n"
 

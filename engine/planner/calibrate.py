@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from engine.config import EngineConfig
+from engine.kv_cache import dtype_name
 from engine.llm_engine import LLMEngine
 from engine.planner.step_model import StepTimeModel, StepWork, fit, work_of
 from engine.sampling_params import SamplingParams
@@ -140,7 +141,7 @@ class Calibration:
     def describe(self, seconds: float) -> dict[str, object]:
         e = self.engine
         return {"model": e.model_name, "dtype": str(e.runner.dtype).removeprefix("torch."),
-                "quantization": e.config.quantization, "kv_cache_dtype": str(e.runner.kv_dtype).removeprefix("torch."),
+                "quantization": e.config.quantization, "kv_cache_dtype": dtype_name(e.runner.kv_dtype),
                 "attention": e.runner.backend.name, "token_budget": e.config.token_budget,
                 "grid": {"batches": list(self.grid.batches), "contexts": list(self.grid.contexts),
                          "chunks": list(self.grid.chunks)},
