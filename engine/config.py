@@ -77,6 +77,7 @@ class EngineConfig:
     logprobs_mode: str = "raw_logprobs"  # or processed_logprobs (after bias, penalties, masks)
     quantization: str = "none"  # auto | none | int8 | int4 (engine/quant/modes.py)
     scheduling_policy: SchedulingPolicy = "fcfs"  # priority: waiting queue by (priority, arrival)
+    fused_decode_limit: int | None = None  # None: measured at load; N pins the fused C++ step's limit
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -97,6 +98,8 @@ class EngineConfig:
             raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, not {self.kv_cache_dtype!r}")
         if self.logprobs_mode not in LOGPROBS_MODES:
             raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES}, not {self.logprobs_mode!r}")
+        if self.fused_decode_limit is not None and self.fused_decode_limit < 0:
+            raise ValueError("fused_decode_limit must be >= 0 (0 turns the fused step off)")
         if self.quantization not in QUANTIZATION_MODES:
             raise ValueError(f"quantization must be one of {QUANTIZATION_MODES}, not {self.quantization!r}")
 

@@ -50,7 +50,8 @@ class ModelRunner:
                                            self.kv_dtype, self.device)
         self.graphs: CudaGraphRunner | None = None
         # Decode-only steps of a block-quantized model on the CPU: one C++ call for all layers.
-        self.decode_step = (decode_step.build(self.model, self.kv_caches, config.max_num_seqs)
+        self.decode_step = (decode_step.build(self.model, self.kv_caches, config.max_num_seqs,
+                                               config.fused_decode_limit)
                             if self.device.type == "cpu" else None)
         self.model.decode_step = self.decode_step  # a submodule, so the step profiler times it
         self._loading_thread: int | None = threading.get_ident()  # None once warned

@@ -18,6 +18,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from engine import envs
+
 log = logging.getLogger("pagode")
 
 CPU_FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
@@ -27,7 +29,7 @@ def cache_path(source: Path, flags: list[str], depends: tuple[Path, ...] = ()) -
     """Where the library of `source` (and the files it #includes, `depends`) is cached."""
     content = b"".join(p.read_bytes() for p in (source, *depends))
     digest = hashlib.sha256(content + " ".join(flags).encode()).hexdigest()[:16]
-    root = Path(os.environ.get("PAGODE_CACHE_DIR", Path.home() / ".cache" / "pagode"))
+    root = envs.CACHE_DIR.get()
     return root / "kernels" / f"{source.stem}-{digest}.so"
 
 
@@ -61,18 +63,18 @@ def load_library(source: Path, flags: list[str] | None = None,
 
 def enabled() -> bool:
     """PAGODE_CPU_KERNEL=0 turns every C++ CPU kernel off (the pure-torch paths remain)."""
-    return os.environ.get("PAGODE_CPU_KERNEL", "1") != "0"
+    return envs.CPU_KERNEL.get()
 
 
 class Kernel:
     """One C++ library: built and loaded on first use, None where it cannot be.
 
-    `declare` sets the ctypes signatures; `switch` names an extra environment variable
-    that turns this library off when set to 0 (PAGODE_CPU_KERNEL=0 turns every one off).
+    `declare` sets the ctypes signatures; `switch` is an extra switch (engine.envs) that
+    turns this library off when false (PAGODE_CPU_KERNEL=0 turns every one off).
     """
 
     def __init__(self, source: Path, flags: list[str], declare: Callable[[ctypes.CDLL], None],
-                 depends: tuple[Path, ...] = (), switch: str | None = None) -> None:
+                 depends: tuple[Path, ...] = (), switch: envs.EnvVar[bool] | None = None) -> None:
         self.source, self.flags, self.depends = source, flags, depends
         self.declare, self.switch = declare, switch
         self.lib: ctypes.CDLL | None = None
@@ -82,7 +84,7 @@ class Kernel:
         if self.tried:
             return self.lib
         self.tried = True
-        if not enabled() or (self.switch and os.environ.get(self.switch, "1") == "0"):
+        if not enabled() or (self.switch is not None and not self.switch.get()):
             return None
         lib = load_library(self.source, self.flags, self.depends)
         if lib is not None:

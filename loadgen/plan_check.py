@@ -19,7 +19,6 @@ import argparse
 import asyncio
 import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -146,12 +145,13 @@ def main(argv: list[str] | None = None) -> int:
     # The server measures its fused-decode limit at load, with the machine's noise; run it
     # with the limit the step-time model was fitted for, so both describe the same engine.
     limit = (first.get("step_model") or {}).get("fused_decode_limit", 0)
-    if limit:
-        os.environ["PAGODE_DECODE_STEP_TOKENS"] = str(limit)
     settings = Settings(num_prompts=args.num_prompts, input_len=parse_range(args.input_len),
                         output_len=parse_range(args.output_len), seed=args.seed, ignore_eos=True,
                         show_progress=False)
-    with running_server(["--kv-cache-memory", args.kv_cache_memory], args.out / "server.log") as url:
+    server_flags = ["--kv-cache-memory", args.kv_cache_memory]
+    if limit:
+        server_flags += ["--fused-decode-limit", str(limit)]
+    with running_server(server_flags, args.out / "server.log") as url:
         model = httpx.get(url + "/v1/models", timeout=30).json()["data"][0]["id"]
         httpx.post(url + COMPLETIONS_PATH, json={"model": model, "prompt": "Warm up.", "max_tokens": 8},
                    timeout=600).raise_for_status()

@@ -9,12 +9,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
-import os
 import sys
 from collections.abc import Sequence
 
 import uvicorn
 
+from engine import envs
 from engine.config import (
     KV_CACHE_DTYPES,
     LOGPROBS_MODES,
@@ -110,6 +110,9 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
                        default=engine_default("scheduling_policy"),
                        help="priority: the waiting queue by (request priority, arrival), "
                             "lower first; preemption takes the lowest priority first")
+    group.add_argument("--fused-decode-limit", type=int, default=engine_default("fused_decode_limit"),
+                       metavar="N", help="most decodes per step that run as one fused C++ call on a "
+                                         "block-quantized CPU model (default: measured at load; 0: off)")
 
 
 def add_limit_flags(parser: argparse.ArgumentParser) -> None:
@@ -156,7 +159,7 @@ def add_server_flags(parser: argparse.ArgumentParser) -> None:
                        help="most requests waiting for their first token; past it the "
                             "server answers 429 with Retry-After at once (default: the KV "
                             "capacity in requests of 128 tokens, at least 8)")
-    group.add_argument("--api-key", default=os.environ.get("PAGODE_API_KEY"),
+    group.add_argument("--api-key", default=envs.API_KEY.get(),
                        help="require 'Authorization: Bearer KEY' on /v1/*, /tokenize and "
                             "/detokenize; /health and /metrics stay open "
                             "(default: $PAGODE_API_KEY, else no authentication)")
@@ -214,6 +217,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         dtype=args.dtype, device=args.device, attention_backend=args.attention_backend,
         seed=args.seed, enforce_eager=args.enforce_eager, request_caps=request_caps(args),
         kv_cache_dtype=args.kv_cache_dtype, quantization=args.quantization,
+        fused_decode_limit=args.fused_decode_limit,
         scheduling_policy=args.scheduling_policy, logprobs_mode=args.logprobs_mode)
 
 
@@ -226,7 +230,7 @@ def server_settings(args: argparse.Namespace) -> ServerSettings:
         served_model_name=args.served_model_name, api_key=args.api_key or None,
         max_num_queued_reqs=args.max_num_queued_reqs, shutdown_timeout=args.shutdown_timeout,
         log_requests_text=args.log_requests_text, url=f"http://{args.host}:{args.port}",
-        debug_endpoints=os.environ.get("PAGODE_DEBUG_ENDPOINTS") == "1",
+        debug_endpoints=envs.DEBUG_ENDPOINTS.get(),
         profile_steps=args.profile_steps, cors=cors_settings(args),
         **{name: getattr(args, name) for name in CONNECTION_SETTINGS})
 

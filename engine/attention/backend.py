@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from abc import ABC, abstractmethod
 
 import torch
 
+from engine import envs
 from engine.attention.metadata import AttentionMetadata
 
 
@@ -55,7 +55,7 @@ class AttentionBackend(ABC):
 
 def select_backend(name: str | None, device: torch.device) -> AttentionBackend:
     """torch on CPU, triton on CUDA; PAGODE_ATTENTION_BACKEND or `name` overrides."""
-    choice = name or os.environ.get("PAGODE_ATTENTION_BACKEND") or (
+    choice = name or envs.ATTENTION_BACKEND.get() or (
         "triton" if device.type == "cuda" else "torch")
     if choice == "torch":
         from engine.attention.torch_backend import TorchAttentionBackend

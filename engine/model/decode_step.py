@@ -11,15 +11,14 @@ QuantLinear and whose K/V cache the C++ attention kernel reads, up to a number o
 measured at load: both paths run synthetic decode steps of 1, 2, 4, ... tokens, and the
 fused step keeps every count up to its last win before the layer-by-layer path (whose big
 projections move to BLAS) wins twice in a row (on this machine, up to 16). Anything
-else runs layer by layer. PAGODE_DECODE_STEP=0 turns it off; PAGODE_DECODE_STEP_TOKENS=N
-pins the limit.
+else runs layer by layer. PAGODE_DECODE_STEP=0 turns it off; EngineConfig.fused_decode_limit
+(`--fused-decode-limit N`) pins the limit.
 """
 
 from __future__ import annotations
 
 import ctypes
 import logging
-import os
 from pathlib import Path
 from typing import Any, cast
 
@@ -27,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine import native
+from engine import envs, native
 from engine.attention import AttentionMetadata, cpu_kernels
 from engine.model.llama import DecoderLayer, LlamaForCausalLM
 from engine.quant import dispatch
@@ -113,7 +112,7 @@ def decoder_layers(model: LlamaForCausalLM) -> list[DecoderLayer]:
 def unsupported(model: LlamaForCausalLM, kv_caches: list[torch.Tensor]) -> str | None:
     """Why the fused step cannot run this model, or None when it can."""
     cfg = model.config
-    if os.environ.get("PAGODE_DECODE_STEP", "1") == "0":
+    if not envs.DECODE_STEP.get():
         return "PAGODE_DECODE_STEP=0"
     if kv_caches[0].device.type != "cpu" or model.embed_tokens.weight.dtype != torch.float32:
         return "not an fp32 model on the CPU"
@@ -131,15 +130,19 @@ def unsupported(model: LlamaForCausalLM, kv_caches: list[torch.Tensor]) -> str |
     return None
 
 
-def build(model: LlamaForCausalLM, kv_caches: list[torch.Tensor], max_decodes: int) -> FusedDecodeStep | None:
-    """The fused decode step for this model, or None (layer by layer) with the reason logged."""
-    why = unsupported(model, kv_caches)
+def build(model: LlamaForCausalLM, kv_caches: list[torch.Tensor], max_decodes: int,
+          pinned_limit: int | None = None) -> FusedDecodeStep | None:
+    """The fused decode step for this model, or None (layer by layer) with the reason logged.
+
+    `pinned_limit` (EngineConfig.fused_decode_limit) replaces the measured limit."""
+    why = "a fused-decode limit of 0" if pinned_limit == 0 else unsupported(model, kv_caches)
     lib = None if why else KERNEL.load()
     if lib is None:
         log.info("decode steps run layer by layer (%s)", why or "the C++ step did not build")
         return None
     step = FusedDecodeStep(model, kv_caches, lib)
-    crossover = measure_limit(step, model, kv_caches, max_decodes)
+    crossover = (dispatch.Crossover(pinned_limit) if pinned_limit is not None
+                 else measure_limit(step, model, kv_caches, max_decodes))
     step.max_tokens = crossover.max_kernel_tokens
     log.info("decode steps of up to %d decodes run as one C++ call (ms fused / layer by layer: %s)",
              step.max_tokens, crossover.timings_ms)
@@ -156,9 +159,6 @@ def measure_limit(step: FusedDecodeStep, model: LlamaForCausalLM, kv_caches: lis
     Each synthetic sequence holds one block of the (still empty) cache, so the K/V written
     here is overwritten before any request reads it.
     """
-    pinned = os.environ.get("PAGODE_DECODE_STEP_TOKENS")
-    if pinned:
-        return dispatch.Crossover(int(pinned))
     block_size, num_blocks = kv_caches[0].shape[2], kv_caches[0].shape[1]
     key = (*step.dims.tolist(), step.cache_type, len(kv_caches), max_decodes)
     if key in _limits:

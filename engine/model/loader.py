@@ -5,12 +5,12 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from engine import envs
 from engine.attention import AttentionBackend
 from engine.model.config import ModelConfig
 from engine.model.gguf_file import GGUFModel
@@ -122,5 +122,5 @@ def load_tokenizer(source: ModelSource):  # type: ignore[no-untyped-def]
 def _tokenizer_cache_dir(path: Path) -> Path:
     stat = path.stat()
     key = hashlib.sha256(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
-    root = Path(os.environ.get("PAGODE_CACHE_DIR", Path.home() / ".cache" / "pagode"))
+    root = envs.CACHE_DIR.get()
     return root / "tokenizers" / key

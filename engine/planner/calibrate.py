@@ -12,7 +12,6 @@ prompts never share blocks. A first request warms the model up and is not record
 from __future__ import annotations
 
 import itertools
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from engine import envs
 from engine.config import EngineConfig
 from engine.kv_cache import dtype_name
 from engine.llm_engine import LLMEngine
@@ -50,7 +50,7 @@ class Grid:
 
 def default_fit_path(model_name: str, device: str, weights: str, kv: str) -> Path:
     """One fit per model, device, weights (fp32, int4, ...) and KV dtype: each times differently."""
-    root = Path(os.environ.get("PAGODE_CACHE_DIR", Path.home() / ".cache" / "pagode"))
+    root = envs.CACHE_DIR.get()
     return root / "plan" / f"{model_name}-{device}-{weights}-{kv}.json"
 
 

@@ -10,13 +10,13 @@ crossover can pick for the step sizes the engine runs.
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 from torch import nn
 
+from engine import envs
 from engine.quant import cpu_kernel, dispatch, formats
 from engine.quant.dense_gemm import DenseGemm
 from engine.quant.formats import BlockWeights, Kind
@@ -28,8 +28,6 @@ log = logging.getLogger("pagode")
 
 # Fused layer -> the HF weight names of its shards, in order.
 SHARDS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
-# The many-tokens path: fp32 BLAS; "fbgemm" (int8) only to measure it, as it fails the gate.
-MANY_TOKENS_GEMM = os.environ.get("PAGODE_QUANT_GEMM", "fp32")
 RawBlocks = dict[str, tuple[str, np.ndarray]]  # HF weight name -> (kind, GGUF bytes [N, ...])
 
 
@@ -68,7 +66,7 @@ def quantize_model(model: nn.Module, mode: str, raw: RawBlocks | None = None, ma
         else:
             blocks = formats.quantize(linear.weight.detach().float(), kind)
             dense = DenseGemm(formats.dequantize(blocks), linear.bias)
-        if MANY_TOKENS_GEMM == "fbgemm":
+        if envs.QUANT_GEMM.get() == "fbgemm":  # only to measure it: it fails the gate
             dense = Int8Gemm(formats.dequantize(blocks), linear.bias)
         layer = build_layer(blocks, dense, linear.bias, max_tokens, report)
         _set_module(model, name, layer)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from engine import native
+from engine import envs, native
 from engine.quant.formats import BlockWeights
 
 log = logging.getLogger("pagode")
@@ -34,7 +34,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.quant_kernel_uses_avx2.restype = ctypes.c_int
 
 
-KERNEL = native.Kernel(_SOURCE, _FLAGS, _declare, switch="PAGODE_QUANT_KERNEL")
+KERNEL = native.Kernel(_SOURCE, _FLAGS, _declare, switch=envs.QUANT_KERNEL)
 load = KERNEL.load  # the library, or None when it cannot be built here (or PAGODE_QUANT_KERNEL=0)
 
 

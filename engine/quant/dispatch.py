@@ -11,13 +11,13 @@ for the life of the process. PAGODE_QUANT_CROSSOVER=N pins it instead (reproduci
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import torch
 
+from engine import envs
 from engine.quant import cpu_kernel
 from engine.quant.formats import BlockWeights
 
@@ -65,8 +65,8 @@ def measure(blocks: BlockWeights, gemm: Callable[[torch.Tensor], torch.Tensor]) 
     key = (blocks.kind, blocks.out_features, blocks.in_features)
     if key in _cache:
         return _cache[key]
-    pinned = os.environ.get("PAGODE_QUANT_CROSSOVER")
-    if pinned:
+    pinned = envs.QUANT_CROSSOVER.get()
+    if pinned is not None:
         _cache[key] = Crossover(int(pinned))
         return _cache[key]
     threads = torch.get_num_threads()

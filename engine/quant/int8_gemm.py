@@ -9,13 +9,12 @@ output channel (symmetric); activations are quantized per call to uint8 with a 7
 
 from __future__ import annotations
 
-import os
 import warnings
 from typing import Any
 
 import torch
 
-REDUCE_RANGE = os.environ.get("PAGODE_FBGEMM_REDUCE_RANGE", "1") == "1"
+from engine import envs
 
 
 def available() -> bool:
@@ -38,4 +37,5 @@ class Int8Gemm:
         self.nbytes = w.numel() + 12 * w.shape[0]  # int8 values + scale, zero point, column offset
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.quantized.linear_dynamic(x.contiguous(), self.packed, REDUCE_RANGE)
+        return torch.ops.quantized.linear_dynamic(x.contiguous(), self.packed,
+                                                 envs.FBGEMM_REDUCE_RANGE.get())

@@ -1,0 +1,116 @@
+"""Every PAGODE_* environment switch, typed and documented once, and read when used.
+
+Like vLLM's `envs.py`: the one place that reads pagode's variables. Each is read at the
+moment it is asked for (never at import time), so a test or a user can set one before
+any call. They are knobs for operators and benchmarks, never a channel for passing
+state to a child process: a server is steered by its flags.
+
+    from engine import envs
+    if envs.CPU_KERNEL.get(): ...
+
+`python -m engine.envs` prints them all with their current values.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+
+def _flag(text: str) -> bool:
+    if text.strip().lower() in ("1", "true", "yes", "on"):
+        return True
+    if text.strip().lower() in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"expected 0 or 1, got {text!r}")
+
+
+def _optional_int(text: str) -> int | None:
+    return int(text)
+
+
+def _optional_str(text: str) -> str | None:
+    return text
+
+
+@dataclass(frozen=True)
+class EnvVar(Generic[T]):
+    """One variable: its name, how its text is parsed, its default and what it does."""
+
+    name: str
+    parse: Callable[[str], T]
+    default: T
+    doc: str
+
+    def get(self) -> T:
+        """The current value; an unset or empty variable gives the default."""
+        raw = os.environ.get(self.name, "")
+        if raw == "":
+            return self.default
+        try:
+            return self.parse(raw)
+        except ValueError as exc:
+            raise ValueError(f"{self.name}={raw!r}: {exc}") from exc
+
+    def is_set(self) -> bool:
+        return os.environ.get(self.name, "") != ""
+
+
+CACHE_DIR: EnvVar[Path] = EnvVar(
+    "PAGODE_CACHE_DIR", Path, Path.home() / ".cache" / "pagode",
+    "Root of pagode's caches: compiled CPU kernels (kernels/), tokenizers built from GGUF "
+    "files (tokenizers/) and the planner's step-time fits (plan/).")
+CPU_KERNEL: EnvVar[bool] = EnvVar(
+    "PAGODE_CPU_KERNEL", _flag, True,
+    "0 turns every C++ CPU kernel off; the pure-torch paths remain.")
+QUANT_KERNEL: EnvVar[bool] = EnvVar(
+    "PAGODE_QUANT_KERNEL", _flag, True,
+    "0 turns the block-quantized linear kernel off (quantized layers then run on fbgemm, "
+    "and --quantization auto falls back to none).")
+DECODE_STEP: EnvVar[bool] = EnvVar(
+    "PAGODE_DECODE_STEP", _flag, True,
+    "0 turns the fused C++ decode step off: decode steps run layer by layer.")
+ATTENTION_BACKEND: EnvVar[str | None] = EnvVar(
+    "PAGODE_ATTENTION_BACKEND", _optional_str, None,
+    "torch or triton; overrides the device's default (torch on CPU, triton on CUDA) when "
+    "--attention-backend is not given.")
+QUANT_GEMM: EnvVar[str] = EnvVar(
+    "PAGODE_QUANT_GEMM", str, "fp32",
+    "The many-tokens path of quantized layers: fp32 (BLAS) or fbgemm (int8; to measure it "
+    "only, it fails the quality gate).")
+QUANT_CROSSOVER: EnvVar[int | None] = EnvVar(
+    "PAGODE_QUANT_CROSSOVER", _optional_int, None,
+    "Pins the block kernel's crossover to N tokens per call instead of measuring it at load "
+    "(reproducible runs).")
+FBGEMM_REDUCE_RANGE: EnvVar[bool] = EnvVar(
+    "PAGODE_FBGEMM_REDUCE_RANGE", _flag, True,
+    "fbgemm's int8 activations use a 7-bit range (1, the default) so that AVX2's 16-bit pair "
+    "sums cannot saturate; 0 uses the full 8 bits.")
+API_KEY: EnvVar[str | None] = EnvVar(
+    "PAGODE_API_KEY", _optional_str, None,
+    "The default of `pagode serve --api-key`: a Bearer token on the API routes.")
+DEBUG_ENDPOINTS: EnvVar[bool] = EnvVar(
+    "PAGODE_DEBUG_ENDPOINTS", _flag, False,
+    "1 adds POST /debug/kill-engine-loop to the server (fault-injection for tests).")
+
+ALL: tuple[EnvVar[object], ...] = (CACHE_DIR, CPU_KERNEL, QUANT_KERNEL, DECODE_STEP,  # type: ignore[assignment]
+                                   ATTENTION_BACKEND, QUANT_GEMM, QUANT_CROSSOVER, FBGEMM_REDUCE_RANGE,
+                                   API_KEY, DEBUG_ENDPOINTS)
+
+
+def describe() -> str:
+    """Each variable, its current value and what it does (for `python -m engine.envs`)."""
+    lines = []
+    for var in ALL:
+        shown = "***" if var is API_KEY and var.is_set() else var.get()
+        lines.append(f"{var.name}={shown}\n    {var.doc}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(describe())
