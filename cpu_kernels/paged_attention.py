@@ -1,85 +1,78 @@
-"""The CPU paged-attention kernels (C++ with OpenMP), compiled on first use and cached.
+"""The CPU paged-attention kernels (src/paged_attention.cpp), bound to torch tensors.
 
 Two entry points over the paged cache, for fp32, fp16 or bf16 cache elements (the
 activations stay fp32; cache rows are converted as they are read or written):
 decode attention that reads each sequence's blocks in place, and the fused RoPE +
 K/V cache write that rotates a step's queries and keys and stores keys and values in
-their slots. Without a compiler the torch backend keeps its pure-torch paths.
+their slots. Built from the avx2 level up; elsewhere the library has no such symbols
+and the torch backend keeps its pure-torch paths.
 """
 
 from __future__ import annotations
 
 import ctypes
-from pathlib import Path
 
 import torch
 
-from engine import native
-
-_SOURCE = Path(__file__).parent / "csrc" / "paged_attention_cpu.cpp"
-_EXP_HEADER = Path(__file__).parents[1] / "model" / "csrc" / "simd_exp.h"
-_FLAGS = [*native.CPU_FLAGS, "-ffp-contract=off"]
 _SUFFIX = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 _P, _I64 = ctypes.c_void_p, ctypes.c_int64
 MAX_KV_ROW = 1024  # kv_heads * head_dim the fused cache write supports
 
 
-def _declare(lib: ctypes.CDLL) -> None:
-    for suffix in _SUFFIX.values():
-        fn = getattr(lib, f"paged_decode_attention_{suffix}")
-        fn.restype, fn.argtypes = None, [_P] * 6 + [_I64] * 6 + [ctypes.c_float, ctypes.c_int]
-        fn = getattr(lib, f"rope_write_kv_{suffix}")
-        fn.restype, fn.argtypes = None, [_P, _I64] + [_P] * 7 + [_I64] * 4 + [ctypes.c_int]
+class PagedAttention:
+    """Decode attention and RoPE + K/V write over a paged cache [2, NB, BS, KVH, D]."""
 
+    SYMBOLS = tuple(f"{fn}_{suffix}" for fn in ("paged_decode_attention", "rope_write_kv")
+                    for suffix in _SUFFIX.values())
+    MAX_KV_ROW = MAX_KV_ROW
 
-KERNEL = native.Kernel(_SOURCE, _FLAGS, _declare, depends=(_EXP_HEADER,))
-load = KERNEL.load  # the compiled library, or None when it cannot be built here (or PAGODE_CPU_KERNEL=0)
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        self.lib = lib
+        for suffix in _SUFFIX.values():
+            fn = getattr(lib, f"paged_decode_attention_{suffix}")
+            fn.restype, fn.argtypes = None, [_P] * 6 + [_I64] * 6 + [ctypes.c_float, ctypes.c_int]
+            fn = getattr(lib, f"rope_write_kv_{suffix}")
+            fn.restype, fn.argtypes = None, [_P, _I64] + [_P] * 7 + [_I64] * 4 + [ctypes.c_int]
 
+    @staticmethod
+    def supports(query_dtype: torch.dtype, cache_dtype: torch.dtype, device: torch.device) -> bool:
+        """Whether the kernels read this cache: on the CPU, fp32 queries, an fp32/fp16/bf16 cache."""
+        return device.type == "cpu" and query_dtype == torch.float32 and cache_dtype in _SUFFIX
 
-def available(query_dtype: torch.dtype, cache_dtype: torch.dtype, device: torch.device) -> bool:
-    return (device.type == "cpu" and query_dtype == torch.float32 and cache_dtype in _SUFFIX
-            and load() is not None)
+    def decode(self, query: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
+               seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
+        """query [B, H, D] fp32 -> [B, H, D], reading kv_cache [2, NB, BS, KVH, D] in place."""
+        q = query.contiguous()
+        tables = block_tables.to(torch.int32).contiguous()
+        lens = seq_lens.to(torch.int32).contiguous()
+        out = torch.empty_like(q)
+        _, _, block_size, kv_heads, head_dim = kv_cache.shape
+        fn = getattr(self.lib, f"paged_decode_attention_{_SUFFIX[kv_cache.dtype]}")
+        fn(q.data_ptr(), kv_cache[0].data_ptr(), kv_cache[1].data_ptr(), tables.data_ptr(),
+           lens.data_ptr(), out.data_ptr(), q.shape[0], q.shape[1], head_dim, block_size, kv_heads,
+           tables.shape[1], scale, torch.get_num_threads())
+        return out
 
+    def can_rope_write(self, qkv: torch.Tensor, kv_cache: torch.Tensor, positions: torch.Tensor,
+                       cos: torch.Tensor) -> bool:
+        """Whether rope_write_kv applies: CPU, fp32 activations, int64 inputs, a small KV row."""
+        kv_heads, head_dim = kv_cache.shape[3:]
+        return (self.supports(qkv.dtype, kv_cache.dtype, qkv.device) and kv_cache.is_contiguous()
+                and positions.dtype == torch.int64 and cos.dtype == torch.float32
+                and cos.is_contiguous() and kv_heads * head_dim <= MAX_KV_ROW)
 
-def paged_decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
-                           seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
-    """query [B, H, D] fp32 -> [B, H, D], reading kv_cache [2, NB, BS, KVH, D] in place."""
-    lib = load()
-    assert lib is not None
-    q = query.contiguous()
-    tables = block_tables.to(torch.int32).contiguous()
-    lens = seq_lens.to(torch.int32).contiguous()
-    out = torch.empty_like(q)
-    _, _, block_size, kv_heads, head_dim = kv_cache.shape
-    fn = getattr(lib, f"paged_decode_attention_{_SUFFIX[kv_cache.dtype]}")
-    fn(q.data_ptr(), kv_cache[0].data_ptr(), kv_cache[1].data_ptr(), tables.data_ptr(),
-       lens.data_ptr(), out.data_ptr(), q.shape[0], q.shape[1], head_dim, block_size, kv_heads,
-       tables.shape[1], scale, torch.get_num_threads())
-    return out
-
-
-def rope_write_kv(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                  kv_cache: torch.Tensor, slot_mapping: torch.Tensor, num_heads: int) -> torch.Tensor:
-    """qkv [T, (H + 2 KVH) D] fp32 -> rotated queries [T, H, D]; rotated keys and values
-    are written to kv_cache [2, NB, BS, KVH, D] at slot_mapping [T] (-1: skipped)."""
-    lib = load()
-    assert lib is not None
-    _, _, _, kv_heads, head_dim = kv_cache.shape
-    if qkv.stride(1) != 1:
-        qkv = qkv.contiguous()
-    n = qkv.shape[0]
-    q_out = torch.empty((n, num_heads, head_dim), dtype=qkv.dtype)
-    fn = getattr(lib, f"rope_write_kv_{_SUFFIX[kv_cache.dtype]}")
-    fn(qkv.data_ptr(), qkv.stride(0), positions.data_ptr(), cos.data_ptr(), sin.data_ptr(),
-       q_out.data_ptr(), kv_cache[0].data_ptr(), kv_cache[1].data_ptr(), slot_mapping.data_ptr(),
-       n, num_heads, kv_heads, head_dim, torch.get_num_threads())
-    return q_out
-
-
-def can_rope_write(qkv: torch.Tensor, kv_cache: torch.Tensor, positions: torch.Tensor,
-                   cos: torch.Tensor) -> bool:
-    """Whether rope_write_kv applies: CPU, fp32 activations, int64 inputs, a small KV row."""
-    kv_heads, head_dim = kv_cache.shape[3:]
-    return (available(qkv.dtype, kv_cache.dtype, qkv.device) and kv_cache.is_contiguous()
-            and positions.dtype == torch.int64 and cos.dtype == torch.float32
-            and cos.is_contiguous() and kv_heads * head_dim <= MAX_KV_ROW)
+    def rope_write_kv(self, qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
+                      sin: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                      num_heads: int) -> torch.Tensor:
+        """qkv [T, (H + 2 KVH) D] fp32 -> rotated queries [T, H, D]; rotated keys and values
+        are written to kv_cache [2, NB, BS, KVH, D] at slot_mapping [T] (-1: skipped)."""
+        _, _, _, kv_heads, head_dim = kv_cache.shape
+        if qkv.stride(1) != 1:
+            qkv = qkv.contiguous()
+        n = qkv.shape[0]
+        q_out = torch.empty((n, num_heads, head_dim), dtype=qkv.dtype)
+        fn = getattr(self.lib, f"rope_write_kv_{_SUFFIX[kv_cache.dtype]}")
+        fn(qkv.data_ptr(), qkv.stride(0), positions.data_ptr(), cos.data_ptr(), sin.data_ptr(),
+           q_out.data_ptr(), kv_cache[0].data_ptr(), kv_cache[1].data_ptr(), slot_mapping.data_ptr(),
+           n, num_heads, kv_heads, head_dim, torch.get_num_threads())
+        return q_out

@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from engine.attention import cpu_kernels
+from engine import native
 from engine.bench import probe_decode_batch, release
 from engine.llm import LLM
 from engine.profiler import StepProfiler
@@ -27,7 +27,7 @@ def measure(llm: LLM, batch: int, context: int, reps: int, use_kernel: bool) -> 
     scheduled = probe_decode_batch(llm, batch, context)
     try:
         runner.forward(runner.prepare(scheduled))  # warm-up
-        profiler = StepProfiler(runner.model, every=reps, report=lambda _: None)
+        profiler = StepProfiler(runner, every=reps, report=lambda _: None)
         start = time.perf_counter()
         for _ in range(reps):
             runner.forward(runner.prepare(scheduled))
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"decode step, batch {args.batch}, context {args.context}, torch threads {torch.get_num_threads()}")
     for kv in args.kv_cache_dtype:
         llm = LLM(kv_cache_memory="1GiB", max_model_len=2048, kv_cache_dtype=kv)
-        paths = [("C++ kernel (in place)", True)] if cpu_kernels.load() is not None else []
+        paths = [("C++ kernel (in place)", True)] if native.paged_attention() is not None else []
         if kv == "fp32" or not paths:
             paths.append(("pure torch (gather the batch's blocks)", False))
         for name, use_kernel in paths:

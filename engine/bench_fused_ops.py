@@ -18,6 +18,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from engine import native
 from engine.model import fused_ops
 
 HIDDEN, INTERMEDIATE, EPS = 576, 1536, 1e-5  # SmolLM2-135M
@@ -53,10 +54,11 @@ def first_call_s(fn: Callable[[], object]) -> float:
 def bench(tokens: list[int], reps: int) -> list[dict[str, object]]:
     rows: list[dict[str, object]] = []
     w = torch.rand(HIDDEN)
+    kernel = native.fused_ops()
     cases: list[tuple[str, Callable[..., object], Callable[..., object], Callable[[int], tuple[torch.Tensor, ...]]]] = [
-        ("add + RMSNorm", lambda x, r: fused_ops.add_rms_norm(x, r, w, EPS), lambda x, r: eager_add_rms_norm(x, r, w),
+        ("add + RMSNorm", lambda x, r: fused_ops.add_rms_norm(x, r, w, EPS, kernel), lambda x, r: eager_add_rms_norm(x, r, w),
          lambda t: (torch.randn(t, HIDDEN), torch.randn(t, HIDDEN))),
-        ("SiLU-and-mul", fused_ops.silu_and_mul, eager_silu_and_mul, lambda t: (torch.randn(t, 2 * INTERMEDIATE),)),
+        ("SiLU-and-mul", lambda g: fused_ops.silu_and_mul(g, kernel), eager_silu_and_mul, lambda t: (torch.randn(t, 2 * INTERMEDIATE),)),
     ]
     with torch.inference_mode():
         for name, cxx, eager, inputs in cases:
@@ -82,7 +84,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tokens", type=int, nargs="+", default=[1, 16, 64])
     ap.add_argument("--reps", type=int, default=300)
     args = ap.parse_args(argv)
-    if fused_ops.load() is None:
+    if native.fused_ops() is None:
         raise SystemExit("the C++ fused ops did not build here")
     rows = bench(args.tokens, args.reps)
     print(f"\n{'op':16s} {'tokens':>6s} {'C++ us':>8s} {'eager us':>9s} {'inductor us':>12s} {'dyn. us':>8s} "

@@ -69,7 +69,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     dtype: str | None = None
     device: str | None = None
-    attention_backend: str | None = None  # torch | triton; env PAGODE_ATTENTION_BACKEND
+    attention_backend: str | None = None  # torch | sdpa | triton; env PAGODE_ATTENTION_BACKEND
     seed: int = 0
     enforce_eager: bool = False  # disable CUDA graphs
     request_caps: RequestCaps = field(default_factory=RequestCaps)  # per-request limits

@@ -38,6 +38,12 @@ def _optional_str(text: str) -> str | None:
     return text
 
 
+def _cpu_isa(text: str) -> str | None:
+    if text.strip().lower() not in ("avx2", "avx512", "amx"):
+        raise ValueError("expected avx2, avx512 or amx")
+    return text.strip().lower()
+
+
 @dataclass(frozen=True)
 class EnvVar(Generic[T]):
     """One variable: its name, how its text is parsed, its default and what it does."""
@@ -68,6 +74,11 @@ CACHE_DIR: EnvVar[Path] = EnvVar(
 CPU_KERNEL: EnvVar[bool] = EnvVar(
     "PAGODE_CPU_KERNEL", _flag, True,
     "0 turns every C++ CPU kernel off; the pure-torch paths remain.")
+CPU_ISA: EnvVar[str | None] = EnvVar(
+    "PAGODE_CPU_ISA", _cpu_isa, None,
+    "avx2, avx512 or amx: caps the instruction set the CPU kernels are compiled for. It lowers "
+    "the level detected on this CPU (cpu_kernels/isa.py), never raises it; unset: the best "
+    "level the CPU runs.")
 QUANT_KERNEL: EnvVar[bool] = EnvVar(
     "PAGODE_QUANT_KERNEL", _flag, True,
     "0 turns the block-quantized linear kernel off (quantized layers then run on fbgemm, "
@@ -77,7 +88,7 @@ DECODE_STEP: EnvVar[bool] = EnvVar(
     "0 turns the fused C++ decode step off: decode steps run layer by layer.")
 ATTENTION_BACKEND: EnvVar[str | None] = EnvVar(
     "PAGODE_ATTENTION_BACKEND", _optional_str, None,
-    "torch or triton; overrides the device's default (torch on CPU, triton on CUDA) when "
+    "torch, sdpa or triton; overrides the device's default (torch on CPU, triton on CUDA) when "
     "--attention-backend is not given.")
 QUANT_GEMM: EnvVar[str] = EnvVar(
     "PAGODE_QUANT_GEMM", str, "fp32",
@@ -98,7 +109,12 @@ DEBUG_ENDPOINTS: EnvVar[bool] = EnvVar(
     "PAGODE_DEBUG_ENDPOINTS", _flag, False,
     "1 adds POST /debug/kill-engine-loop to the server (fault-injection for tests).")
 
-ALL: tuple[EnvVar[object], ...] = (CACHE_DIR, CPU_KERNEL, QUANT_KERNEL, DECODE_STEP,  # type: ignore[assignment]
+# Not pagode's own, so not in ALL (the PAGODE_* switches), but read here like them.
+CXX: EnvVar[str | None] = EnvVar(
+    "CXX", _optional_str, None,
+    "The C++ compiler of the CPU kernels (the usual variable); unset: g++, then c++, on PATH.")
+
+ALL: tuple[EnvVar[object], ...] = (CACHE_DIR, CPU_KERNEL, CPU_ISA, QUANT_KERNEL, DECODE_STEP,  # type: ignore[assignment]
                                    ATTENTION_BACKEND, QUANT_GEMM, QUANT_CROSSOVER, FBGEMM_REDUCE_RANGE,
                                    API_KEY, DEBUG_ENDPOINTS)
 

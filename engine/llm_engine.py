@@ -317,7 +317,7 @@ class LLMEngine:
     def enable_step_profile(self, every: int, report: Callable[[str], None],
                             extra: dict[str, Callable[[], float]] | None = None) -> StepProfiler:
         """Report a table of where the time of every `every` steps went (--profile-steps)."""
-        profiler = StepProfiler(self.runner.model, every, report, extra)
+        profiler = StepProfiler(self.runner, every, report, extra)
         self.step_listeners.append(profiler.on_step)
         return profiler
 

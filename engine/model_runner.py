@@ -5,10 +5,12 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+from torch import nn
 
 from engine.attention import AttentionMetadata, select_backend
 from engine.config import EngineConfig, parse_dtype
@@ -49,12 +51,18 @@ class ModelRunner:
         self.kv_caches = allocate_kv_cache(model_config, self.num_blocks, self.block_size,
                                            self.kv_dtype, self.device)
         self.graphs: CudaGraphRunner | None = None
-        # Decode-only steps of a block-quantized model on the CPU: one C++ call for all layers.
-        self.decode_step = (decode_step.build(self.model, self.kv_caches, config.max_num_seqs,
+        # Decode-only steps of a block-quantized model on the CPU: one C++ call for all layers,
+        # which forward() calls instead of the model.
+        self.decode_step = (decode_step.build(self.model, self.kv_caches, self.backend, config.max_num_seqs,
                                                config.fused_decode_limit)
                             if self.device.type == "cpu" else None)
-        self.model.decode_step = self.decode_step  # a submodule, so the step profiler times it
         self._loading_thread: int | None = threading.get_ident()  # None once warned
+
+    def timed_modules(self) -> Iterator[tuple[str, nn.Module]]:
+        """Every module a step may run, by name: the model's, and the fused decode step."""
+        yield from self.model.named_modules()
+        if self.decode_step is not None:
+            yield "decode_step", self.decode_step
 
     def _check_thread(self) -> None:
         """Warn once if steps run in another thread than the one that loaded the model.

@@ -1,8 +1,9 @@
 """Where one engine step's time goes: `--profile-steps N`.
 
 A step listener sums the engine's phase timers (StepStats: packing, forward,
-sampling, post-processing) over N steps, and forward hooks on the model's modules
-split the forward by op class: linear projections, attention, norms/RoPE/activation
+sampling, post-processing) over N steps, and forward hooks on the modules the model
+runner runs (the model's and its fused decode step: ModelRunner.timed_modules) split
+the forward by op class: linear projections, attention, norms/RoPE/activation
 (with the K/V cache write), the lm_head, and the rest (embedding, glue). Callers may
 add timers of their own (the server adds SSE/JSON encoding). Hooks exist only while
 profiling, so an unprofiled step pays nothing. On CUDA the module timings would need
@@ -14,12 +15,16 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from torch import nn
 
 from engine.model.decode_step import FusedDecodeStep
 from engine.model.layers import PagedAttention, RMSNorm, RotaryCacheWrite, SiluAndMul
 from engine.stats import StepStats
+
+if TYPE_CHECKING:
+    from engine.model_runner import ModelRunner
 
 FORWARD_CLASSES = ("linears", "attention", "norms/rope/act + KV write", "all layers in one C++ call", "lm_head")
 
@@ -51,7 +56,7 @@ class ProfileWindow:
 class StepProfiler:
     """Collect N steps, hand a table to `report`, start again."""
 
-    def __init__(self, model: nn.Module, every: int, report: Callable[[str], None],
+    def __init__(self, runner: ModelRunner, every: int, report: Callable[[str], None],
                  extra: dict[str, Callable[[], float]] | None = None) -> None:
         self.every = every
         self.report = report
@@ -59,7 +64,7 @@ class StepProfiler:
         self.window = ProfileWindow()
         self._extra_start = {k: f() for k, f in self.extra.items()}
         self._starts: dict[int, float] = {}
-        self._handles = [h for name, m in model.named_modules() if (cls := op_class(name, m))
+        self._handles = [h for name, m in runner.timed_modules() if (cls := op_class(name, m))
                          for h in self._hook(m, cls)]
 
     def _hook(self, module: nn.Module, cls: str) -> list:  # type: ignore[type-arg]

@@ -83,7 +83,7 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
                        help="weights and activations dtype (default: float32 on CPU, "
                             "bfloat16 on GPUs that support it)")
     group.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
-    group.add_argument("--attention-backend", default=None, choices=("torch", "triton"),
+    group.add_argument("--attention-backend", default=None, choices=("torch", "sdpa", "triton"),
                        help="paged attention implementation (default: the engine's choice)")
     group.add_argument("--enforce-eager", action="store_true",
                        help="disable CUDA graphs")

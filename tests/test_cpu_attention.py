@@ -1,4 +1,5 @@
-"""The CPU attention paths agree with the gather-based torch reference."""
+"""The CPU attention paths (the torch backend's C++ kernel, the sdpa backend's pure torch)
+agree with the gather-based torch reference."""
 
 from __future__ import annotations
 
@@ -6,8 +7,10 @@ import pytest
 import torch
 
 from cuda_kernels.reference import paged_decode_attention_ref, paged_prefill_attention_ref
-from engine.attention import cpu_kernels
+from engine import native
+from engine.attention import select_backend
 from engine.attention.metadata import AttentionMetadata
+from engine.attention.sdpa_backend import SdpaAttentionBackend
 from engine.attention.torch_backend import TorchAttentionBackend
 
 
@@ -37,9 +40,9 @@ def test_decode_kernel_and_gather_match_reference(heads: int, kv_heads: int, hea
     lens = [1, 17, 160, block_size, 3 * block_size + 5]
     q, kv, meta = _case(0, lens, [1] * len(lens), heads, kv_heads, head_dim, block_size)
     expected = paged_decode_attention_ref(q, kv, meta.block_tables, meta.seq_lens, 0.125)
-    gathered = TorchAttentionBackend(use_cpu_kernel=False).decode(q, kv, meta, 0.125)
+    gathered = SdpaAttentionBackend().decode(q, kv, meta, 0.125)
     torch.testing.assert_close(gathered, expected, atol=1e-5, rtol=1e-5)
-    if cpu_kernels.load() is None:
+    if native.paged_attention() is None:
         pytest.skip("no C++ compiler: the kernel path is not built here")
     kernel = TorchAttentionBackend().decode(q, kv, meta, 0.125)
     torch.testing.assert_close(kernel, expected, atol=1e-5, rtol=1e-5)
@@ -57,7 +60,7 @@ def test_prefill_over_cached_context_matches_reference() -> None:
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_decode_over_a_narrow_cache_matches_fp32_reference(dtype: torch.dtype) -> None:
     """An fp16/bf16 cache, converted as read, attends like fp32 over the same (rounded) values."""
-    if cpu_kernels.load() is None:
+    if native.paged_attention() is None:
         pytest.skip("no C++ compiler: the kernel path is not built here")
     lens = [1, 17, 160, 53]
     q, kv, meta = _case(2, lens, [1] * len(lens), 9, 3, 64, 16)
@@ -65,7 +68,7 @@ def test_decode_over_a_narrow_cache_matches_fp32_reference(dtype: torch.dtype) -
     expected = paged_decode_attention_ref(q, narrow.float(), meta.block_tables, meta.seq_lens, 0.125)
     kernel = TorchAttentionBackend().decode(q, narrow, meta, 0.125)
     torch.testing.assert_close(kernel, expected, atol=1e-5, rtol=1e-5)
-    gathered = TorchAttentionBackend(use_cpu_kernel=False).decode(q, narrow, meta, 0.125)
+    gathered = SdpaAttentionBackend().decode(q, narrow, meta, 0.125)
     torch.testing.assert_close(gathered, expected, atol=1e-5, rtol=1e-5)
     # and against the unrounded fp32 cache, within fp16's precision
     full = paged_decode_attention_ref(q, kv, meta.block_tables, meta.seq_lens, 0.125)
@@ -81,3 +84,39 @@ def test_prefill_over_an_fp16_cache_matches_reference() -> None:
                                            meta.block_tables, 0.125)
     ours = TorchAttentionBackend().prefill(q, narrow, meta, 0.125)
     torch.testing.assert_close(ours, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_backends_by_name_and_which_run_cpp(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch uses the C++ kernel where it builds, sdpa never; PAGODE_CPU_KERNEL=0 turns it off."""
+    cpu = torch.device("cpu")
+    cache = torch.zeros(2, 4, 16, 3, 64, dtype=torch.float16)
+    sdpa = select_backend("sdpa", cpu)
+    assert isinstance(sdpa, SdpaAttentionBackend) and sdpa.name == "sdpa"
+    assert not sdpa.supports_fused_cpu_step(cache)
+    torch_backend = select_backend("torch", cpu)
+    assert torch_backend.name == "torch"
+    assert torch_backend.supports_fused_cpu_step(cache) == (native.paged_attention() is not None)
+    monkeypatch.setenv("PAGODE_CPU_KERNEL", "0")
+    assert not TorchAttentionBackend().supports_fused_cpu_step(cache)
+    with pytest.raises(ValueError, match="torch, sdpa, triton"):
+        select_backend("flash", cpu)
+
+
+def test_rotate_and_write_kv_is_the_same_in_cpp_and_torch() -> None:
+    """The torch backend's fused C++ RoPE + cache write and the interface's torch default
+    give the same queries and the same cache, to the bit."""
+    if native.paged_attention() is None:
+        pytest.skip("no C++ compiler: the kernel path is not built here")
+    from engine.model.layers import RotaryEmbedding
+
+    heads, kv_heads, d, tokens = 9, 3, 64, 5
+    g = torch.Generator().manual_seed(7)
+    rope = RotaryEmbedding(d, 128, 10000.0)
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * d, generator=g)
+    positions = torch.randint(0, 128, (tokens,), generator=g)
+    slots = torch.randperm(4 * 16, generator=g)[:tokens]
+    caches = [torch.zeros(2, 4, 16, kv_heads, d, dtype=torch.float16) for _ in range(2)]
+    outs = [backend.rotate_and_write_kv(qkv, positions, rope.cos, rope.sin, cache, slots, heads)
+            for backend, cache in zip((TorchAttentionBackend(), SdpaAttentionBackend()), caches, strict=True)]
+    assert torch.equal(outs[0], outs[1])
+    assert torch.equal(caches[0], caches[1])

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
+from engine import native
 from engine.bench import prose_token_ids
 from engine.llm import LLM
 from engine.model import decode_step
@@ -21,7 +22,7 @@ from engine.outputs import RequestOutput
 from engine.quant import quality
 from engine.sampling_params import SamplingParams
 
-pytestmark = pytest.mark.skipif(decode_step.KERNEL.load() is None, reason="no C++ compiler")
+pytestmark = pytest.mark.skipif(native.decode_step() is None, reason="no C++ compiler")
 
 
 @pytest.fixture(scope="module", params=[("int4", "fp16"), ("int8", "fp32")], ids=lambda p: f"{p[0]}-{p[1]}")
@@ -78,3 +79,22 @@ def test_fused_step_output_is_the_final_norm_of_the_last_layer(quantized_llm: LL
 
 def test_unquantized_models_run_layer_by_layer(small_llm: LLM) -> None:
     assert small_llm.engine.runner.decode_step is None
+
+
+def test_the_step_profiler_times_the_fused_step_through_the_runner(quantized_llm: LLM) -> None:
+    engine = quantized_llm.engine
+    tables: list[str] = []
+    profiler = engine.enable_step_profile(5, tables.append)
+    try:
+        generate(quantized_llm, [[5, 6, 7, 8]])
+    finally:
+        profiler.close()
+        engine.step_listeners.remove(profiler.on_step)
+    rows = [line for line in tables[-1].splitlines() if line.startswith("  all layers in one C++ call")]
+    assert rows and float(rows[0].split()[-2]) > 0, tables[-1]
+
+
+def test_the_sdpa_backend_never_takes_the_fused_step() -> None:
+    llm = LLM(attention_backend="sdpa", quantization="int4", kv_cache_memory="8MiB", max_model_len=128)
+    assert llm.engine.runner.backend.name == "sdpa"
+    assert llm.engine.runner.decode_step is None

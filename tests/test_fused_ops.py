@@ -7,11 +7,11 @@ import torch
 import torch.nn.functional as F
 
 from cuda_kernels.reference import reshape_and_cache_ref
-from engine.attention import cpu_kernels
+from engine import native
 from engine.model import fused_ops
-from engine.model.layers import RotaryEmbedding
+from engine.model.layers import RMSNorm, RotaryEmbedding, SiluAndMul
 
-needs_kernels = pytest.mark.skipif(fused_ops.load() is None or cpu_kernels.load() is None,
+needs_kernels = pytest.mark.skipif(native.fused_ops() is None or native.paged_attention() is None,
                                    reason="no C++ compiler: the fused kernels are not built here")
 
 
@@ -23,10 +23,11 @@ def test_add_rms_norm_matches_hf_arithmetic(rows: int) -> None:
     weight = torch.rand(576, generator=g) + 0.5
     expected_res = residual + x
     expected = fused_ops.rms_norm_reference(expected_res, weight, 1e-5)
-    out, res = fused_ops.add_rms_norm(x, residual.clone(), weight, 1e-5)
+    kernel = native.fused_ops()
+    out, res = fused_ops.add_rms_norm(x, residual.clone(), weight, 1e-5, kernel)
     torch.testing.assert_close(res, expected_res, atol=0, rtol=0)  # the add is exact
     torch.testing.assert_close(out, expected, atol=1e-6, rtol=1e-6)
-    first, start = fused_ops.add_rms_norm(x, None, weight, 1e-5)  # the first layer: no residual yet
+    first, start = fused_ops.add_rms_norm(x, None, weight, 1e-5, kernel)  # the first layer: no residual yet
     torch.testing.assert_close(start, x, atol=0, rtol=0)
     torch.testing.assert_close(first, fused_ops.rms_norm_reference(x, weight, 1e-5), atol=1e-6, rtol=1e-6)
 
@@ -38,7 +39,8 @@ def test_silu_and_mul_matches_torch(rows: int, n: int) -> None:
     gate_up = torch.randn(rows, 2 * n, generator=g) * 6
     gate_up[0, :4] = torch.tensor([-100.0, 100.0, 0.0, -20.0])  # saturation and zero
     gate, up = gate_up.chunk(2, dim=-1)
-    torch.testing.assert_close(fused_ops.silu_and_mul(gate_up), F.silu(gate) * up, atol=1e-6, rtol=2e-6)
+    torch.testing.assert_close(fused_ops.silu_and_mul(gate_up, native.fused_ops()), F.silu(gate) * up,
+                               atol=1e-6, rtol=2e-6)
 
 
 @needs_kernels
@@ -52,7 +54,9 @@ def test_rope_and_cache_write_match_torch(dtype: torch.dtype) -> None:
     slots = torch.randperm(8 * bs, generator=g)[:tokens]
     slots[3] = -1  # padding: not written
     cache = torch.zeros(2, 8, bs, kv_heads, d, dtype=dtype)
-    q_out = cpu_kernels.rope_write_kv(qkv, positions, rope.cos, rope.sin, cache, slots, heads)
+    kernel = native.paged_attention()
+    assert kernel is not None
+    q_out = kernel.rope_write_kv(qkv, positions, rope.cos, rope.sin, cache, slots, heads)
     q, k, v = qkv.split([heads * d, kv_heads * d, kv_heads * d], dim=-1)
     q, k = rope(positions, q.reshape(tokens, heads, d), k.reshape(tokens, kv_heads, d))
     expected = torch.zeros_like(cache)
@@ -62,11 +66,13 @@ def test_rope_and_cache_write_match_torch(dtype: torch.dtype) -> None:
 
 
 def test_torch_fallbacks_keep_the_same_semantics(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(fused_ops.KERNEL, "lib", None)
-    monkeypatch.setattr(fused_ops.KERNEL, "tried", True)
-    x, residual, w = torch.randn(3, 8), torch.randn(3, 8), torch.rand(8)
-    out, res = fused_ops.add_rms_norm(x, residual, w, 1e-6)
+    monkeypatch.setenv("PAGODE_CPU_KERNEL", "0")  # the modules built now hold no C++ kernel
+    norm, act = RMSNorm(8, 1e-6), SiluAndMul()
+    assert norm.kernel is None and act.kernel is None
+    x, residual = torch.randn(3, 8), torch.randn(3, 8)
+    norm.weight.data = torch.rand(8)
+    out, res = norm(x, residual)
     torch.testing.assert_close(res, residual + x)
-    torch.testing.assert_close(out, fused_ops.rms_norm_reference(residual + x, w, 1e-6))
+    torch.testing.assert_close(out, fused_ops.rms_norm_reference(residual + x, norm.weight, 1e-6))
     gate_up = torch.randn(3, 8)
-    torch.testing.assert_close(fused_ops.silu_and_mul(gate_up), F.silu(gate_up[:, :4]) * gate_up[:, 4:])
+    torch.testing.assert_close(act(gate_up), F.silu(gate_up[:, :4]) * gate_up[:, 4:])

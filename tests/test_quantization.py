@@ -13,11 +13,13 @@ import torch
 import torch.nn.functional as F
 from tiny_models import save_tiny_model
 
+from cpu_kernels.quant_linear import BlockLinear
+from engine import native
 from engine.config import EngineConfig
 from engine.llm import LLM
 from engine.model.gguf_file import GGUFModel
 from engine.outputs import RequestTimes
-from engine.quant import apply, cpu_kernel, dispatch, formats, quality
+from engine.quant import apply, dispatch, formats, quality
 from engine.quant.dense_gemm import DenseGemm
 from engine.quant.linear import QuantLinear
 from engine.quant.modes import resolve_mode
@@ -31,6 +33,12 @@ KINDS = ("q4_1", "q8_0")
 SHAPES = [(37, 32), (1003, 160), (257, 1536)]
 # The gate of issue 9: perplexity within this fraction of fp32, top-1 agreement at least this.
 GATE = {"int8": (0.03, 0.95), "int4": (0.08, 0.85)}
+
+
+def block_kernel() -> BlockLinear:
+    kernel = native.block_linear()
+    assert kernel is not None, "the block-quantized kernel did not build"
+    return kernel
 
 
 def quantized_activations(x: torch.Tensor) -> torch.Tensor:
@@ -52,7 +60,7 @@ def test_block_kernel_matches_the_dequantized_matmul(kind: str, shape: tuple[int
     for m in (*range(1, 10), 33):
         x = torch.randn(m, k)
         x[:, 3] *= 40  # an outlier channel, as real activations have
-        got = cpu_kernel.block_linear(x, w, bias).double()
+        got = block_kernel()(x, w, bias).double()
         # Q4_1's minimum term m * sum(x) takes the block's exact fp32 sum.
         mins = torch.zeros_like(dense) if w.mins is None else w.mins.double().repeat_interleave(32, dim=1)
         exact = quantized_activations(x).double() @ (dense - mins).T + x.double() @ mins.T + bias
@@ -114,7 +122,7 @@ def test_each_call_runs_the_kernel_its_token_count_picks() -> None:
     layer = QuantLinear(w, DenseGemm(dense, bias), bias, max_kernel_tokens=8)
     for m in (1, 8, 9, 40):
         x = torch.randn(m, 64)
-        expected = cpu_kernel.block_linear(x, w, bias) if m <= 8 else F.linear(x, dense, bias)
+        expected = block_kernel()(x, w, bias) if m <= 8 else F.linear(x, dense, bias)
         assert layer.path_for(m) == ("kernel" if m <= 8 else "gemm")
         assert torch.equal(layer(x), expected)
     assert layer(torch.randn(2, 3, 64)).shape == (2, 3, 48)

@@ -1,11 +1,15 @@
 // exp over 8 floats for AVX2, shared by the fused ops and the attention kernel.
+// static inline in a header: each caller's loop gets it inlined, as when it was one file.
 #pragma once
+#include "isa.h"
+
+#ifdef PAGODE_AVX2
 #include <immintrin.h>
 
 namespace pagode_simd {
 
 // exp for AVX2 (Cephes' polynomial, ~1 ulp on [-87, 88]), as Sleef/torch use for silu.
-inline __m256 exp256(__m256 x) {
+static inline __m256 exp256(__m256 x) {
   const __m256 hi = _mm256_set1_ps(88.3762626647949f), lo = _mm256_set1_ps(-88.3762626647949f);
   x = _mm256_max_ps(_mm256_min_ps(x, hi), lo);
   __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
@@ -25,3 +29,5 @@ inline __m256 exp256(__m256 x) {
 }
 
 }  // namespace pagode_simd
+
+#endif  // PAGODE_AVX2

@@ -5,13 +5,26 @@
 // the arithmetic. This file runs every layer's ops back to back on preallocated scratch:
 // residual-add + RMSNorm, the fused QKV projection, RoPE + K/V cache write, paged decode
 // attention, the output projection, residual-add + RMSNorm, gate-up, SiLU-and-mul, down,
-// and the final norm. Each op is the same C++ function that the per-op path calls (the
-// three sources are compiled into this one library), so both paths give the same numbers.
-#include "../../attention/csrc/paged_attention_cpu.cpp"
-#include "../../quant/csrc/quant_linear_cpu.cpp"
-#include "fused_ops_cpu.cpp"
+// and the final norm. Each op is the very function that the per-op path calls through
+// ctypes (declared in include/, linked into the same library), so both paths give the
+// same numbers. The attention and fused ops are AVX2: below the avx2 level this file
+// compiles to nothing.
+#include "isa.h"
+
+#ifdef PAGODE_AVX2
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "cache_types.h"
+#include "fused_ops.h"
+#include "paged_attention.h"
+#include "quant_linear.h"
 
 namespace {
+
+using pagode::BF16;
+using pagode::F16;
 
 // Per layer, the pointer slots the Python side fills (engine/model/decode_step.py).
 enum Slot : int64_t {
@@ -32,9 +45,24 @@ void linear(const int64_t* slot, int64_t kind, const float* x, float* y, int64_t
     const auto* wd = reinterpret_cast<const uint16_t*>(slot[1]);
     const auto* wm = reinterpret_cast<const uint16_t*>(slot[2]);
     const auto* bias = reinterpret_cast<const float*>(slot[3]);
-    if (kind == Q4_1) block_linear<Q4Unpack, true>(x, qs, K / 2, wd, wm, bias, y, M, N, K, nthreads);
-    else block_linear<Q8Unpack, false>(x, qs, K, wd, nullptr, bias, y, M, N, K, nthreads);
+    if (kind == Q4_1) linear_q4_1(x, qs, wd, wm, bias, y, M, N, K, nthreads);
+    else linear_q8_0(x, reinterpret_cast<const int8_t*>(qs), wd, bias, y, M, N, K, nthreads);
 }
+
+// The attention entry points for a cache element type.
+template <typename T> struct CacheKernels;
+template <> struct CacheKernels<float> {
+    static constexpr auto rope_write = rope_write_kv_f32;
+    static constexpr auto decode = paged_decode_attention_f32;
+};
+template <> struct CacheKernels<F16> {
+    static constexpr auto rope_write = rope_write_kv_f16;
+    static constexpr auto decode = paged_decode_attention_f16;
+};
+template <> struct CacheKernels<BF16> {
+    static constexpr auto rope_write = rope_write_kv_bf16;
+    static constexpr auto decode = paged_decode_attention_bf16;
+};
 
 template <typename T>
 void attend(const int64_t* p, const Dims& d, const float* qkv, const int64_t* positions, const float* cos,
@@ -43,8 +71,10 @@ void attend(const int64_t* p, const Dims& d, const float* qkv, const int64_t* po
     T* kc = reinterpret_cast<T*>(p[K_CACHE]);
     T* vc = reinterpret_cast<T*>(p[V_CACHE]);
     const int64_t row = (d.heads + 2 * d.kv_heads) * d.head_dim;
-    rope_write(qkv, row, positions, cos, sin, q, kc, vc, slots, B, d.heads, d.kv_heads, d.head_dim, nthreads);
-    decode(q, kc, vc, tables, lens, out, B, d.heads, d.head_dim, d.block_size, d.kv_heads, MB, scale, nthreads);
+    CacheKernels<T>::rope_write(qkv, row, positions, cos, sin, q, kc, vc, slots, B, d.heads, d.kv_heads,
+                                d.head_dim, nthreads);
+    CacheKernels<T>::decode(q, kc, vc, tables, lens, out, B, d.heads, d.head_dim, d.block_size, d.kv_heads, MB,
+                            scale, nthreads);
 }
 
 struct Scratch {
@@ -104,3 +134,5 @@ void decode_step(float* hidden, const int64_t* layers, const int64_t* kinds, int
 int64_t decode_step_slots() { return SLOTS; }
 
 }  // extern "C"
+
+#endif  // PAGODE_AVX2

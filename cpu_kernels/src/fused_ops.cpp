@@ -1,7 +1,13 @@
 // Fused element-wise ops of a Llama decoder step, for the CPU (fp32 activations).
 // Plain C ABI, loaded with ctypes. Each replaces several eager torch ops (and their
 // temporaries) with one pass over the rows. Built with -ffp-contract=off so the
-// arithmetic rounds as torch's does (no fused multiply-adds).
+// arithmetic rounds as torch's does (no fused multiply-adds). The SiLU body is AVX2:
+// below the avx2 level this file compiles to nothing.
+#include "fused_ops.h"
+
+#include "isa.h"
+
+#ifdef PAGODE_AVX2
 #include <immintrin.h>
 
 #include <cmath>
@@ -58,3 +64,5 @@ void silu_and_mul_f32(const float* gate_up, float* out, int64_t T, int64_t N, in
 }
 
 }  // extern "C"
+
+#endif  // PAGODE_AVX2

@@ -4,6 +4,12 @@
 // The cache may hold fp32, fp16 or bf16 elements; activations are fp32. Rows of the
 // cache are converted to fp32 as they are read (F16C's vcvtph2ps for fp16, a 16-bit
 // shift for bf16), so an fp16 cache halves the bytes streamed per decode step.
+// The bodies are AVX2 (+ F16C): below the avx2 level this file compiles to nothing.
+#include "paged_attention.h"
+
+#include "isa.h"
+
+#ifdef PAGODE_AVX2
 #include <immintrin.h>
 
 #include <algorithm>
@@ -12,12 +18,12 @@
 #include <cstring>
 #include <vector>
 
-#include "../../model/csrc/simd_exp.h"
+#include "simd_exp.h"
 
 namespace {
 
-struct F16 { uint16_t bits; };
-struct BF16 { uint16_t bits; };
+using pagode::BF16;
+using pagode::F16;
 
 // ---- conversions ----------------------------------------------------------
 inline void to_float(const float* src, float* dst, int64_t n) { std::memcpy(dst, src, n * sizeof(float)); }
@@ -196,3 +202,5 @@ void rope_write_kv_bf16(const float* qkv, int64_t stride, const int64_t* pos, co
 }
 
 }  // extern "C"
+
+#endif  // PAGODE_AVX2

@@ -11,15 +11,18 @@
 // is loads, two madds, an add, a convert and an FMA into one of two accumulators per token
 // (two chains hide the FMA latency when one token runs alone). Each weight block is unpacked
 // once for up to four tokens; OpenMP splits the output rows across threads.
+#include "quant_linear.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <vector>
 
-#if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
+#include "isa.h"
+
+#ifdef PAGODE_AVX2
 #include <immintrin.h>
-#define PAGODE_AVX2 1
 #endif
 
 namespace {
@@ -200,7 +203,7 @@ void dot_row(const uint8_t* qs, const uint16_t* wd, const uint16_t* wm, const in
 // Asks for a later row's quants and scales while this one computes. A row is short (288
 // bytes of Q4_1 at K = 576), and on this machine the hardware prefetcher alone left the
 // decode step's linears waiting on memory: four rows ahead took them from 7.3 to 4.4 ms
-// per step at one token (python -m engine.profile_steps, one stream).
+// per step at one token (python -m benchmarks.profile_steps, one stream).
 inline void prefetch_row(const uint8_t* qs, int64_t row_bytes, const uint16_t* wd, const uint16_t* wm,
                          int64_t nb, int64_t n, int64_t N) {
 #ifdef PAGODE_AVX2

@@ -1,6 +1,7 @@
 """Attention over the paged KV cache, behind one interface with swappable backends."""
 
-from engine.attention.backend import AttentionBackend, select_backend
+from engine.attention.backend import AttentionBackend
 from engine.attention.metadata import AttentionMetadata
+from engine.attention.selection import BACKENDS, select_backend
 
-__all__ = ["AttentionBackend", "AttentionMetadata", "select_backend"]
+__all__ = ["BACKENDS", "AttentionBackend", "AttentionMetadata", "select_backend"]

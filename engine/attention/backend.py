@@ -1,4 +1,8 @@
-"""The one interface the model calls; backends never leak into the model."""
+"""The one interface the model calls; backends never leak into the model.
+
+Which backend a device gets is engine/attention/selection.py's; this module knows none
+of them.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +10,8 @@ from abc import ABC, abstractmethod
 
 import torch
 
-from engine import envs
 from engine.attention.metadata import AttentionMetadata
+from engine.attention.rope import apply_rope
 
 
 class AttentionBackend(ABC):
@@ -31,6 +35,28 @@ class AttentionBackend(ABC):
         Causal within each chunk, full over the sequence's cached positions.
         """
 
+    def rotate_and_write_kv(self, qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
+                            sin: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                            num_heads: int) -> torch.Tensor:
+        """RoPE on a step's queries and keys, and the K/V cache write: returns the rotated
+        queries [T, heads, head_dim].
+
+        qkv [T, (heads + 2 kv_heads) head_dim] is the fused projection's output; cos, sin
+        [max_positions, head_dim / 2] the rotary tables. By default, RoPE in torch then
+        write_kv; a backend may fuse the two.
+        """
+        kv_heads, head_dim = kv_cache.shape[3:]
+        q, k, v = qkv.split([num_heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
+        q, k = apply_rope(positions, q.view(-1, num_heads, head_dim), k.view(-1, kv_heads, head_dim), cos, sin)
+        self.write_kv(k, v.view(-1, kv_heads, head_dim).contiguous(), kv_cache, slot_mapping)
+        return q
+
+    def supports_fused_cpu_step(self, kv_cache: torch.Tensor) -> bool:
+        """Whether the fused C++ decode step (engine/model/decode_step.py) may stand in for
+        this backend on this cache: it attends with the same C++ kernel, so the numbers stay
+        the same. No by default."""
+        return False
+
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
         """Write the step's K/V into the cache, then attend."""
@@ -51,16 +77,3 @@ class AttentionBackend(ABC):
             return self.prefill(query, kv_cache, meta, scale)
         return torch.cat([self.decode(query[:nd], kv_cache, meta, scale),
                           self.prefill(query[nd:], kv_cache, meta, scale)])
-
-
-def select_backend(name: str | None, device: torch.device) -> AttentionBackend:
-    """torch on CPU, triton on CUDA; PAGODE_ATTENTION_BACKEND or `name` overrides."""
-    choice = name or envs.ATTENTION_BACKEND.get() or (
-        "triton" if device.type == "cuda" else "torch")
-    if choice == "torch":
-        from engine.attention.torch_backend import TorchAttentionBackend
-        return TorchAttentionBackend()
-    if choice == "triton":
-        from engine.attention.triton_backend import TritonAttentionBackend
-        return TritonAttentionBackend()
-    raise ValueError(f"unknown attention backend {choice!r}; choose torch or triton")

@@ -1,91 +1,43 @@
-"""Attention for the CPU (and the reference for other backends).
+"""Attention for the CPU: the sdpa backend with the C++ kernels where they apply.
 
-It never copies the whole cache, which may be stored in fp16/bf16 (converted as read). Decodes go to a C++ kernel that reads K/V in
-place through the block tables (engine/attention/csrc); where it cannot be built,
-they fall back to one padded matmul over a gather of only the batch's blocks.
-Each prefill chunk is one scaled_dot_product_attention call.
+Decodes go to a C++ kernel that reads K/V in place through the block tables, and RoPE +
+the K/V cache write are one C++ pass (cpu_kernels/paged_attention.py); where they are not
+built (no compiler, PAGODE_CPU_KERNEL=0, a CPU below AVX2) or do not apply (CUDA, fp32
+queries only), the pure-torch paths of SdpaAttentionBackend run. Prefill is SDPA.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-from engine.attention import cpu_kernels
-from engine.attention.backend import AttentionBackend
+from engine import native
 from engine.attention.metadata import AttentionMetadata
+from engine.attention.sdpa_backend import SdpaAttentionBackend
 
 
-class TorchAttentionBackend(AttentionBackend):
+class TorchAttentionBackend(SdpaAttentionBackend):
     name = "torch"
 
-    def __init__(self, use_cpu_kernel: bool = True) -> None:
-        self.use_cpu_kernel = use_cpu_kernel
-
-    def write_kv(self, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
-                 slot_mapping: torch.Tensor) -> None:
-        _, num_blocks, block_size, kv_heads, head_dim = kv_cache.shape
-        flat = kv_cache.view(2, num_blocks * block_size, kv_heads, head_dim)
-        flat[0].index_copy_(0, slot_mapping, key.to(kv_cache.dtype))
-        flat[1].index_copy_(0, slot_mapping, value.to(kv_cache.dtype))
+    def __init__(self) -> None:
+        self.kernel = native.paged_attention()  # None: pure torch throughout
 
     def decode(self, query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,
                scale: float) -> torch.Tensor:
-        nd = meta.num_decodes
-        if self.use_cpu_kernel and cpu_kernels.available(query.dtype, kv_cache.dtype, query.device):
-            return cpu_kernels.paged_decode_attention(query, kv_cache, meta.block_tables[:nd],
-                                                      meta.seq_lens[:nd], scale)
+        if self.kernel is not None and self.kernel.supports(query.dtype, kv_cache.dtype, query.device):
+            nd = meta.num_decodes
+            return self.kernel.decode(query, kv_cache, meta.block_tables[:nd], meta.seq_lens[:nd], scale)
         return self.decode_gathered(query, kv_cache, meta, scale)
 
-    def decode_gathered(self, query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,
-                        scale: float) -> torch.Tensor:
-        """Pure torch: gather the batch's blocks, then one padded batched matmul."""
-        nd = meta.num_decodes
-        block_size, kv_heads, head_dim = kv_cache.shape[2:]
-        max_len = max(meta.seq_lens_cpu[:nd])
-        nb = -(-max_len // block_size)
-        tables = meta.block_tables[:nd, :nb]
-        # [2, B, nb, bs, kvh, d] -> K/V [B, kvh, L, d]
-        kv = kv_cache[:, tables].view(2, nd, nb * block_size, kv_heads, head_dim).transpose(2, 3)
-        kv = kv.to(query.dtype)
-        group = query.shape[1] // kv_heads
-        q = query.view(nd, kv_heads, group, head_dim)
-        scores = torch.matmul(q, kv[0].transpose(-1, -2)) * scale  # [B, kvh, g, L]
-        positions = torch.arange(nb * block_size, device=query.device)
-        pad = positions[None, :] >= meta.seq_lens[:nd, None]
-        scores.masked_fill_(pad[:, None, None, :], float("-inf"))
-        probs = torch.softmax(scores.float(), dim=-1).to(query.dtype)
-        return torch.matmul(probs, kv[1]).view(nd, kv_heads * group, head_dim)
+    def rotate_and_write_kv(self, qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
+                            sin: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                            num_heads: int) -> torch.Tensor:
+        if self.kernel is not None and self.kernel.can_rope_write(qkv, kv_cache, positions, cos):
+            return self.kernel.rope_write_kv(qkv, positions, cos, sin, kv_cache, slot_mapping, num_heads)
+        return super().rotate_and_write_kv(qkv, positions, cos, sin, kv_cache, slot_mapping, num_heads)
 
-    def prefill(self, query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,
-                scale: float) -> torch.Tensor:
-        nd = meta.num_decodes
-        starts = meta.query_start_loc_cpu
-        base = starts[nd]
-        out = torch.empty_like(query)
-        for i in range(nd, meta.num_seqs):
-            lo, hi = starts[i] - base, starts[i + 1] - base
-            out[lo:hi] = self._prefill_one(query[lo:hi], kv_cache, meta, i, scale)
-        return out
-
-    def _prefill_one(self, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,
-                     i: int, scale: float) -> torch.Tensor:
-        block_size, kv_heads, head_dim = kv_cache.shape[2:]
-        seq_len, q_len = meta.seq_lens_cpu[i], q.shape[0]
-        nb = -(-seq_len // block_size)
-        kv = kv_cache[:, meta.block_tables[i, :nb]].view(2, nb * block_size, kv_heads, head_dim)
-        kv = kv.to(q.dtype)
-        k, v = kv[0, :seq_len].transpose(0, 1), kv[1, :seq_len].transpose(0, 1)  # [kvh, L, d]
-        qh = q.transpose(0, 1)  # [H, q_len, d]
-        group = q.shape[1] // kv_heads
-        if group > 1:
-            k = k.repeat_interleave(group, dim=0)
-            v = v.repeat_interleave(group, dim=0)
-        context = seq_len - q_len
-        if context == 0:
-            o = F.scaled_dot_product_attention(qh, k, v, is_causal=True, scale=scale)
-        else:
-            rows = torch.arange(q_len, device=q.device)[:, None] + context
-            mask = torch.arange(seq_len, device=q.device)[None, :] <= rows
-            o = F.scaled_dot_product_attention(qh, k, v, attn_mask=mask, scale=scale)
-        return o.transpose(0, 1)
+    def supports_fused_cpu_step(self, kv_cache: torch.Tensor) -> bool:
+        """The fused step attends and writes K/V with this backend's own C++ kernels."""
+        kv_heads, head_dim = kv_cache.shape[3:]
+        return (self.kernel is not None and kv_cache.is_contiguous()
+                and self.kernel.supports(torch.float32, kv_cache.dtype, kv_cache.device)
+                and kv_heads * head_dim <= self.kernel.MAX_KV_ROW)

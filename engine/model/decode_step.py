@@ -2,13 +2,16 @@
 
 Why: with one to a few tokens per step, a layer's ten or so ops each take microseconds,
 and dispatching ~300 of them per step from Python (module calls, ctypes, allocations)
-cost about as much as the arithmetic. `engine/model/csrc/decode_step_cpu.cpp` runs every
-layer back to back on preallocated scratch, with the same C++ functions that the
-layer-by-layer path calls one at a time, so both give the same numbers.
+cost about as much as the arithmetic. `cpu_kernels/src/decode_step.cpp` runs every
+layer back to back on preallocated scratch, calling the very C++ functions that the
+layer-by-layer path calls one at a time (one library), so both give the same numbers.
+This module fills the C++ step's pointer table from a model and decides when it applies;
+the model runner owns the step and calls it instead of the model.
 
 It applies to a step of decodes only, on a model whose projections are all block-quantized
-QuantLinear and whose K/V cache the C++ attention kernel reads, up to a number of decodes
-measured at load: both paths run synthetic decode steps of 1, 2, 4, ... tokens, and the
+QuantLinear and whose K/V cache the attention backend reads with the same C++ kernel
+(AttentionBackend.supports_fused_cpu_step), up to a number of decodes measured at load:
+both paths run synthetic decode steps of 1, 2, 4, ... tokens, and the
 fused step keeps every count up to its last win before the layer-by-layer path (whose big
 projections move to BLAS) wins twice in a row (on this machine, up to 16). Anything
 else runs layer by layer. PAGODE_DECODE_STEP=0 turns it off; EngineConfig.fused_decode_limit
@@ -17,52 +20,31 @@ else runs layer by layer. PAGODE_DECODE_STEP=0 turns it off; EngineConfig.fused_
 
 from __future__ import annotations
 
-import ctypes
 import logging
-from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from cpu_kernels.decode_step import CACHE_TYPES, KINDS, PROJECTIONS, DecodeStep
 from engine import envs, native
-from engine.attention import AttentionMetadata, cpu_kernels
+from engine.attention import AttentionBackend, AttentionMetadata
 from engine.model.llama import DecoderLayer, LlamaForCausalLM
 from engine.quant import dispatch
 from engine.quant.linear import QuantLinear
 
 log = logging.getLogger("pagode")
 
-_CSRC = Path(__file__).parent / "csrc"
-_SOURCE = _CSRC / "decode_step_cpu.cpp"
-_DEPENDS = (_CSRC / "fused_ops_cpu.cpp", _CSRC / "simd_exp.h",
-            Path(cpu_kernels.__file__).parent / "csrc" / "paged_attention_cpu.cpp",
-            Path(__file__).parents[1] / "quant" / "csrc" / "quant_linear_cpu.cpp")
-_P, _I64 = ctypes.c_void_p, ctypes.c_int64
-_CACHE_TYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
-_KINDS = {"q4_1": 0, "q8_0": 1}
-PROJECTIONS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
-
-
-def _declare(lib: ctypes.CDLL) -> None:
-    lib.decode_step.restype = None
-    args: list[Any] = [_P, _P, _P, _I64, _P, _I64, _P, ctypes.c_float, ctypes.c_float]
-    lib.decode_step.argtypes = args + [_P] * 6 + [_I64, _I64, ctypes.c_int]
-    lib.decode_step_slots.restype = _I64
-
-
-KERNEL = native.Kernel(_SOURCE, [*native.CPU_FLAGS, "-ffp-contract=off"], _declare, depends=_DEPENDS)
-
 
 class FusedDecodeStep(nn.Module):
     """The C++ step over one model and its K/V caches; holds pointers, not tensors of its own."""
 
-    def __init__(self, model: LlamaForCausalLM, kv_caches: list[torch.Tensor], lib: ctypes.CDLL) -> None:
+    def __init__(self, model: LlamaForCausalLM, kv_caches: list[torch.Tensor], kernel: DecodeStep) -> None:
         super().__init__()
         cfg = model.config
-        self.lib = lib
-        slots = int(lib.decode_step_slots())
+        self.kernel = kernel
+        slots = kernel.slots()
         layers = decoder_layers(model)
         self.table = torch.zeros(len(layers), slots, dtype=torch.int64)
         self.kinds = torch.zeros(len(layers), len(PROJECTIONS), dtype=torch.int64)
@@ -75,12 +57,12 @@ class FusedDecodeStep(nn.Module):
                 b = proj.blocks
                 row += [b.qs.data_ptr(), b.scales.data_ptr(), 0 if b.mins is None else b.mins.data_ptr(),
                         0 if proj.bias is None else proj.bias.data_ptr()]
-                self.kinds[i, j] = _KINDS[b.kind]
+                self.kinds[i, j] = KINDS[b.kind]
             self.table[i] = torch.tensor(row, dtype=torch.int64)
         self.max_tokens = 0  # set by measure_limit
         self.dims = torch.tensor([cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
                                   cfg.intermediate_size, kv_caches[0].shape[2]], dtype=torch.int64)
-        self.cache_type = _CACHE_TYPES[kv_caches[0].dtype]
+        self.cache_type = CACHE_TYPES[kv_caches[0].dtype]
         self.final_norm = model.norm.weight.detach()
         self.eps = model.norm.eps
         self.scale = cfg.head_dim ** -0.5
@@ -97,11 +79,8 @@ class FusedDecodeStep(nn.Module):
         lens = meta.seq_lens.to(torch.int32).contiguous()
         positions = positions.to(torch.int64).contiguous()
         slots = meta.slot_mapping.to(torch.int64).contiguous()
-        self.lib.decode_step(hidden.data_ptr(), self.table.data_ptr(), self.kinds.data_ptr(), self.table.shape[0],
-                             self.dims.data_ptr(), self.cache_type, self.final_norm.data_ptr(), self.eps,
-                             self.scale, self.cos.data_ptr(), self.sin.data_ptr(), positions.data_ptr(),
-                             slots.data_ptr(), tables.data_ptr(), lens.data_ptr(), hidden.shape[0],
-                             tables.shape[1], torch.get_num_threads())
+        self.kernel.run(hidden, self.table, self.kinds, self.dims, self.cache_type, self.final_norm, self.eps,
+                        self.scale, self.cos, self.sin, positions, slots, tables, lens)
         return hidden
 
 
@@ -109,19 +88,14 @@ def decoder_layers(model: LlamaForCausalLM) -> list[DecoderLayer]:
     return [cast(DecoderLayer, layer) for layer in model.layers]
 
 
-def unsupported(model: LlamaForCausalLM, kv_caches: list[torch.Tensor]) -> str | None:
-    """Why the fused step cannot run this model, or None when it can."""
-    cfg = model.config
+def unsupported(model: LlamaForCausalLM, kv_caches: list[torch.Tensor], backend: AttentionBackend) -> str | None:
+    """Why the fused step cannot run this model with this backend, or None when it can."""
     if not envs.DECODE_STEP.get():
         return "PAGODE_DECODE_STEP=0"
     if kv_caches[0].device.type != "cpu" or model.embed_tokens.weight.dtype != torch.float32:
         return "not an fp32 model on the CPU"
-    if not getattr(decoder_layers(model)[0].self_attn.backend, "use_cpu_kernel", False):
-        return "the attention backend does not use the C++ kernel"
-    if not cpu_kernels.available(torch.float32, kv_caches[0].dtype, kv_caches[0].device):
-        return "no C++ attention kernel for this cache"
-    if cfg.num_key_value_heads * cfg.head_dim > cpu_kernels.MAX_KV_ROW:
-        return "K/V rows too wide"
+    if not backend.supports_fused_cpu_step(kv_caches[0]):
+        return f"the {backend.name} attention backend does not read this cache with the C++ kernel"
     for layer in model.layers:
         for name in PROJECTIONS:
             proj = layer.get_submodule(name)
@@ -130,17 +104,17 @@ def unsupported(model: LlamaForCausalLM, kv_caches: list[torch.Tensor]) -> str |
     return None
 
 
-def build(model: LlamaForCausalLM, kv_caches: list[torch.Tensor], max_decodes: int,
+def build(model: LlamaForCausalLM, kv_caches: list[torch.Tensor], backend: AttentionBackend, max_decodes: int,
           pinned_limit: int | None = None) -> FusedDecodeStep | None:
     """The fused decode step for this model, or None (layer by layer) with the reason logged.
 
     `pinned_limit` (EngineConfig.fused_decode_limit) replaces the measured limit."""
-    why = "a fused-decode limit of 0" if pinned_limit == 0 else unsupported(model, kv_caches)
-    lib = None if why else KERNEL.load()
-    if lib is None:
-        log.info("decode steps run layer by layer (%s)", why or "the C++ step did not build")
+    why = "a fused-decode limit of 0" if pinned_limit == 0 else unsupported(model, kv_caches, backend)
+    kernel = None if why else native.decode_step()
+    if kernel is None:
+        log.info("decode steps run layer by layer (%s)", why or "the C++ step is not built here")
         return None
-    step = FusedDecodeStep(model, kv_caches, lib)
+    step = FusedDecodeStep(model, kv_caches, kernel)
     crossover = (dispatch.Crossover(pinned_limit) if pinned_limit is not None
                  else measure_limit(step, model, kv_caches, max_decodes))
     step.max_tokens = crossover.max_kernel_tokens

@@ -1,8 +1,9 @@
 """Small building blocks: RMSNorm, rotary embedding (+ K/V cache write), SwiGLU, paged attention.
 
 Each is a module, so a profiler can time them by class with forward hooks. On the
-CPU the element-wise ones run as fused C++ kernels (engine/model/fused_ops.py,
-engine/attention/cpu_kernels.py); elsewhere as torch ops with the same semantics.
+CPU the element-wise ones run as fused C++ kernels (engine/model/fused_ops.py); RoPE +
+the K/V write and attention are the attention backend's (engine/attention), which may
+run them in C++ too. The model never calls a C++ kernel directly.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from engine.attention import AttentionBackend, AttentionMetadata, cpu_kernels
+from engine import native
+from engine.attention import AttentionBackend, AttentionMetadata
+from engine.attention.rope import apply_rope
 from engine.model import fused_ops
 
 
@@ -28,19 +31,20 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(hidden_size))
         self.eps = eps
+        self.kernel = native.fused_ops()  # None: torch ops
 
     def forward(self, x: torch.Tensor,
                 residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        return fused_ops.add_rms_norm(x, residual, self.weight, self.eps)
+        return fused_ops.add_rms_norm(x, residual, self.weight, self.eps, self.kernel)
 
 
 class SiluAndMul(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.kernel = native.fused_ops()  # None: torch ops
+
     def forward(self, gate_up: torch.Tensor) -> torch.Tensor:
-        return fused_ops.silu_and_mul(gate_up)
-
-
-def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    return fused_ops.silu_and_mul(gate_up)
+        return fused_ops.silu_and_mul(gate_up, self.kernel)
 
 
 def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict[str, Any]) -> torch.Tensor:
@@ -82,45 +86,27 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor,
                 k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        cos = self.cos[positions].unsqueeze(1)  # [T, 1, d/2]
-        sin = self.sin[positions].unsqueeze(1)
-        return _rotate(q, cos, sin), _rotate(k, cos, sin)
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+        return apply_rope(positions, q, k, self.cos, self.sin)
 
 
 class RotaryCacheWrite(nn.Module):
     """RoPE on a step's queries and keys, and the K/V cache write, in one pass.
 
     Takes the fused QKV projection output and returns the rotated queries
-    [T, heads, head_dim]; keys and values land in their cache slots.
+    [T, heads, head_dim]; keys and values land in their cache slots. The backend does
+    both (AttentionBackend.rotate_and_write_kv), fused where it can.
     """
 
-    def __init__(self, rope: RotaryEmbedding, backend: AttentionBackend, num_heads: int,
-                 num_kv_heads: int, head_dim: int) -> None:
+    def __init__(self, rope: RotaryEmbedding, backend: AttentionBackend, num_heads: int) -> None:
         super().__init__()
         self.rope = rope
         self.backend = backend
-        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.num_heads = num_heads
 
     def forward(self, positions: torch.Tensor, qkv: torch.Tensor, kv_cache: torch.Tensor,
                 meta: AttentionMetadata) -> torch.Tensor:
-        fused = getattr(self.backend, "use_cpu_kernel", False)
-        if fused and cpu_kernels.can_rope_write(qkv, kv_cache, positions, self.rope.cos):
-            return cpu_kernels.rope_write_kv(qkv, positions, self.rope.cos, self.rope.sin, kv_cache,
-                                             meta.slot_mapping, self.num_heads)
-        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
-        q = q.view(-1, self.num_heads, self.head_dim)
-        k = k.view(-1, self.num_kv_heads, self.head_dim)
-        v = v.view(-1, self.num_kv_heads, self.head_dim)
-        q, k = self.rope(positions, q, k)
-        self.backend.write_kv(k, v.contiguous(), kv_cache, meta.slot_mapping)
-        return q
+        return self.backend.rotate_and_write_kv(qkv, positions, self.rope.cos, self.rope.sin, kv_cache,
+                                                meta.slot_mapping, self.num_heads)
 
 
 class PagedAttention(nn.Module):

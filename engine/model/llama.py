@@ -35,8 +35,7 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
         self.rope = rope
         self.backend = backend
-        self.rotary_cache_write = RotaryCacheWrite(rope, backend, self.num_heads, self.num_kv_heads,
-                                                   self.head_dim)
+        self.rotary_cache_write = RotaryCacheWrite(rope, backend, self.num_heads)
         self.attn = PagedAttention(backend, self.scale)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, kv_cache: torch.Tensor,
@@ -96,9 +95,6 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
-        # The runner's fused C++ decode step (engine/model/decode_step.py), when one applies;
-        # it holds no weights of its own, and forward never calls it.
-        self.decode_step: nn.Module | None = None
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                 kv_caches: list[torch.Tensor]) -> torch.Tensor:

@@ -16,8 +16,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from engine import envs
-from engine.quant import cpu_kernel, dispatch, formats
+from engine import envs, native
+from engine.quant import dispatch, formats
 from engine.quant.dense_gemm import DenseGemm
 from engine.quant.formats import BlockWeights, Kind
 from engine.quant.int8_gemm import Int8Gemm
@@ -85,7 +85,7 @@ def build_layer(blocks: BlockWeights, dense: DenseGemm | Int8Gemm, bias: torch.T
     The blocks stay even where the GEMM wins at one token: the fused decode step
     (engine/model/decode_step.py) computes every projection on them.
     """
-    if not cpu_kernel.available():
+    if native.block_linear() is None:
         return QuantLinear(None, dense, bias, 0)
     crossover = dispatch.measure(blocks, dense).max_kernel_tokens
     report.crossovers[f"{blocks.kind} {blocks.out_features}x{blocks.in_features}"] = crossover

@@ -20,7 +20,6 @@ import torch.nn.functional as F
 from engine.bench import bare_forward_rate, prose_token_ids
 from engine.llm import LLM
 from engine.quant import dispatch
-from engine.quant.cpu_kernel import block_linear
 from engine.quant.dispatch import best_time
 from engine.quant.formats import dequantize
 from engine.quant.linear import QuantLinear
@@ -71,7 +70,7 @@ def linear_timings(llm: LLM, batches: list[int]) -> list[dict[str, Any]]:
         dense = dequantize(mod.blocks)
         for m in batches:
             x = torch.randn(m, mod.in_features)
-            k = best_time(lambda: block_linear(x, mod.blocks), 5)  # type: ignore[arg-type]  # noqa: B023
+            k = best_time(lambda: mod.kernel(x, mod.blocks), 5)  # type: ignore[misc, arg-type]  # noqa: B023
             f = best_time(lambda: F.linear(x, dense), 5)  # noqa: B023
             rows.append({"layer": name.split(".")[-1], "kind": key[0], "shape": f"{key[1]}x{key[2]}", "tokens": m,
                          "kernel_ms": round(k * 1e3, 3), "fp32_ms": round(f * 1e3, 3),

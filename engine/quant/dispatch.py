@@ -17,8 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine import envs
-from engine.quant import cpu_kernel
+from engine import envs, native
 from engine.quant.formats import BlockWeights
 
 log = logging.getLogger("pagode")
@@ -83,9 +82,11 @@ def measure(blocks: BlockWeights, gemm: Callable[[torch.Tensor], torch.Tensor]) 
 
 def time_layer(blocks: BlockWeights, gemm: Callable[[torch.Tensor], torch.Tensor], m: int) -> tuple[float, float]:
     """Seconds of (block kernel, GEMM) on m random tokens, best of a few runs."""
+    kernel = native.block_linear()
+    assert kernel is not None, "the block-quantized kernel is not available"
     x = torch.randn(m, blocks.in_features)
     reps = 5 if m <= 16 else 2
-    return best_time(lambda: cpu_kernel.block_linear(x, blocks), reps), best_time(lambda: gemm(x), reps)
+    return best_time(lambda: kernel(x, blocks), reps), best_time(lambda: gemm(x), reps)
 
 
 def race(counts: Iterable[int], time_both: Callable[[int], tuple[float, float]], digits: int) -> Crossover:

@@ -1,8 +1,8 @@
 """QuantLinear: a drop-in for nn.Linear that computes on quantized weights.
 
 It holds the copies its kernels need, and no others: the block-quantized weight for the
-AVX2 kernel (few tokens) and/or the fp32 weight for BLAS (many tokens). Each call picks by
-its number of tokens against the layer's measured crossover.
+C++ block kernel (few tokens; cpu_kernels/quant_linear.py) and/or the fp32 weight for BLAS
+(many tokens). Each call picks by its number of tokens against the layer's measured crossover.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from engine.quant import cpu_kernel
+from engine import native
 from engine.quant.dense_gemm import DenseGemm
 from engine.quant.formats import BlockWeights
 from engine.quant.int8_gemm import Int8Gemm
@@ -34,6 +34,7 @@ class QuantLinear(nn.Module):
         self.bias = None if bias is None else nn.Parameter(bias.detach().float().contiguous(), requires_grad=False)
         self.max_kernel_tokens = max_kernel_tokens if blocks is not None else 0
         self.force: Path | None = None  # tests and benchmarks pin one path
+        self.kernel = native.block_linear() if blocks is not None else None
 
     def path_for(self, tokens: int) -> Path:
         if self.force is not None:
@@ -46,7 +47,9 @@ class QuantLinear(nn.Module):
         if self.path_for(x2.shape[0]) == "kernel":
             if self.blocks is None:
                 raise RuntimeError("this layer keeps no block weights (its crossover never picks the kernel)")
-            y = cpu_kernel.block_linear(x2, self.blocks, self.bias)
+            if self.kernel is None:
+                raise RuntimeError("the block-quantized kernel is not available here")
+            y = self.kernel(x2, self.blocks, self.bias)
         else:
             if self.gemm is None:
                 raise RuntimeError("this layer keeps no dense weights (its crossover never picks it)")

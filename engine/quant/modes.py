@@ -4,7 +4,7 @@ int8: every linear layer (and the lm_head) in Q8_0 blocks.
 int4: the projections in Q4_1 blocks (a GGUF's own Q4_1 tensors, used as they are), the
       lm_head in Q8_0 (as llama.cpp keeps the output matrix at 8 bits or more).
 Both keep fp32 weights for steps with many tokens (BLAS), where their crossover needs them. `auto` picks int4 on a CPU with
-the AVX2 kernel: it is the fastest mode measured (engine/quant/bench.py) and it passes the
+the AVX2 kernel: it is the fastest mode measured (benchmarks/bench_quant.py) and it passes the
 quality gate (tests/test_quantization.py). CUDA keeps bf16/fp16: there is no GPU kernel.
 """
 
@@ -14,7 +14,7 @@ import logging
 
 import torch
 
-from engine.quant import cpu_kernel
+from engine import native
 from engine.quant.formats import Kind
 
 log = logging.getLogger("pagode")
@@ -42,7 +42,8 @@ def resolve_mode(requested: str, device: torch.device, dtype: torch.dtype) -> tu
         return "none", f"quantized layers compute in float32, not {dtype}"
     if requested != "auto":
         return requested, "requested"
-    if not cpu_kernel.uses_avx2():
+    kernel = native.block_linear()
+    if kernel is None or not kernel.uses_avx2():
         return "none", "auto: no AVX2 quantized-linear kernel on this CPU"
     return AUTO_CPU_MODE, "auto: the fastest mode that passes the quality gate on this CPU"
 

@@ -1,0 +1,51 @@
+"""Fused element-wise ops of a decoder step (src/fused_ops.cpp), bound to torch tensors:
+residual-add + RMSNorm and SiLU-and-mul, one pass over the rows each.
+
+Built from the avx2 level up. The torch versions with the same semantics, and the choice
+between them, are engine/model/fused_ops.py's.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+_P, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+
+
+class FusedOps:
+    """add_rms_norm and silu_and_mul on contiguous fp32 CPU tensors."""
+
+    SYMBOLS = ("add_rmsnorm_f32", "silu_and_mul_f32")
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        self.lib = lib
+        lib.add_rmsnorm_f32.restype = None
+        lib.add_rmsnorm_f32.argtypes = [_P] * 4 + [_I64, _I64, ctypes.c_float, _INT, _INT]
+        lib.silu_and_mul_f32.restype = None
+        lib.silu_and_mul_f32.argtypes = [_P, _P, _I64, _I64, _INT]
+
+    @staticmethod
+    def applies(x: torch.Tensor) -> bool:
+        return x.device.type == "cpu" and x.dtype == torch.float32 and x.is_contiguous()
+
+    def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
+                     eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(residual + x), residual + x), the residual updated in place; with residual
+        None, (norm(x), a copy of x)."""
+        n = x.shape[-1]
+        rows = x.numel() // n
+        res = torch.empty_like(x) if residual is None else residual
+        out = torch.empty_like(x)
+        self.lib.add_rmsnorm_f32(x.data_ptr(), res.data_ptr(), weight.data_ptr(), out.data_ptr(), rows, n,
+                                 eps, int(residual is not None), torch.get_num_threads())
+        return out, res
+
+    def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """[T, 2N] -> [T, N]: silu(gate) * up."""
+        n = gate_up.shape[-1] // 2
+        rows = gate_up.numel() // (2 * n)
+        out = gate_up.new_empty((*gate_up.shape[:-1], n))
+        self.lib.silu_and_mul_f32(gate_up.data_ptr(), out.data_ptr(), rows, n, torch.get_num_threads())
+        return out

@@ -1,0 +1,49 @@
+"""The engine's side of cpu_kernels: pagode's switches (engine.envs) in, kernels out.
+
+cpu_kernels reads no environment; this adapter reads the variables when a kernel is asked
+for and hands them in: the cache directory ($PAGODE_CACHE_DIR/kernels), the ISA cap
+(PAGODE_CPU_ISA), the compiler ($CXX), and the on/off switches (PAGODE_CPU_KERNEL=0
+turns every kernel off, PAGODE_QUANT_KERNEL=0 the block-quantized linear). Each function
+gives a kernel family, or None where it is off or not built here; callers keep their
+pure-torch paths for None. The library itself is built and opened once per settings.
+"""
+
+from __future__ import annotations
+
+from cpu_kernels import Level, Library, Settings, load
+from cpu_kernels.decode_step import DecodeStep
+from cpu_kernels.fused_ops import FusedOps
+from cpu_kernels.paged_attention import PagedAttention
+from cpu_kernels.quant_linear import BlockLinear
+from engine import envs
+
+
+def settings() -> Settings:
+    cap = envs.CPU_ISA.get()
+    return Settings(cache_dir=envs.CACHE_DIR.get() / "kernels",
+                    isa_cap=None if cap is None else Level.parse(cap), compiler=envs.CXX.get())
+
+
+def library() -> Library | None:
+    """The CPU kernels, or None with PAGODE_CPU_KERNEL=0 or where they cannot be built."""
+    return load(settings()) if envs.CPU_KERNEL.get() else None
+
+
+def paged_attention() -> PagedAttention | None:
+    lib = library()
+    return None if lib is None else lib.paged_attention
+
+
+def block_linear() -> BlockLinear | None:
+    lib = library()
+    return None if lib is None or not envs.QUANT_KERNEL.get() else lib.block_linear
+
+
+def fused_ops() -> FusedOps | None:
+    lib = library()
+    return None if lib is None else lib.fused_ops
+
+
+def decode_step() -> DecodeStep | None:
+    lib = library()
+    return None if lib is None else lib.decode_step
