@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rates", type=float, nargs=2, default=None, help="the two rates (default: 40%% and 85%% of saturation)")
     p.add_argument("--fit", type=Path, default=None)
     p.add_argument("--calibrate", action="store_true", help="calibrate again even if a fit exists")
-    p.add_argument("--out", type=Path, default=REPO_ROOT / "docs" / "plan-check")
+    p.add_argument("--out", type=Path, default=REPO_ROOT / "docs" / "results" / "plan-check")
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     console = Console(width=200)

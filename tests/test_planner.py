@@ -19,11 +19,11 @@ import pytest
 from engine.kv_cache import num_blocks_for
 from engine.model.config import ModelConfig
 from engine.model.loader import read_config, resolve_model
-from engine.planner.memory import count_parameters, kv_bytes_per_token, plan_memory, weight_bytes
-from engine.planner.predict import SLO, attainment, bisect_rate, parse_slo, summarize
-from engine.planner.simulator import SimConfig, Simulator
-from engine.planner.step_model import FEATURES, StepTimeModel, StepWork, fit, work_of
-from engine.planner.workload import PlannedRequest, Workload
+from planner.memory import count_parameters, kv_bytes_per_token, plan_memory, weight_bytes
+from planner.predict import SLO, attainment, bisect_rate, parse_slo, summarize
+from planner.simulator import SimConfig, Simulator
+from planner.step_model import FEATURES, StepTimeModel, StepWork, fit, work_of
+from planner.workload import PlannedRequest, Workload
 
 GIB = 2**30
 
@@ -180,7 +180,7 @@ def test_bisection_finds_the_highest_rate_meeting_the_slo(threshold: float) -> N
 
 
 def test_serving_overhead_adds_per_step_and_per_sequence() -> None:
-    from engine.planner.cli import parse_overhead
+    from planner.cli import parse_overhead
 
     assert parse_overhead("3,1.1") == pytest.approx((0.003, 0.0011))
     for bad in ("3", "3,x", "-1,1", "1,inf"):
@@ -207,7 +207,7 @@ def test_plan_check_fits_the_overhead_through_its_two_probes() -> None:
 def calibrated(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real (tiny) calibration of the default model on the CPU."""
     from engine.config import EngineConfig
-    from engine.planner.calibrate import Grid, calibrate
+    from planner.calibrate import Grid, calibrate
 
     model = calibrate(EngineConfig(kv_cache_memory="64MiB", device="cpu"),
                       Grid((1, 2), (16,), (16,), 1), log=lambda _: None)
