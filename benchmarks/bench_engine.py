@@ -18,6 +18,7 @@ import statistics
 import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -104,6 +105,9 @@ def main(argv: list[str] | None = None) -> None:
     summary["config"] = vars(args)
     print(json.dumps({k: v for k, v in summary.items() if k != "buckets"}, indent=2))
     print_buckets(summary["buckets"])
+    for path in (args.json, args.plot):
+        if path:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({**summary, "steps": [asdict(r) for r in records]}, f, indent=2)

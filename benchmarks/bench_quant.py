@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -132,6 +133,7 @@ def main(argv: list[str] | None = None) -> None:
         for row in r.get("linears", []):
             print(f"[{r['mode']}] {row}")
     if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         with open(args.json, "w") as f:
             json.dump({"config": vars(args), "results": results}, f, indent=2)
 

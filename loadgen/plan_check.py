@@ -7,8 +7,8 @@ the engine) for the saturation throughput of the workload with that overhead, th
 predictions at 40% and 85% of it (or at --rates), replays the same seeded trace at those
 rates, and writes predicted and measured output tok/s and TTFT, ITL, TPOT and E2E at p50
 and p99 side by side (JSON and markdown), beside the prediction for the engine alone. The
-planner draws its trace exactly as loadgen's `text` dataset and arrivals do (same seed,
-same lengths). Without a step-time fit it first runs `pagode plan --calibrate`.
+planner draws its trace with loadgen's own functions (spans.draw_lengths, arrivals.py:
+same seed, same lengths and gaps). Without a step-time fit it first runs `pagode plan --calibrate`.
 
     python -m loadgen.plan_check --num-prompts 60 --kv-cache-memory 1GiB
 """
