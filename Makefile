@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 TORCH_SPEC ?= torch==2.13.0
 ARGS ?=
 
-.PHONY: install serve test lint bench-engine bench-attention bench-kernels bench-serve bench-quant profile-steps experiment tools check-deploy clean crosscheck plan-check bench-structured bench-fused-ops
+.PHONY: install serve test lint bench-engine bench-structured bench-attention bench-serve profile-steps bench-kernels experiment crosscheck plan-check clean bench-quant bench-fused-ops
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,23 +27,23 @@ test: $(STAMP)
 	$(PY) -m pytest -q -ra $(ARGS)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check engine server loadgen cuda_kernels tests
-	$(VENV)/bin/mypy engine server loadgen cuda_kernels
+	$(VENV)/bin/ruff check engine server loadgen cuda_kernels cpu_kernels planner benchmarks tests
+	$(VENV)/bin/mypy engine server loadgen cuda_kernels cpu_kernels planner benchmarks
 
 bench-engine: $(STAMP)
-	$(PY) -m engine.bench --json docs/bench/engine.json --plot docs/bench/engine.png $(ARGS)
+	$(PY) -m benchmarks.bench_engine --json docs/results/bench/engine.json --plot docs/results/bench/engine.png $(ARGS)
 
 bench-structured: $(STAMP)
-	$(PY) -m engine.bench_structured $(ARGS)
+	$(PY) -m benchmarks.bench_structured $(ARGS)
 
 bench-attention: $(STAMP)
-	$(PY) -m engine.bench_attention $(ARGS)
+	$(PY) -m benchmarks.bench_attention $(ARGS)
 
 bench-serve: $(STAMP)
 	$(PY) -m loadgen.bench_serve $(ARGS)
 
 profile-steps: $(STAMP)
-	$(PY) -m engine.profile_steps $(ARGS)
+	$(PY) -m benchmarks.profile_steps $(ARGS)
 
 bench-kernels: $(STAMP)
 	$(PY) -m cuda_kernels.bench $(ARGS)
@@ -69,7 +69,7 @@ clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
 
 bench-quant: $(STAMP)
-	$(PY) -m engine.quant.bench --json docs/bench/quant.json $(ARGS)
+	$(PY) -m benchmarks.bench_quant --json docs/results/bench/quant.json $(ARGS)
 
 bench-fused-ops: $(STAMP)
-	$(PY) -m engine.bench_fused_ops $(ARGS)
+	$(PY) -m benchmarks.bench_fused_ops $(ARGS)

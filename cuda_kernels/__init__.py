@@ -21,14 +21,12 @@ from cuda_kernels.reference import (
 if TYPE_CHECKING:
     from cuda_kernels.cache_write import reshape_and_cache
     from cuda_kernels.decode_attention import paged_decode_attention
-    from cuda_kernels.launch import is_interpreted
     from cuda_kernels.prefill_attention import paged_prefill_attention
 
 _LAZY = {
     "reshape_and_cache": "cuda_kernels.cache_write",
     "paged_decode_attention": "cuda_kernels.decode_attention",
     "paged_prefill_attention": "cuda_kernels.prefill_attention",
-    "is_interpreted": "cuda_kernels.launch",
 }
 
 __all__ = [
@@ -45,6 +43,14 @@ __all__ = [
 
 def triton_available() -> bool:
     return importlib.util.find_spec("triton") is not None
+
+
+def is_interpreted() -> bool:
+    """True when the kernels were decorated under TRITON_INTERPRET=1 (this imports them)."""
+    from cuda_kernels.cache_write import _reshape_and_cache_kernel
+    from cuda_kernels.launch import runs_interpreted
+
+    return runs_interpreted(_reshape_and_cache_kernel)
 
 
 def __getattr__(name: str) -> Any:

@@ -44,7 +44,7 @@ def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Te
     num_tokens, kv_heads, head_dim = key.shape
     if num_tokens == 0:
         return
-    check_device(key, value, kv_cache, slot_mapping)
+    check_device(_reshape_and_cache_kernel, key, value, kv_cache, slot_mapping)
     if kv_cache.stride(-1) != 1:
         raise ValueError("kv_cache must be contiguous in its last dimension")
     key, value = last_dim_contiguous(key), last_dim_contiguous(value)

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from cuda_kernels.launch import check_device, is_interpreted, last_dim_contiguous
+from cuda_kernels.launch import check_device, last_dim_contiguous, runs_interpreted
 
 # Finite "minus infinity" for running maxima: exp(M_INIT - M_INIT) = 1, never NaN.
 M_INIT: tl.constexpr = tl.constexpr(-1.0e30)
@@ -135,7 +135,7 @@ def choose_num_splits(batch: int, kv_heads: int, max_seq_len: int, device: torch
 
 
 def upcast_dots(dtype: torch.dtype) -> bool:
-    return dtype == torch.bfloat16 and is_interpreted()
+    return dtype == torch.bfloat16 and runs_interpreted(_decode_kernel)
 
 
 def paged_decode_attention(query: torch.Tensor, kv_cache: torch.Tensor,
@@ -156,7 +156,7 @@ def paged_decode_attention(query: torch.Tensor, kv_cache: torch.Tensor,
     out = torch.empty_like(query)
     if batch == 0:
         return out
-    check_device(query, kv_cache, block_tables, seq_lens)
+    check_device(_decode_kernel, query, kv_cache, block_tables, seq_lens)
     query = last_dim_contiguous(query)
     if num_splits is None:
         longest = max_seq_len if max_seq_len is not None else int(seq_lens.max())

@@ -5,16 +5,14 @@ from __future__ import annotations
 import torch
 
 
-def is_interpreted() -> bool:
-    """True when the Triton kernels were decorated under TRITON_INTERPRET=1."""
-    from cuda_kernels.cache_write import _reshape_and_cache_kernel
-
-    return type(_reshape_and_cache_kernel).__name__ == "InterpretedFunction"
+def runs_interpreted(kernel: object) -> bool:
+    """True when `kernel` was decorated under TRITON_INTERPRET=1 (the choice is made then)."""
+    return type(kernel).__name__ == "InterpretedFunction"
 
 
-def check_device(*tensors: torch.Tensor) -> None:
+def check_device(kernel: object, *tensors: torch.Tensor) -> None:
     """Compiled kernels need CUDA tensors; the interpreter takes CPU ones."""
-    if tensors[0].device.type == "cpu" and not is_interpreted():
+    if tensors[0].device.type == "cpu" and not runs_interpreted(kernel):
         raise RuntimeError(
             "Triton kernels got CPU tensors but were compiled for a GPU; set TRITON_INTERPRET=1 "
             "before importing cuda_kernels' kernels to run them on the CPU (slow, for testing)")

@@ -94,7 +94,7 @@ def paged_prefill_attention(query: torch.Tensor, kv_cache: torch.Tensor,
     batch = seq_lens.shape[0]
     if num_tokens == 0 or batch == 0:
         return out
-    check_device(query, kv_cache, cu_seqlens_q, seq_lens, block_tables)
+    check_device(_prefill_kernel, query, kv_cache, cu_seqlens_q, seq_lens, block_tables)
     query = last_dim_contiguous(query)
     group = num_heads // kv_heads
     k_cache, v_cache = kv_cache[0], kv_cache[1]

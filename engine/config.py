@@ -10,12 +10,18 @@ import torch
 
 from engine.request_limits import RequestCaps
 
-Policy = Literal["paged", "continuous", "static"]
-POLICIES: tuple[Policy, ...] = ("paged", "continuous", "static")
+# How requests share the batch and the KV cache (the source article's three ways of serving).
+Batching = Literal["paged", "continuous", "static"]
+BATCHING_MODES: tuple[Batching, ...] = ("paged", "continuous", "static")
 SchedulingPolicy = Literal["fcfs", "priority"]
 SCHEDULING_POLICIES: tuple[SchedulingPolicy, ...] = ("fcfs", "priority")
 
-KV_CACHE_DTYPES = ("auto", "fp32", "fp16", "bf16")
+# Every floating-point dtype name the engine takes (--dtype, --kv-cache-dtype), once.
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
+    "half": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+}
+KV_CACHE_DTYPES = ("auto", "fp32", "fp16", "bf16")  # auto: fp16 on CPU, the model dtype on CUDA
 QUANTIZATION_MODES = ("auto", "none", "int8", "int4")
 LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")
 
@@ -48,18 +54,21 @@ def parse_dtype(name: str | torch.dtype | None, device: torch.device) -> torch.d
         return default_dtype(device)
     if isinstance(name, torch.dtype):
         return name
-    table = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16,
-             "fp16": torch.float16, "half": torch.float16, "bfloat16": torch.bfloat16,
-             "bf16": torch.bfloat16}
-    if name not in table:
-        raise ValueError(f"unknown dtype {name!r}; choose from {sorted(table)}")
-    return table[name]
+    if name not in DTYPES:
+        raise ValueError(f"unknown dtype {name!r}; choose from {sorted(DTYPES)}")
+    return DTYPES[name]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """The short name (fp32, fp16, bf16) that flags and logs use."""
+    short = {DTYPES[name]: name for name in KV_CACHE_DTYPES if name != "auto"}
+    return short.get(dtype, str(dtype).removeprefix("torch."))
 
 
 @dataclass
 class EngineConfig:
     model: str | None = None  # None: the default SmolLM2-135M-Instruct GGUF
-    policy: Policy = "paged"
+    batching: Batching = "paged"  # paged | continuous | static (engine/scheduler.py)
     kv_cache_memory: str | int = "1GiB"
     block_size: int = 16
     max_model_len: int | None = None  # None: the model's context, capped at 2048
@@ -80,8 +89,8 @@ class EngineConfig:
     fused_decode_limit: int | None = None  # None: measured at load; N pins the fused C++ step's limit
 
     def __post_init__(self) -> None:
-        if self.policy not in POLICIES:
-            raise ValueError(f"policy must be one of {POLICIES}, not {self.policy!r}")
+        if self.batching not in BATCHING_MODES:
+            raise ValueError(f"batching must be one of {BATCHING_MODES}, not {self.batching!r}")
         if self.block_size <= 0 or self.block_size & (self.block_size - 1):
             raise ValueError("block_size must be a power of two")
         if self.scheduling_policy not in SCHEDULING_POLICIES:

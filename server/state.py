@@ -89,9 +89,9 @@ class ServerState:
         blocks = engine.num_blocks
         logger.info(
             "Serving %s as %r at %s: %d KV blocks of %d tokens (%d tokens), max_model_len %d, "
-            "policy %s, queue bound %s, KV cache %s", engine.model_name, self.served_model_name,
+            "batching %s, queue bound %s, KV cache %s", engine.model_name, self.served_model_name,
             self.settings.url or "?", blocks, engine.block_size, blocks * engine.block_size,
-            engine.max_model_len, config.policy, self.admission.max_queued,
+            engine.max_model_len, config.batching, self.admission.max_queued,
             engine.describe().get("kv_cache_dtype", "?"))
 
     async def close(self) -> None:

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.block_manager import BlockManager
-from engine.config import EngineConfig
+from engine.config import Batching, EngineConfig
 from engine.outputs import RequestTimes
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
@@ -34,19 +34,19 @@ def _simulate_step(sched: Scheduler, rng: random.Random, max_len: int) -> None:
 
 @settings(max_examples=60, deadline=None)
 @given(
-    policy=st.sampled_from(["paged", "continuous", "static"]),
+    batching=st.sampled_from(["paged", "continuous", "static"]),
     num_blocks=st.integers(min_value=8, max_value=40),
     budget=st.integers(min_value=1, max_value=24),
     prefix_caching=st.booleans(),
     prompts=st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=12), min_size=1, max_size=14),
     seed=st.integers(0, 2**16),
 )
-def test_invariants_hold_after_every_step(policy: str, num_blocks: int, budget: int,
+def test_invariants_hold_after_every_step(batching: Batching, num_blocks: int, budget: int,
                                           prefix_caching: bool, prompts: list[list[int]],
                                           seed: int) -> None:
     rng = random.Random(seed)
     max_len = 6 * BLOCK
-    config = EngineConfig(policy=policy, block_size=BLOCK, max_num_seqs=6,  # type: ignore[arg-type]
+    config = EngineConfig(batching=batching, block_size=BLOCK, max_num_seqs=6,
                           max_num_batched_tokens=budget, enable_prefix_caching=prefix_caching)
     bm = BlockManager(num_blocks, BLOCK, prefix_caching)
     sched = Scheduler(config, bm, max_model_len=max_len)
@@ -61,7 +61,7 @@ def test_invariants_hold_after_every_step(policy: str, num_blocks: int, budget: 
         _simulate_step(sched, rng, max_len)
         alive = [s for s in alive if not s.is_finished]
         bm.check_invariants(list(sched.running) + list(sched.waiting))
-        if policy == "continuous":
+        if batching == "continuous":
             assert len(sched.running) <= num_blocks // (max_len // BLOCK)
         if not sched.has_unfinished() and not prompts:
             break

@@ -14,13 +14,13 @@ import pytest
 import torch
 
 from engine import native
-from engine.bench import prose_token_ids
 from engine.llm import LLM
 from engine.model import decode_step
 from engine.model.decode_step import FusedDecodeStep
 from engine.outputs import RequestOutput
 from engine.quant import quality
 from engine.sampling_params import SamplingParams
+from loadgen.prose import prose_token_ids
 
 pytestmark = pytest.mark.skipif(native.decode_step() is None, reason="no C++ compiler")
 
@@ -45,7 +45,7 @@ def test_fused_step_gives_the_layer_by_layer_tokens_and_logprobs(quantized_llm: 
     step.max_tokens = 8  # every decode step of this batch takes it
     batches: list[int] = []
     hook = step.register_forward_hook(lambda mod, args, out: batches.append(out.shape[0]))
-    prompts = prose_token_ids(quantized_llm, [7, 40, 23], seed=3)
+    prompts = prose_token_ids(quantized_llm.engine.tokenize, [7, 40, 23], seed=3)
     try:
         fused = generate(quantized_llm, prompts)
         runner.decode_step = None

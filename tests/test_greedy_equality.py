@@ -39,9 +39,9 @@ def test_paged_batch_of_eight(llm_paged: LLM, hf_reference: torch.nn.Module, ref
     _check(llm_paged, hf_reference, references, PROMPTS)
 
 
-@pytest.mark.parametrize("policy", ["continuous", "static"])
-def test_reserving_policies(policy: str, hf_reference: torch.nn.Module, references: dict) -> None:
-    llm = LLM(policy=policy, kv_cache_memory="64MiB", max_model_len=512, kv_cache_dtype="fp32")
+@pytest.mark.parametrize("batching", ["continuous", "static"])
+def test_reserving_policies(batching: str, hf_reference: torch.nn.Module, references: dict) -> None:
+    llm = LLM(batching=batching, kv_cache_memory="64MiB", max_model_len=512, kv_cache_dtype="fp32")
     _check(llm, hf_reference, references, PROMPTS)
 
 

@@ -19,11 +19,11 @@ import pytest
 from engine.kv_cache import num_blocks_for
 from engine.model.config import ModelConfig
 from engine.model.loader import read_config, resolve_model
-from engine.planner.memory import count_parameters, kv_bytes_per_token, plan_memory, weight_bytes
-from engine.planner.predict import SLO, attainment, bisect_rate, parse_slo, summarize
-from engine.planner.simulator import SimConfig, Simulator
-from engine.planner.step_model import FEATURES, StepTimeModel, StepWork, fit, work_of
-from engine.planner.workload import PlannedRequest, Workload
+from planner.memory import count_parameters, kv_bytes_per_token, plan_memory, weight_bytes
+from planner.predict import SLO, attainment, bisect_rate, parse_slo, summarize
+from planner.simulator import SimConfig, Simulator
+from planner.step_model import FEATURES, StepTimeModel, StepWork, fit, work_of
+from planner.workload import PlannedRequest, Workload
 
 GIB = 2**30
 
@@ -155,6 +155,29 @@ def test_preemption_under_a_small_cache_completes_everything_without_leaks() -> 
     sim.block_manager.check_invariants([])
 
 
+def test_unservable_requests_are_those_the_engine_refuses() -> None:
+    """The engine's own rule (request_limits.check_context on the scheduler's limits): 64
+    blocks of 16 less a 6-block watermark admit prompts of at most 58 x 16 - 1 tokens."""
+    sim = Simulator(SimConfig(num_blocks=64, max_model_len=2048), constant_model())
+    assert sim.scheduler.max_prompt_tokens == 58 * 16 - 1
+    specs = [PlannedRequest(0.0, 58 * 16 - 1, 1), PlannedRequest(0.0, 58 * 16, 1),
+             PlannedRequest(0.0, 1000, 1100)]  # fits, too long for the cache, over max_model_len
+    res = Simulator(SimConfig(num_blocks=64, max_model_len=2048), constant_model()).run(specs)
+    assert len(res.requests) == 1 and res.unservable == 2
+
+
+def test_plan_takes_serves_engine_flags() -> None:
+    """`pagode plan` is asked with the very flags of the server it plans for, same defaults."""
+    from engine.arg_utils import engine_config
+    from server.cli import build_parser
+
+    parser = build_parser()
+    for flags in ([], ["--policy", "static", "--kv-cache-dtype", "fp32", "--watermark", "0.2"]):
+        serve, plan = parser.parse_args(["serve", *flags]), parser.parse_args(["plan", *flags])
+        assert engine_config(plan) == engine_config(serve)
+    assert engine_config(plan).batching == "static"
+
+
 def test_slo_attainment_and_parsing() -> None:
     slo = parse_slo("ttft=2000,itl=200,e2e=60")
     assert slo == SLO(2.0, 0.2, 60.0)
@@ -180,7 +203,7 @@ def test_bisection_finds_the_highest_rate_meeting_the_slo(threshold: float) -> N
 
 
 def test_serving_overhead_adds_per_step_and_per_sequence() -> None:
-    from engine.planner.cli import parse_overhead
+    from planner.cli import parse_overhead
 
     assert parse_overhead("3,1.1") == pytest.approx((0.003, 0.0011))
     for bad in ("3", "3,x", "-1,1", "1,inf"):
@@ -207,7 +230,7 @@ def test_plan_check_fits_the_overhead_through_its_two_probes() -> None:
 def calibrated(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real (tiny) calibration of the default model on the CPU."""
     from engine.config import EngineConfig
-    from engine.planner.calibrate import Grid, calibrate
+    from planner.calibrate import Grid, calibrate
 
     model = calibrate(EngineConfig(kv_cache_memory="64MiB", device="cpu"),
                       Grid((1, 2), (16,), (16,), 1), log=lambda _: None)

@@ -1,4 +1,5 @@
-"""The three serving policies of the source article behave as defined (tiny real model)."""
+"""The source article's three ways of serving (EngineConfig.batching) behave as defined
+(tiny real model)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 import pytest
 from tiny_models import save_tiny_model
 
-from engine.config import EngineConfig
+from engine.config import Batching, EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 
@@ -22,8 +23,8 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def _engine(tiny_dir: Path, policy: str, **kwargs: object) -> LLMEngine:
-    config = EngineConfig(model=str(tiny_dir), policy=policy, kv_cache_memory=KV_MEMORY,  # type: ignore[arg-type]
+def _engine(tiny_dir: Path, batching: Batching, **kwargs: object) -> LLMEngine:
+    config = EngineConfig(model=str(tiny_dir), batching=batching, kv_cache_memory=KV_MEMORY,
                           max_model_len=MAX_MODEL_LEN, max_num_batched_tokens=256,
                           kv_cache_dtype="fp32", **kwargs)  # type: ignore[arg-type]
     engine = LLMEngine(config)

@@ -4,13 +4,12 @@ Every position of the text is read through the engine's own model, KV cache and 
 (in independent windows of 512 tokens, each prefilled in chunks); the log-probability of the true next token gives
 the perplexity, and the argmax at each position is compared with the fp32 model's.
 
-    python -m engine.quant.quality [--text tests/data/prose.txt] [--modes int8 int4]
+The quality-gate tests (tests/test_quantization.py, tests/test_kv_cache_dtype.py) call it;
+the same table on the command line: `python -m benchmarks.quant_quality`.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +18,7 @@ import torch
 
 from engine.llm import LLM
 from engine.outputs import RequestTimes
+from engine.quant.linear import Path as KernelPath
 from engine.quant.linear import QuantLinear
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledSeq
@@ -69,40 +69,12 @@ def _read_window(llm: LLM, token_ids: list[int], chunk: int) -> Reading:
     return Reading(torch.cat(nlls), torch.cat(argmaxes))
 
 
-def force_path(llm: LLM, path: str | None) -> None:
+def force_path(llm: LLM, path: KernelPath | None) -> None:
     """Pin every quantized layer to one kernel ("kernel" or "gemm"), or back to its crossover."""
     for module in llm.engine.runner.model.modules():
         if isinstance(module, QuantLinear):
-            module.force = path  # type: ignore[assignment]
+            module.force = path
 
 
 def text_tokens(llm: LLM, path: Path = DEFAULT_TEXT) -> list[int]:
     return list(llm.tokenizer(path.read_text()).input_ids)
-
-
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--text", type=Path, default=DEFAULT_TEXT)
-    ap.add_argument("--modes", nargs="+", default=["int8", "int4"])
-    ap.add_argument("--model", default=None)
-    args = ap.parse_args(argv)
-    kwargs = {"model": args.model, "kv_cache_memory": "256MiB", "max_model_len": 1024}
-    base = LLM(quantization="none", **kwargs)  # type: ignore[arg-type]
-    ids = text_tokens(base, args.text)
-    ref = read_text(base, ids)
-    rows = [{"mode": "none", "path": "fp32", "perplexity": round(ref.perplexity, 4), "agreement": 1.0}]
-    del base
-    for mode in args.modes:
-        llm = LLM(quantization=mode, **kwargs)  # type: ignore[arg-type]
-        for path in ("kernel", "gemm", None):
-            force_path(llm, path)
-            got = read_text(llm, ids)
-            rows.append({"mode": mode, "path": path or "auto", "perplexity": round(got.perplexity, 4),
-                         "ppl_vs_fp32": round(got.perplexity / ref.perplexity - 1, 4),
-                         "agreement": round(got.agreement(ref), 4)})
-            print(json.dumps(rows[-1]), flush=True)
-    print(json.dumps({"tokens": len(ids), "positions": len(ids) - 1, "rows": rows}, indent=2))
-
-
-if __name__ == "__main__":
-    main()

@@ -16,13 +16,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engine.block_manager import BlockManager
-from engine.config import EngineConfig, Policy
+from engine.config import Batching, EngineConfig
+from engine.errors import InvalidRequestError
 from engine.outputs import RequestTimes
-from engine.planner.step_model import StepTimeModel, work_of
-from engine.planner.workload import PlannedRequest
+from engine.request_limits import check_context
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
+from planner.step_model import StepTimeModel, work_of
+from planner.workload import PlannedRequest
 
 GENERATED_TOKEN = 0
 
@@ -62,11 +64,11 @@ class SimConfig:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 512
     watermark: float = 0.10
-    policy: Policy = "paged"
+    batching: Batching = "paged"
     enable_prefix_caching: bool = True
 
     def engine_config(self) -> EngineConfig:
-        return EngineConfig(policy=self.policy, block_size=self.block_size,
+        return EngineConfig(batching=self.batching, block_size=self.block_size,
                             max_num_seqs=self.max_num_seqs,
                             max_num_batched_tokens=self.max_num_batched_tokens,
                             watermark=self.watermark,
@@ -147,11 +149,13 @@ class Simulator:
                          self.scheduler.num_preemptions, max_running, max_kv, unservable)
 
     def _fits(self, req: SimRequest) -> bool:
-        """What LLMEngine.validate refuses: a context over max_model_len or a prompt over the cache."""
-        total = req.spec.prompt_len + req.spec.output_len
-        reserve = self.scheduler.watermark_blocks
-        prompt_blocks = self.block_manager.blocks_for(req.spec.prompt_len + 1)
-        return total <= self.config.max_model_len and prompt_blocks <= self.config.num_blocks - reserve
+        """Not what the engine refuses at add_request: its own rule, on this scheduler's limits."""
+        try:
+            check_context(req.spec.prompt_len, req.spec.output_len, self.scheduler.max_model_len,
+                          self.scheduler.max_prompt_tokens)
+        except InvalidRequestError:
+            return False
+        return True
 
     def _emit(self, req: SimRequest) -> None:
         req.seq.append_token(GENERATED_TOKEN)

@@ -1,6 +1,6 @@
 """Where a decode step's time goes, at given batch sizes: `make profile-steps`.
 
-    python -m engine.profile_steps [--batch 1 64] [--context 256] [--steps 16] [--kv-cache-dtype auto]
+    python -m benchmarks.profile_steps [--batch 1 64] [--context 256] [--steps 16] [--kv-cache-dtype auto]
 
 For each batch size, that many greedy requests of `context` prompt tokens run with
 ignore_eos; once all have their first token, N pure decode steps are profiled

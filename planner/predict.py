@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from engine.planner.simulator import SimConfig, SimRequest, SimResult, Simulator
-from engine.planner.step_model import StepTimeModel
-from engine.planner.workload import Workload
+from planner.simulator import SimConfig, SimRequest, SimResult, Simulator
+from planner.step_model import StepTimeModel
+from planner.workload import Workload
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """KV-cache and weight memory from a model's config alone (no weights are loaded).
 
-The seed article's formula: KV bytes per token = 2 x layers x kv_heads x head_dim x
-bytes_per_value (the 2 is K and V). The cache holds whole blocks of `block_size`
+The KV bytes per token are the engine's own (engine/kv_cache.py: 2 x layers x kv_heads x
+head_dim x bytes_per_value, the seed article's formula), in the dtypes the engine takes and
+resolves for the config (`device_dtypes`). The cache holds whole blocks of `block_size`
 positions, so the token capacity is rounded down to blocks, and a sequence of C
 positions holds ceil(C / block_size) blocks.
 """
@@ -9,27 +10,29 @@ positions holds ceil(C / block_size) blocks.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
+from engine.config import DTYPES, EngineConfig, dtype_name, parse_dtype
+from engine.kv_cache import bytes_per_token, kv_cache_dtype, num_blocks_for, resolve_kv_cache_dtype
 from engine.model.config import ModelConfig
 
-KV_DTYPE_BYTES = {"fp32": 4, "float32": 4, "fp16": 2, "float16": 2, "half": 2, "bf16": 2,
-                  "bfloat16": 2, "fp8": 1, "int8": 1}
-WEIGHT_BYTES = {"fp32": 4.0, "float32": 4.0, "fp16": 2.0, "float16": 2.0, "bf16": 2.0,
-                "bfloat16": 2.0, "int8": 1.0, "int4": 0.5, "none": 0.0}
+# Bytes per weight of the block-quantized modes (engine/quant/modes.py), scales left out.
+QUANTIZED_WEIGHT_BYTES = {"int8": 1.0, "int4": 0.5}
 
 
-def dtype_bytes(name: str, table: dict[str, Any], what: str) -> Any:
-    key = name.lower()
-    if key not in table:
-        raise ValueError(f"unknown {what} {name!r}; choose from {sorted(table)}")
-    return table[key]
+def device_dtypes(config: EngineConfig) -> tuple[str, str]:
+    """(KV dtype, weights dtype) as the engine resolves them for this config's device."""
+    from engine.quant.modes import resolve_mode
+
+    device = config.torch_device
+    model_dtype = parse_dtype(config.dtype, device)
+    kv = dtype_name(resolve_kv_cache_dtype(config.kv_cache_dtype, model_dtype, device))
+    mode, _ = resolve_mode(config.quantization, device, model_dtype)
+    return kv, dtype_name(model_dtype) if mode == "none" else mode
 
 
 def kv_bytes_per_token(cfg: ModelConfig, kv_dtype: str) -> int:
-    """2 (K and V) x layers x KV heads x head_dim x bytes per value."""
-    elem = dtype_bytes(kv_dtype, KV_DTYPE_BYTES, "KV-cache dtype")
-    return int(2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * elem)
+    """The engine's KV bytes per token at `kv_dtype` (fp32, fp16 or bf16; 'auto' resolved)."""
+    return bytes_per_token(cfg, kv_cache_dtype(kv_dtype))
 
 
 def count_parameters(cfg: ModelConfig) -> int:
@@ -48,7 +51,14 @@ def count_parameters(cfg: ModelConfig) -> int:
 def weight_bytes(cfg: ModelConfig, weights_dtype: str) -> int:
     """Weights at `weights_dtype` bytes each (fp32 4, fp16/bf16 2, int8 1, int4 0.5);
     quantization scales are left out (a few percent)."""
-    return int(count_parameters(cfg) * dtype_bytes(weights_dtype, WEIGHT_BYTES, "weights dtype"))
+    if weights_dtype in QUANTIZED_WEIGHT_BYTES:
+        per_weight = QUANTIZED_WEIGHT_BYTES[weights_dtype]
+    elif weights_dtype in DTYPES:
+        per_weight = DTYPES[weights_dtype].itemsize
+    else:
+        raise ValueError(f"unknown weights dtype {weights_dtype!r}; choose from "
+                         f"{sorted([*DTYPES, *QUANTIZED_WEIGHT_BYTES])}")
+    return int(count_parameters(cfg) * per_weight)
 
 
 @dataclass(frozen=True)
@@ -74,10 +84,9 @@ class MemoryPlan:
 
 def plan_memory(cfg: ModelConfig, kv_cache_bytes: int, kv_dtype: str = "fp32",
                 weights_dtype: str = "fp32", block_size: int = 16) -> MemoryPlan:
-    per_token = kv_bytes_per_token(cfg, kv_dtype)
-    num_blocks = kv_cache_bytes // (per_token * block_size)
-    return MemoryPlan(per_token, block_size, int(num_blocks), weight_bytes(cfg, weights_dtype),
-                      count_parameters(cfg))
+    num_blocks = num_blocks_for(kv_cache_bytes, cfg, block_size, kv_cache_dtype(kv_dtype))
+    return MemoryPlan(kv_bytes_per_token(cfg, kv_dtype), block_size, num_blocks,
+                      weight_bytes(cfg, weights_dtype), count_parameters(cfg))
 
 
 def default_contexts(max_len: int) -> list[int]:

@@ -1,6 +1,6 @@
 """Offline throughput of the engine against the bare model forward, in one run.
 
-    python -m engine.bench [--num-prompts 256] [--input-len 16:128] [--output-len 32:384]
+    python -m benchmarks.bench_engine [--num-prompts 256] [--input-len 16:128] [--output-len 32:384]
 
 The engine serves every request at once (ignore_eos, so each generates exactly its
 drawn length). Every step's batch shape and time are recorded. Then the bare
@@ -18,17 +18,18 @@ import statistics
 import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from engine.config import QUANTIZATION_MODES, EngineConfig
+from benchmarks.decode_probe import bare_forward_rate
+from engine.config import BATCHING_MODES, QUANTIZATION_MODES, EngineConfig
 from engine.llm import LLM
-from engine.outputs import RequestTimes
 from engine.sampling_params import SamplingParams
-from engine.scheduler import ScheduledSeq
-from engine.sequence import Sequence
 from engine.stats import StepStats
+from loadgen.datasets import parse_range
+from loadgen.prose import prose_token_ids
 
 
 @dataclass
@@ -38,21 +39,6 @@ class StepRecord:
     mean_seq_len: float
     seconds: float
     forward_seconds: float
-
-
-def parse_range(text: str) -> tuple[int, int]:
-    lo, _, hi = text.partition(":")
-    return int(lo), int(hi or lo)
-
-
-def prose_token_ids(llm: LLM, lengths: list[int], seed: int) -> list[list[int]]:
-    """Spans of real prose (Python's own documentation text) of exact token lengths."""
-    from pydoc_data.topics import topics
-
-    text = "\n".join(topics[k] for k in sorted(topics))
-    ids = llm.tokenizer(text[:400_000]).input_ids
-    rng = random.Random(seed)
-    return [ids[(s := rng.randrange(len(ids) - n)):s + n] for n in lengths]
 
 
 def run_engine(llm: LLM, prompts: list[list[int]], outputs: list[int]) -> tuple[list[StepRecord], float, int]:
@@ -83,37 +69,6 @@ def run_engine(llm: LLM, prompts: list[list[int]], outputs: list[int]) -> tuple[
     return records, time.perf_counter() - start, generated
 
 
-def probe_decode_batch(llm: LLM, batch: int, context: int) -> list[ScheduledSeq]:
-    """A decode step of `batch` sequences of `context` random tokens, holding real blocks."""
-    scheduled = []
-    for i in range(batch):
-        seq = Sequence(f"probe-{i}", [random.randrange(1000, 9000) for _ in range(context)],
-                       SamplingParams(), RequestTimes(0.0))
-        llm.engine.block_manager.allocate(seq, context)
-        seq.num_computed_tokens = context - 1
-        scheduled.append(ScheduledSeq(seq, 1))
-    return scheduled
-
-
-def release(llm: LLM, scheduled: list[ScheduledSeq]) -> None:
-    for s in scheduled:
-        llm.engine.block_manager.free(s.seq)
-
-
-def bare_forward_rate(llm: LLM, batch: int, seq_len: int, reps: int) -> float:
-    """Decode tokens per second of packing + model + logits alone, at this shape."""
-    runner = llm.engine.runner
-    scheduled = probe_decode_batch(llm, batch, seq_len)
-    for _ in range(2):  # warm-up: the BLAS picks its kernels for this shape
-        runner.forward(runner.prepare(scheduled))
-    start = time.perf_counter()
-    for _ in range(reps):
-        runner.forward(runner.prepare(scheduled))
-    elapsed = (time.perf_counter() - start) / reps
-    release(llm, scheduled)
-    return batch / elapsed
-
-
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None)
@@ -123,7 +78,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--kv-cache-memory", default="1GiB")
     ap.add_argument("--max-num-seqs", type=int, default=256)
     ap.add_argument("--max-num-batched-tokens", type=int, default=None)
-    ap.add_argument("--policy", default="paged")
+    ap.add_argument("--batching", "--policy", dest="batching", choices=BATCHING_MODES, default="paged")
     ap.add_argument("--kv-cache-dtype", default="auto", help="auto, fp32, fp16 or bf16")
     ap.add_argument("--quantization", default=EngineConfig.quantization,
                     choices=QUANTIZATION_MODES, help="linear-layer weights: auto, none, int8 or int4")
@@ -134,14 +89,14 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     torch.manual_seed(args.seed)
     llm = LLM(model=args.model, kv_cache_memory=args.kv_cache_memory, max_num_seqs=args.max_num_seqs,
-              max_num_batched_tokens=args.max_num_batched_tokens, policy=args.policy, max_model_len=1024,
+              max_num_batched_tokens=args.max_num_batched_tokens, batching=args.batching, max_model_len=1024,
               kv_cache_dtype=args.kv_cache_dtype, quantization=args.quantization)
     rng = random.Random(args.seed)
     lo_in, hi_in = parse_range(args.input_len)
     lo_out, hi_out = parse_range(args.output_len)
     lengths = [rng.randint(lo_in, hi_in) for _ in range(args.num_prompts)]
     outputs = [rng.randint(lo_out, hi_out) for _ in range(args.num_prompts)]
-    prompts = prose_token_ids(llm, lengths, args.seed)
+    prompts = prose_token_ids(llm.engine.tokenize, lengths, args.seed)
     llm.generate(prompts[:4], SamplingParams(temperature=0, max_tokens=8))  # warm-up
     print(f"engine: {args.num_prompts} requests, {sum(outputs)} output tokens, torch threads "
           f"{torch.get_num_threads()}", flush=True)
@@ -150,6 +105,9 @@ def main(argv: list[str] | None = None) -> None:
     summary["config"] = vars(args)
     print(json.dumps({k: v for k, v in summary.items() if k != "buckets"}, indent=2))
     print_buckets(summary["buckets"])
+    for path in (args.json, args.plot):
+        if path:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({**summary, "steps": [asdict(r) for r in records]}, f, indent=2)

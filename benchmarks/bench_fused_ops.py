@@ -1,6 +1,6 @@
 """The lean step's fused ops: C++ (ctypes) against torch.compile (inductor) and eager torch.
 
-    python -m engine.bench_fused_ops [--tokens 1 16 64] [--reps 300]
+    python -m benchmarks.bench_fused_ops [--tokens 1 16 64] [--reps 300]
 
 Issue 9 asks for the element-wise fusions (residual-add + RMSNorm, SiLU-and-mul) to be
 chosen by measurement. For each op and decode-step size this times one call of the

@@ -20,12 +20,12 @@ from pathlib import Path
 import numpy as np
 
 from engine import envs
-from engine.config import EngineConfig
-from engine.kv_cache import dtype_name
+from engine.config import EngineConfig, dtype_name
 from engine.llm_engine import LLMEngine
-from engine.planner.step_model import StepTimeModel, StepWork, fit, work_of
 from engine.sampling_params import SamplingParams
 from engine.stats import StepStats
+from planner.memory import device_dtypes, kv_bytes_per_token
+from planner.step_model import StepTimeModel, StepWork, fit, work_of
 
 
 @dataclass(frozen=True)
@@ -153,12 +153,11 @@ def calibrate(config: EngineConfig, grid: Grid | None = None,
               log: Callable[[str], None] = print) -> StepTimeModel:
     """Load the model, time the grid, return the fit. config.kv_cache_memory is raised to fit the grid."""
     from engine.model.loader import read_config, resolve_model
-    from engine.planner.memory import kv_bytes_per_token
 
     device = config.torch_device.type
     grid = grid or Grid.for_device(device)
     cfg = read_config(resolve_model(config.model))
-    kv_dtype = "fp32" if device == "cpu" else "fp16"
+    kv_dtype, _ = device_dtypes(config)
     need = kv_memory_for(grid, kv_bytes_per_token(cfg, kv_dtype), config.block_size)
     config.kv_cache_memory = max(config.kv_cache_bytes, need)
     config.enable_prefix_caching = False

@@ -15,54 +15,38 @@ import math
 from pathlib import Path
 from typing import Any
 
-from engine.config import (
-    KV_CACHE_DTYPES,
-    POLICIES,
-    QUANTIZATION_MODES,
-    EngineConfig,
-    parse_bytes,
-    parse_dtype,
-)
-from engine.planner.calibrate import calibrate, default_fit_path
-from engine.planner.memory import default_contexts, plan_memory
-from engine.planner.predict import SLO, advise, attainment, capacity, parse_slo, simulate, summarize
-from engine.planner.simulator import SimConfig
-from engine.planner.step_model import StepTimeModel
-from engine.planner.workload import Workload, parse_range
+from engine.arg_utils import add_engine_flags, engine_config
+from engine.config import parse_bytes
+from loadgen.datasets import parse_range
+from planner.calibrate import calibrate, default_fit_path
+from planner.memory import default_contexts, device_dtypes, plan_memory
+from planner.predict import SLO, advise, attainment, capacity, parse_slo, simulate, summarize
+from planner.simulator import SimConfig
+from planner.step_model import StepTimeModel
+from planner.workload import Workload
 
 
 def add_plan_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None, help="a .gguf file or HF folder (default: SmolLM2-135M-Instruct)")
-    p.add_argument("--kv-cache-memory", default="1GiB", help="memory for the KV cache")
-    p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",
-                   help="as pagode serve's (auto: fp16 on CPU, the model dtype on CUDA)")
-    p.add_argument("--quantization", choices=QUANTIZATION_MODES, default="auto",
-                   help="as pagode serve's (auto: int4 on an AVX2 CPU, none on CUDA)")
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
-    p.add_argument("--policy", choices=POLICIES, default="paged",
-                   help="as pagode serve's: paged, continuous (whole-context reservation) or static batches")
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--max-model-len", type=int, default=None, help="default: the context, capped at 2048")
-    p.add_argument("--max-num-seqs", type=int, default=256)
-    p.add_argument("--max-num-batched-tokens", type=int, default=None)
-    p.add_argument("--watermark", type=float, default=0.10)
-    p.add_argument("--input-len", type=parse_range, default=(16, 128), help="prompt tokens MIN:MAX")
-    p.add_argument("--output-len", type=parse_range, default=(32, 384), help="output tokens MIN:MAX")
-    p.add_argument("--num-prompts", type=int, default=200, help="requests in the simulated trace")
-    p.add_argument("--rate", type=float, default=1.0, help="offered Poisson rate, requests/s")
-    p.add_argument("--burstiness", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--slo", type=parse_slo, default=None, help="ttft=MS,itl=MS,e2e=S (itl: per-request TPOT)")
-    p.add_argument("--slo-attainment", type=float, default=0.99,
+    """pagode serve's engine flags (engine/arg_utils.py), then the workload's and the plan's."""
+    add_engine_flags(p)
+    w = p.add_argument_group("workload (--seed also seeds the trace)")
+    w.add_argument("--input-len", type=parse_range, default=(16, 128), help="prompt tokens MIN:MAX")
+    w.add_argument("--output-len", type=parse_range, default=(32, 384), help="output tokens MIN:MAX")
+    w.add_argument("--num-prompts", type=int, default=200, help="requests in the simulated trace")
+    w.add_argument("--rate", type=float, default=1.0, help="offered Poisson rate, requests/s")
+    w.add_argument("--burstiness", type=float, default=1.0)
+    g = p.add_argument_group("plan")
+    g.add_argument("--slo", type=parse_slo, default=None, help="ttft=MS,itl=MS,e2e=S (itl: per-request TPOT)")
+    g.add_argument("--slo-attainment", type=float, default=0.99,
                    help="fraction of requests that must meet the SLO")
-    p.add_argument("--fit", type=Path, default=None,
+    g.add_argument("--fit", type=Path, default=None,
                    help="step-time fit file (default: ~/.cache/pagode/plan/MODEL-DEVICE-WEIGHTS-KV.json)")
-    p.add_argument("--serving-overhead", type=parse_overhead, default=(0.0, 0.0), metavar="MS,MS_PER_SEQ",
+    g.add_argument("--serving-overhead", type=parse_overhead, default=(0.0, 0.0), metavar="MS,MS_PER_SEQ",
                    help="serving cost added to each engine step: MS plus MS_PER_SEQ per sequence "
                         "(SSE writes and clients on the same cores; default 0,0: the engine alone)")
-    p.add_argument("--calibrate", action="store_true",
+    g.add_argument("--calibrate", action="store_true",
                    help="time the real engine over a grid (a minute or two) and save the fit")
-    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    g.add_argument("--json", action="store_true", help="print the plan as JSON")
 
 
 def parse_overhead(text: str) -> tuple[float, float]:
@@ -77,27 +61,6 @@ def parse_overhead(text: str) -> tuple[float, float]:
     if per_step < 0 or per_seq < 0 or not math.isfinite(per_step + per_seq):
         raise argparse.ArgumentTypeError("--serving-overhead wants finite values >= 0")
     return per_step, per_seq
-
-
-def engine_config(args: argparse.Namespace) -> EngineConfig:
-    return EngineConfig(model=args.model, policy=args.policy, kv_cache_memory=args.kv_cache_memory,
-                        block_size=args.block_size,
-                        max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
-                        max_num_batched_tokens=args.max_num_batched_tokens, watermark=args.watermark,
-                        device=args.device, seed=args.seed, kv_cache_dtype=args.kv_cache_dtype,
-                        quantization=args.quantization)
-
-
-def device_dtypes(config: EngineConfig) -> tuple[str, str]:
-    """(KV dtype, weights dtype) as the engine resolves them for this config's device."""
-    from engine.kv_cache import dtype_name, resolve_kv_cache_dtype
-    from engine.quant.modes import resolve_mode
-
-    device = config.torch_device
-    model_dtype = parse_dtype(config.dtype, device)
-    kv = dtype_name(resolve_kv_cache_dtype(config.kv_cache_dtype, model_dtype, device))
-    mode, _ = resolve_mode(config.quantization, device, model_dtype)
-    return kv, dtype_name(model_dtype) if mode == "none" else mode
 
 
 def build_plan(args: argparse.Namespace) -> dict[str, Any]:
@@ -126,7 +89,8 @@ def build_plan(args: argparse.Namespace) -> dict[str, Any]:
                                 overhead_per_seq_s=args.serving_overhead[1])
     sim = SimConfig(num_blocks=mem.num_blocks, block_size=args.block_size, max_model_len=max_len,
                     max_num_seqs=args.max_num_seqs, max_num_batched_tokens=config.token_budget,
-                    watermark=args.watermark, policy=args.policy)
+                    watermark=args.watermark, batching=config.batching,
+                    enable_prefix_caching=config.enable_prefix_caching)
     workload = Workload(args.input_len, args.output_len, args.num_prompts, args.burstiness, args.seed)
     plan["step_model"] = {**model.to_json(), "path": str(fit_path)}
     plan["prediction"] = predict_at(sim, model, workload, args.rate, args.slo, args.slo_attainment)

@@ -1,7 +1,7 @@
 """Quantization modes side by side, in one run: per-linear kernel timings, the bare model
 forward at decode batches of 1-256, one-stream decode tok/s and saturation out tok/s.
 
-    python -m engine.quant.bench [--modes none int8 int4] [--kv-cache-dtypes fp32 fp16] [--batches 1 16 64 256]
+    python -m benchmarks.bench_quant [--modes none int8 int4] [--kv-cache-dtypes fp32 fp16] [--batches 1 16 64 256]
     make bench-quant ARGS="--modes none int4"
 
 Every mode is loaded in turn in the same process, so the ratios to `none` compare runs a
@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from engine.bench import bare_forward_rate, prose_token_ids
+from benchmarks.decode_probe import bare_forward_rate
 from engine.llm import LLM
 from engine.quant import dispatch
 from engine.quant.dispatch import best_time
@@ -25,6 +26,7 @@ from engine.quant.formats import dequantize
 from engine.quant.linear import QuantLinear
 from engine.sampling_params import SamplingParams
 from engine.stats import StepStats
+from loadgen.prose import prose_token_ids
 
 
 def one_stream_decode(llm: LLM, prompt: list[int], new_tokens: int) -> float:
@@ -63,11 +65,12 @@ def linear_timings(llm: LLM, batches: list[int]) -> list[dict[str, Any]]:
     for name, mod in llm.engine.runner.model.named_modules():
         if not isinstance(mod, QuantLinear) or mod.blocks is None:
             continue
-        key = (mod.blocks.kind, mod.out_features, mod.in_features)
+        blocks = mod.blocks
+        key = (blocks.kind, mod.out_features, mod.in_features)
         if key in seen:
             continue
         seen.add(key)
-        dense = dequantize(mod.blocks)
+        dense = dequantize(blocks)
         for m in batches:
             x = torch.randn(m, mod.in_features)
             k = best_time(lambda: mod.kernel(x, mod.blocks), 5)  # type: ignore[misc, arg-type]  # noqa: B023
@@ -81,7 +84,7 @@ def linear_timings(llm: LLM, batches: list[int]) -> list[dict[str, Any]]:
 def bench_mode(mode: str, kv: str, args: argparse.Namespace) -> dict[str, Any]:
     llm = LLM(quantization=mode, kv_cache_dtype=kv, kv_cache_memory=args.kv_cache_memory, max_model_len=1024,
               max_num_seqs=max(args.saturation_batch, max(args.batches)))
-    prompts = prose_token_ids(llm, [args.prompt_len] * args.saturation_batch, seed=0)
+    prompts = prose_token_ids(llm.engine.tokenize, [args.prompt_len] * args.saturation_batch, seed=0)
     llm.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=4))  # warm-up
     result: dict[str, Any] = {"mode": mode, "kv_cache_dtype": kv}
     label = f"{mode}, {kv} KV"
@@ -129,6 +132,7 @@ def main(argv: list[str] | None = None) -> None:
         for row in r.get("linears", []):
             print(f"[{r['mode']}] {row}")
     if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         with open(args.json, "w") as f:
             json.dump({"config": vars(args), "results": results}, f, indent=2)
 

@@ -1,0 +1,51 @@
+"""The quantization quality gate as a table: perplexity and top-1 agreement with the fp32
+model on fixed prose, for each mode and each of its kernel paths.
+
+    python -m benchmarks.quant_quality [--text tests/data/prose.txt] [--modes int8 int4]
+
+The measurement is the engine's own (engine/quant/quality.py), the one the quality-gate
+tests call; this only runs it for every mode and path and prints the rows as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from engine.llm import LLM
+from engine.quant.linear import Path as KernelPath
+from engine.quant.quality import DEFAULT_TEXT, force_path, read_text, text_tokens
+
+PATHS: tuple[KernelPath | None, ...] = ("kernel", "gemm", None)  # None: the layer's own crossover
+
+
+def load(model: str | None, mode: str) -> LLM:
+    return LLM(model=model, quantization=mode, kv_cache_memory="256MiB", max_model_len=1024)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--text", type=Path, default=DEFAULT_TEXT)
+    ap.add_argument("--modes", nargs="+", default=["int8", "int4"])
+    ap.add_argument("--model", default=None)
+    args = ap.parse_args(argv)
+    base = load(args.model, "none")
+    ids = text_tokens(base, args.text)
+    ref = read_text(base, ids)
+    rows = [{"mode": "none", "path": "fp32", "perplexity": round(ref.perplexity, 4), "agreement": 1.0}]
+    del base
+    for mode in args.modes:
+        llm = load(args.model, mode)
+        for path in PATHS:
+            force_path(llm, path)
+            got = read_text(llm, ids)
+            rows.append({"mode": mode, "path": path or "auto", "perplexity": round(got.perplexity, 4),
+                         "ppl_vs_fp32": round(got.perplexity / ref.perplexity - 1, 4),
+                         "agreement": round(got.agreement(ref), 4)})
+            print(json.dumps(rows[-1]), flush=True)
+    print(json.dumps({"tokens": len(ids), "positions": len(ids) - 1, "rows": rows}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
