@@ -1,0 +1,52 @@
+"""The house's dependency rules, read from the code's own imports: server -> planner ->
+engine; loadgen stays a client that imports no engine or server; nothing imports the
+benchmarks (tests included)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def imported_packages(folder: str) -> dict[str, set[str]]:
+    """Top-level package of every import, by file, for each .py file under `folder`."""
+    found: dict[str, set[str]] = {}
+    for path in sorted((ROOT / folder).rglob("*.py")):
+        names: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names.add(node.module.split(".")[0])
+        found[str(path.relative_to(ROOT))] = names
+    return found
+
+
+def test_nothing_imports_the_benchmarks() -> None:
+    for folder in ("engine", "server", "loadgen", "planner", "cuda_kernels", "cpu_kernels", "tests"):
+        offenders = [f for f, names in imported_packages(folder).items() if "benchmarks" in names]
+        assert not offenders, f"{offenders} import benchmarks/"
+
+
+def test_loadgen_imports_neither_the_engine_nor_the_server() -> None:
+    offenders = {f: names & {"engine", "server", "planner"}
+                 for f, names in imported_packages("loadgen").items()
+                 if names & {"engine", "server", "planner"}}
+    assert not offenders
+
+
+def test_the_engine_imports_nothing_above_it() -> None:
+    above = {"server", "planner", "loadgen", "benchmarks"}
+    for folder in ("engine", "cuda_kernels"):
+        offenders = {f: names & above for f, names in imported_packages(folder).items() if names & above}
+        assert not offenders
+
+
+def test_the_kernel_packages_import_no_other_part_of_pagode() -> None:
+    """cpu_kernels and cuda_kernels sit below the engine: it hands them what they need."""
+    ours = {"engine", "server", "planner", "loadgen", "benchmarks"}
+    for folder in ("cpu_kernels", "cuda_kernels"):
+        offenders = {f: names & ours for f, names in imported_packages(folder).items() if names & ours}
+        assert not offenders
