@@ -86,7 +86,10 @@ install_compose
 start_dockerd
 base_start=$(date +%s)
 bash scripts/docker-base-image.sh pagode-base:bookworm
-echo "test-docker: base image ready after $(( $(date +%s) - base_start )) s"
+base_seconds=$(( $(date +%s) - base_start ))
+echo "test-docker: base image ready after $base_seconds s"
+printf '{"name": "base image ready (debootstrap + import, or reused)", "value": %d, "unit": "s"}\n' \
+    "$base_seconds" >>"$report"
 
 DOCKER_TESTS=1 DOCKER_TEST_REPORT="$report" DOCKER_BASE_IMAGE=pagode-base:bookworm \
     "$PY" -m pytest -q -ra -p no:cacheprovider tests/test_docker_image.py \

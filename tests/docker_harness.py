@@ -225,7 +225,7 @@ def volume_holds_kernels(image: str) -> bool:
     """Whether the test stacks' kernel volume already holds compiled libraries."""
     if run(["docker", "volume", "inspect", KERNEL_VOLUME], check=False).returncode != 0:
         return False
-    listing = in_image(image, f"ls {KERNEL_DIR}", "-v", f"{KERNEL_VOLUME}:{KERNEL_DIR}")
+    listing = in_image(image, f"find {KERNEL_DIR} -name '*.so'", "-v", f"{KERNEL_VOLUME}:{KERNEL_DIR}")
     return ".so" in listing
 
 

@@ -40,6 +40,9 @@ REPLICAS = ("pagode-1", "pagode-2")
 VICTIM = "pagode-2"
 WORKERS = 3
 MAX_TOKENS = 12
+# `docker kill` returns once the signal is sent; the process and its sockets are gone
+# a moment later. A request sent within this margin may still reach the dying replica.
+SETTLE_S = 1.0
 LOG_LINE = re.compile(r'"(?P<request>[^"]*)" (?P<status>\d+) \d+ upstream=(?P<upstream>.*?) '
                       r'upstream_status=(?P<upstream_status>.*?) request_time=\S+ request_id=(?P<rid>\S+)')
 
@@ -201,7 +204,7 @@ def test_killing_a_replica_fails_only_the_requests_it_held(replicas: ReplicaStac
         run(["docker", "kill", stack.container(VICTIM)])
         killed_after = time.time()
         record("docker kill of a replica: the command", killed_after - killed_at, "s")
-        load.wait_for(4 * WORKERS, since=killed_after)
+        load.wait_for(4 * WORKERS, since=killed_after + SETTLE_S)
     log = nginx_log(stack)
     outcomes = load.outcomes
     before = [o for o in outcomes if o.sent < killed_at and o.ok]
@@ -214,10 +217,10 @@ def test_killing_a_replica_fails_only_the_requests_it_held(replicas: ReplicaStac
         assert entry is not None, f"{o.rid} failed without reaching nginx: {o.detail}"
         assert entry.upstreams[-1] == victim, \
             f"{o.rid} failed on {entry.upstreams} (not the killed replica): {o.detail}"
-        assert o.sent < killed_after + 1.0, \
+        assert o.sent < killed_after + SETTLE_S, \
             f"{o.rid}, sent {o.sent - killed_after:.2f} s after the kill, reached the dead replica"
-    after = [o for o in outcomes if o.sent > killed_after + 1.0]
-    assert len(after) >= 3 * WORKERS and all(o.ok for o in after)
+    after = [o for o in outcomes if o.sent > killed_after + SETTLE_S]
+    assert len(after) >= 4 * WORKERS and all(o.ok for o in after)
     assert all(log[o.rid].upstreams[-1] == survivor for o in after), \
         "after the kill nginx routes every request around the dead replica"
     record("steady load over the kill: requests / failed (all on the killed replica)",
