@@ -6,6 +6,7 @@ started the container: it reads it from pagode's own command line instead, the l
 or a compose file that moves the server to another port keeps a truthful health status.
 
     python /usr/local/bin/pagode-healthcheck /health     exit 0 on 200, else 1
+    python docker/healthcheck.py http://127.0.0.1:8123/health   a full URL is used as given
 """
 
 from __future__ import annotations
@@ -52,9 +53,10 @@ def health_url(path: str) -> str:
 
 
 def main() -> int:
-    path = sys.argv[1] if len(sys.argv) > 1 else "/health"
+    target = sys.argv[1] if len(sys.argv) > 1 else "/health"
+    url = target if "://" in target else health_url(target)
     try:
-        with urllib.request.urlopen(health_url(path), timeout=4) as response:
+        with urllib.request.urlopen(url, timeout=4) as response:
             return 0 if response.status == 200 else 1
     except Exception as err:  # an unhealthy server: any failure is a "no"
         print(f"unhealthy: {err}", file=sys.stderr)

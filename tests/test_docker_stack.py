@@ -45,8 +45,10 @@ pytestmark = [pytest.mark.slow, skip_unless_enabled, pytest.mark.timeout(2400)]
 SHUTDOWN_TIMEOUT_S = 30.0  # compose.yaml: --shutdown-timeout 30, stop_grace_period 40s
 STREAMS = 3
 # The open streams should last about this long after SIGTERM: long enough that the
-# drain is seen while they run, well within the shutdown timeout on a busy machine.
-STREAM_SECONDS = 6.0
+# drain is seen while they run, well within the shutdown timeout on a busy machine
+# (three streams at once take several times what one took alone: 16 tokens, sized
+# for 6 s, took 27 s to drain at a load average of 12 on 2 CPUs).
+STREAM_SECONDS = 4.0
 
 
 @pytest.fixture(scope="module")
@@ -152,7 +154,7 @@ def tokens_for(stack: Stack, model: str, seconds: float) -> int:
     client(stack).completions.create(model=model, prompt="Once upon a time", max_tokens=16,
                                      extra_body={"ignore_eos": True})
     per_token = (time.monotonic() - start) / 16
-    return max(16, min(512, int(seconds / per_token)))
+    return max(4, min(512, int(seconds / per_token)))
 
 
 def stream_into(stack: Stack, model: str, tokens: int, out: Stream) -> None:
