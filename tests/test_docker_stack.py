@@ -46,9 +46,9 @@ SHUTDOWN_TIMEOUT_S = 30.0  # compose.yaml: --shutdown-timeout 30, stop_grace_per
 STREAMS = 3
 # The open streams should last about this long after SIGTERM: long enough that the
 # drain is seen while they run, well within the shutdown timeout on a busy machine
-# (three streams at once take several times what one took alone: 16 tokens, sized
-# for 6 s, took 27 s to drain at a load average of 12 on 2 CPUs).
-STREAM_SECONDS = 4.0
+# (three streams at once take 2-3 times what one alone predicts: sized for 4 s,
+# 15 tokens drained in 9 s at a load average of 7, 367 tokens in 11 s at 3.6).
+STREAM_SECONDS = 3.0
 
 
 @pytest.fixture(scope="module")
