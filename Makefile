@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 TORCH_SPEC ?= torch==2.13.0
 ARGS ?=
 
-.PHONY: install serve test lint bench-engine bench-structured bench-attention bench-serve profile-steps bench-kernels experiment crosscheck plan-check clean bench-quant bench-fused-ops
+.PHONY: install serve test lint bench-engine bench-structured bench-attention bench-serve profile-steps bench-kernels experiment crosscheck plan-check clean bench-quant bench-fused-ops test-docker
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,10 @@ serve: $(STAMP)
 test: $(STAMP)
 	bash scripts/install-deploy-tools.sh
 	$(PY) -m pytest -q -ra $(ARGS)
+
+# The image built and its compose stacks run for real (needs root for dockerd; see docs/docker.md).
+test-docker: $(STAMP)
+	bash scripts/test-docker.sh $(ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check engine server loadgen cuda_kernels cpu_kernels planner benchmarks tests

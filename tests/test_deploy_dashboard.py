@@ -200,12 +200,14 @@ def test_dashboard_grouping_labels_exist_on_the_series(pagode_server: str) -> No
 
 
 def healthcheck_command(port: int) -> list[str]:
+    """The HEALTHCHECK's command, run here: the image's script is docker/healthcheck.py,
+    given this server's URL (in the image it finds the port in pagode's command line)."""
     text = (ROOT / "Dockerfile").read_text(encoding="utf-8").replace("\\\n", " ")
     match = re.search(r"^HEALTHCHECK .*?CMD (\[.*\])\s*$", text, re.M)
     assert match, "no exec-form HEALTHCHECK in the Dockerfile"
     argv: list[str] = json.loads(match.group(1))
-    assert argv[0] == "python"
-    return [sys.executable, *[a.replace("127.0.0.1:8000", f"127.0.0.1:{port}") for a in argv[1:]]]
+    assert argv[:2] == ["python", "/usr/local/bin/pagode-healthcheck"]
+    return [sys.executable, str(ROOT / "docker" / "healthcheck.py"), f"http://127.0.0.1:{port}{argv[2]}"]
 
 
 def test_dockerfile_healthcheck_probes_a_real_server(pagode_server: str) -> None:
