@@ -59,7 +59,7 @@ HOST_CERTS = Path("/usr/local/share/ca-certificates")
 HEALTH_INTERVAL = "2s"
 PINNED_FUSED_DECODE_LIMIT = 16  # what the single stack's start measured here
 PINNED_QUANT_CROSSOVER = 8
-# A cold start on a busy 2-core machine: loading, compiling four C++ libraries,
+# A cold start on a busy 2-core machine: loading, compiling the C++ kernels,
 # measuring the kernels' crossovers. Minutes when other jobs share the cores.
 STARTUP_TIMEOUT_S = 900.0
 
