@@ -127,23 +127,26 @@ def prometheus_query(stack: Stack, query: str) -> list[dict[str, object]]:
 
 
 def test_prometheus_scraped_pagode_series(stack: Stack) -> None:
+    """Prometheus scrapes the pagode: series, and a scrape after the completions above
+    (the ones the earlier tests made) counts their tokens: the counter is not zero."""
     deadline = time.monotonic() + 120
     names: set[str] = set()
+    tokens = 0.0
     while time.monotonic() < deadline:
         try:
             up = prometheus_query(stack, 'up{job="pagode"}')
             series = prometheus_query(stack, 'count by (__name__) ({__name__=~"pagode:.+", job="pagode"})')
+            total = prometheus_query(stack, 'sum(pagode:generation_tokens_total{job="pagode"})')
         except httpx.HTTPError:
-            up, series = [], []
+            up, series, total = [], [], []
         names = {str(s["metric"]["__name__"]) for s in series}  # type: ignore[index]
-        if up and up[0]["value"][1] == "1" and "pagode:generation_tokens_total" in names:  # type: ignore[index]
+        tokens = float(total[0]["value"][1]) if total else 0.0  # type: ignore[index]
+        if up and up[0]["value"][1] == "1" and tokens > 0:  # type: ignore[index]
             break
         time.sleep(1)
     assert "pagode:num_requests_running" in names and "pagode:generation_tokens_total" in names, \
         f"scraped series: {sorted(names)}\n{stack.logs('prometheus')[-3000:]}"
-    # The completions above were counted: the scraped counter is not zero.
-    tokens = prometheus_query(stack, 'sum(pagode:generation_tokens_total{job="pagode"})')
-    assert tokens and float(tokens[0]["value"][1]) > 0  # type: ignore[index]
+    assert tokens > 0, "no scrape counted the completions made before"
 
 
 @dataclass
