@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> None:
     llm = LLM(model=args.model, kv_cache_memory="1GiB", max_model_len=2048, kv_cache_dtype=args.kv_cache_dtype,
               quantization=args.quantization)
     print(f"torch threads {torch.get_num_threads()}, quantization {args.quantization}, "
-          f"KV cache {llm.engine.describe()['kv_cache_dtype']}, "
+          f"KV cache {llm.engine.describe().kv_cache_dtype}, "
           f"context {args.context}")
     for batch in args.batch:
         print(f"\n== decode batch {batch} ==")

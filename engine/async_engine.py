@@ -17,10 +17,10 @@ import time
 from collections.abc import AsyncGenerator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
 
 from engine.config import EngineConfig
 from engine.errors import EngineDeadError, InvalidRequestError
+from engine.info import EngineInfo
 from engine.llm_engine import LLMEngine
 from engine.outputs import StreamDelta
 from engine.sampling_params import SamplingParams
@@ -72,7 +72,6 @@ class AsyncEngine:
         self._lock = threading.Lock()
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self._kill_requested = False
         self._stats = self.engine.stats()
         self._num_pending = 0
 
@@ -92,12 +91,7 @@ class AsyncEngine:
     def is_running(self) -> bool:
         return self._task is not None and not self._task.done() and self.dead_error is None
 
-    def kill_loop_for_testing(self) -> None:
-        """Make the loop die at its next iteration, as an internal fault would."""
-        self._kill_requested = True
-        self._wakeup.set()
-
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> EngineInfo:
         return self.engine.describe()
 
     def compile_grammar(self, spec: StructuredOutputSpec) -> None:
@@ -159,8 +153,6 @@ class AsyncEngine:
         failures = 0
         try:
             while True:
-                if self._kill_requested:
-                    raise RuntimeError("engine loop killed for testing")
                 if not self._has_work():
                     self._wakeup.clear()
                     await self._wakeup.wait()

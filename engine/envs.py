@@ -105,9 +105,6 @@ FBGEMM_REDUCE_RANGE: EnvVar[bool] = EnvVar(
 API_KEY: EnvVar[str | None] = EnvVar(
     "PAGODE_API_KEY", _optional_str, None,
     "The default of `pagode serve --api-key`: a Bearer token on the API routes.")
-DEBUG_ENDPOINTS: EnvVar[bool] = EnvVar(
-    "PAGODE_DEBUG_ENDPOINTS", _flag, False,
-    "1 adds POST /debug/kill-engine-loop to the server (fault-injection for tests).")
 
 # Not pagode's own, so not in ALL (the PAGODE_* switches), but read here like them.
 CXX: EnvVar[str | None] = EnvVar(
@@ -116,7 +113,7 @@ CXX: EnvVar[str | None] = EnvVar(
 
 ALL: tuple[EnvVar[object], ...] = (CACHE_DIR, CPU_KERNEL, CPU_ISA, QUANT_KERNEL, DECODE_STEP,  # type: ignore[assignment]
                                    ATTENTION_BACKEND, QUANT_GEMM, QUANT_CROSSOVER, FBGEMM_REDUCE_RANGE,
-                                   API_KEY, DEBUG_ENDPOINTS)
+                                   API_KEY)
 
 
 def describe() -> str:

@@ -15,6 +15,7 @@ from engine.block_manager import BlockManager
 from engine.config import EngineConfig, dtype_name
 from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import InvalidRequestError
+from engine.info import EngineInfo
 from engine.kv_cache import bytes_per_block
 from engine.logprob_values import finite_logprob
 from engine.model.loader import load_tokenizer, read_config, resolve_model
@@ -24,12 +25,13 @@ from engine.profiler import StepProfiler
 from engine.prompt_logprobs import PromptRows
 from engine.request_limits import RequestLimits, check_request
 from engine.request_state import RequestState
-from engine.sampler import SampleResult, SamplingRow
+from engine.sampler import RawLogprob, SampleResult, SamplingRow
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from engine.sequence import Sequence
 from engine.stats import EngineStats, FinishedRequestStats, StepStats
 from engine.structured_output import StructuredOutputManager
+from engine.tokenizer import Tokenizer
 
 log = logging.getLogger("pagode")
 
@@ -43,7 +45,7 @@ class LLMEngine:
         self.source = resolve_model(config.model)
         self.model_name = self.source.name
         self.model_config = read_config(self.source)
-        self.tokenizer = load_tokenizer(self.source)
+        self.tokenizer: Tokenizer = load_tokenizer(self.source)
         requested_len = config.max_model_len or self.model_config.max_position_embeddings
         self.runner = ModelRunner(config, self.source, self.model_config, requested_len)
         self.num_blocks = self.runner.num_blocks
@@ -240,7 +242,7 @@ class LLMEngine:
                 state.seq.skip_prefix_cache = False  # a recompute may use the cache again
 
     def _postprocess(self, state: RequestState, token: int,
-                     lp: tuple[float, list[tuple[int, float]]] | None) -> StreamDelta:
+                     lp: RawLogprob | None) -> StreamDelta:
         seq = state.seq
         now = time.monotonic()
         seq.times.first_token = seq.times.first_token or now
@@ -251,7 +253,7 @@ class LLMEngine:
             return self._finish(state, reason, [token], logprobs)
         return state.delta([token], logprobs)
 
-    def _logprob(self, token: int, lp: tuple[float, list[tuple[int, float]]]) -> TokenLogprob:
+    def _logprob(self, token: int, lp: RawLogprob) -> TokenLogprob:
         top = [(i, self._token_text(i), finite_logprob(v)) for i, v in lp[1]]
         return TokenLogprob(token, self._token_text(token), finite_logprob(lp[0]), top)
 
@@ -329,13 +331,13 @@ class LLMEngine:
         per_block = bytes_per_block(self.model_config, self.block_size, self.runner.kv_dtype)
         return 2**30 // per_block * self.block_size
 
-    def describe(self) -> dict[str, Any]:
-        return {"model": self.model_name, "num_blocks": self.num_blocks, "block_size": self.block_size,
-                "kv_tokens": self.num_blocks * self.block_size, "max_model_len": self.max_model_len,
-                "batching": self.config.batching, "device": str(self.runner.device),
-                "dtype": str(self.runner.dtype).removeprefix("torch."), "attention": self.runner.backend.name,
-                "kv_cache_dtype": dtype_name(self.runner.kv_dtype),
-                "kv_tokens_per_gib": self.kv_tokens_per_gib}
+    def describe(self) -> EngineInfo:
+        return EngineInfo(
+            model=self.model_name, num_blocks=self.num_blocks, block_size=self.block_size,
+            max_model_len=self.max_model_len, batching=self.config.batching,
+            device=str(self.runner.device), dtype=str(self.runner.dtype).removeprefix("torch."),
+            attention=self.runner.backend.name, kv_cache_dtype=dtype_name(self.runner.kv_dtype),
+            kv_tokens_per_gib=self.kv_tokens_per_gib)
 
 
 @dataclass
@@ -354,7 +356,7 @@ class StepPhases:
         return now
 
 
-_Picked = tuple[int, tuple[float, list[tuple[int, float]]] | None]
+_Picked = tuple[int, RawLogprob | None]
 
 
 def _is_prompt_work(s: ScheduledSeq) -> bool:

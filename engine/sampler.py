@@ -16,6 +16,10 @@ import torch
 
 from engine.sampling_params import SamplingParams
 
+# What the sampler gives for one row that asked for logprobs: the chosen token's logprob and
+# the top-N alternatives as (token id, logprob). The engine turns it into a TokenLogprob.
+RawLogprob = tuple[float, list[tuple[int, float]]]
+
 
 @dataclass
 class SamplingRow:
@@ -29,7 +33,7 @@ class SamplingRow:
 @dataclass
 class SampleResult:
     token_ids: list[int]
-    logprobs: list[tuple[float, list[tuple[int, float]]] | None]  # chosen logprob, top-N
+    logprobs: list[RawLogprob | None]
 
 
 def sample(logits: torch.Tensor, rows: list[SamplingRow], logprobs_mode: str = "raw_logprobs",
@@ -155,8 +159,8 @@ def exponential_noise(probs: torch.Tensor, rows: list[SamplingRow]) -> torch.Ten
 
 
 def _gather_logprobs(logprobs: torch.Tensor | None, token_ids: list[int],
-                     rows: list[SamplingRow]) -> list[tuple[float, list[tuple[int, float]]] | None]:
-    result: list[tuple[float, list[tuple[int, float]]] | None] = [None] * len(rows)
+                     rows: list[SamplingRow]) -> list[RawLogprob | None]:
+    result: list[RawLogprob | None] = [None] * len(rows)
     if logprobs is None:
         return result
     for i, row in enumerate(rows):

@@ -12,22 +12,22 @@ from fastapi import FastAPI
 from sse_starlette.sse import AppStatus
 
 from engine.config import EngineConfig
-from server import routes_chat, routes_completions, routes_misc
-from server.auth import APIKeyMiddleware
-from server.body import install_openapi
-from server.cors import install_cors
-from server.engine_client import EngineClient
-from server.errors import install_error_handlers
-from server.http_limits import HeaderLimitMiddleware
-from server.protocol import (
+from server.api.body import install_openapi
+from server.api.errors import install_error_handlers
+from server.api.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
     TokenizeRequest,
 )
-from server.response_metrics import ResponseCountMiddleware
+from server.api.routes import chat, completions, service
+from server.middleware.auth import APIKeyMiddleware
+from server.middleware.cors import install_cors
+from server.middleware.http_limits import HeaderLimitMiddleware
+from server.middleware.response_metrics import ResponseCountMiddleware
+from server.runtime.engine_client import EngineClient
+from server.runtime.state import EngineFactory, ServerState
 from server.settings import ServerSettings
-from server.state import ServerState
 
 logger = logging.getLogger("pagode.server")
 
@@ -36,10 +36,11 @@ AppStatus.disable_automatic_graceful_drain()
 
 
 def create_app(settings: ServerSettings, engine: EngineClient | None = None,
-               engine_config: EngineConfig | None = None) -> FastAPI:
+               engine_config: EngineConfig | None = None,
+               engine_factory: EngineFactory | None = None) -> FastAPI:
     """Serve `engine` (started here if it is not running) or build one from
-    `engine_config` once the server is up."""
-    state = ServerState(settings, engine, engine_config)
+    `engine_config` once the server is up, with `engine_factory` (AsyncEngine by default)."""
+    state = ServerState(settings, engine, engine_config, engine_factory)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -54,7 +55,7 @@ def create_app(settings: ServerSettings, engine: EngineClient | None = None,
     app = FastAPI(title="pagode", summary="OpenAI-compatible LLM server", lifespan=lifespan)
     app.state.server = state
     install_error_handlers(app)
-    for module in (routes_completions, routes_chat, routes_misc):
+    for module in (completions, chat, service):
         app.include_router(module.router)
     install_openapi(app, [CompletionRequest, ChatCompletionRequest, TokenizeRequest,
                           DetokenizeRequest])

@@ -21,10 +21,11 @@ from engine.config import EngineConfig
 from engine.request_limits import RequestCaps
 from planner.cli import add_plan_flags, run_plan
 from server.app import create_app
-from server.cors import add_cors_flags, cors_settings
-from server.http_limits import timed_h11_protocol
+from server.middleware.cors import add_cors_flags, cors_settings
+from server.middleware.http_limits import timed_h11_protocol
+from server.runtime.shutdown import DrainingServer
+from server.runtime.state import EngineFactory
 from server.settings import ServerSettings
-from server.shutdown import DrainingServer
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
@@ -42,7 +43,7 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def add_limit_flags(parser: argparse.ArgumentParser) -> None:
-    """Per-request caps (engine.request_limits) and connection limits (server.http_limits)."""
+    """Per-request caps (engine.request_limits) and connection limits (server.middleware.http_limits)."""
     group = parser.add_argument_group("limits")
     caps = RequestCaps()
     for name, help_text in [
@@ -147,7 +148,6 @@ def server_settings(args: argparse.Namespace) -> ServerSettings:
         served_model_name=args.served_model_name, api_key=args.api_key or None,
         max_num_queued_reqs=args.max_num_queued_reqs, shutdown_timeout=args.shutdown_timeout,
         log_requests_text=args.log_requests_text, url=f"http://{args.host}:{args.port}",
-        debug_endpoints=envs.DEBUG_ENDPOINTS.get(),
         profile_steps=args.profile_steps, cors=cors_settings(args),
         **{name: getattr(args, name) for name in CONNECTION_SETTINGS})
 
@@ -156,13 +156,14 @@ CONNECTION_SETTINGS = ("max_body_bytes", "max_header_bytes", "header_timeout_s",
                        "sse_send_timeout_s", "limit_concurrency", "timeout_keep_alive_s")
 
 
-def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+def serve(args: argparse.Namespace, parser: argparse.ArgumentParser,
+          engine_factory: EngineFactory | None = None) -> int:
     setup_logging(args.log_level)
     try:
         config, settings = engine_config(args), server_settings(args)
     except ValueError as exc:
         parser.error(str(exc))
-    app = create_app(settings, engine_config=config)
+    app = create_app(settings, engine_config=config, engine_factory=engine_factory)
     state = app.state.server
     uv_config = uvicorn.Config(app, host=args.host, port=args.port, log_config=None,
                                log_level=args.log_level, access_log=not args.disable_access_log,
@@ -180,7 +181,8 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return 1 if state.load_error else 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, engine_factory: EngineFactory | None = None) -> int:
+    """`pagode`; `engine_factory` builds the engine from its config (AsyncEngine by default)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "plan":
@@ -188,7 +190,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command != "serve":
         parser.print_help()
         return 2
-    return serve(args, parser)
+    return serve(args, parser, engine_factory)
 
 
 if __name__ == "__main__":

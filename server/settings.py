@@ -14,10 +14,9 @@ class ServerSettings:
     max_num_queued_reqs: int | None = None
     shutdown_timeout: float = 30.0  # seconds to drain in-flight requests on SIGTERM
     log_requests_text: bool = False  # log prompt and output text in the request log
-    debug_endpoints: bool = False  # POST /debug/kill-engine-loop (tests only)
     retry_after_s: int = 1  # Retry-After on 429 and 503
     url: str | None = None  # where it listens, for the startup log line
-    # Slow and hostile clients (server/http_limits.py, server/body.py)
+    # Slow and hostile clients (server/middleware/http_limits.py, server/api/body.py)
     max_body_bytes: int = 4 * 2**20  # larger bodies get 413
     max_header_bytes: int = 16 * 2**10  # larger header blocks get 431
     header_timeout_s: float = 10.0  # a connection must send a whole request head within this

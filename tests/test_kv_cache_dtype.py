@@ -92,10 +92,10 @@ def test_fp16_cache_passes_the_quality_gate(llm32: LLM, llm16: LLM) -> None:
 
 def test_fp16_cache_holds_twice_the_tokens(llm32: LLM, llm16: LLM) -> None:
     fp32, fp16 = llm32.engine.describe(), llm16.engine.describe()
-    assert (fp32["kv_cache_dtype"], fp16["kv_cache_dtype"]) == ("fp32", "fp16")
-    assert fp32["kv_tokens"] == 40 * 16
-    assert fp16["kv_tokens"] == 2 * fp32["kv_tokens"]
-    assert fp16["kv_tokens_per_gib"] == 2 * fp32["kv_tokens_per_gib"]
+    assert (fp32.kv_cache_dtype, fp16.kv_cache_dtype) == ("fp32", "fp16")
+    assert fp32.kv_tokens == 40 * 16
+    assert fp16.kv_tokens == 2 * fp32.kv_tokens
+    assert fp16.kv_tokens_per_gib == 2 * fp32.kv_tokens_per_gib
 
 
 def test_unknown_kv_cache_dtype_is_refused() -> None:

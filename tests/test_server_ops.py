@@ -9,6 +9,7 @@ import json
 import signal
 import time
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -41,8 +42,8 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Serv
                          "--max-num-seqs", "1",
                          "--max-num-queued-reqs", "2", "--shutdown-timeout",
                          str(SHUTDOWN_TIMEOUT_S)], log_dir, name="ops")
-    dying = launch_server([*SMALL_ARGS, "--log-requests-text"], log_dir,
-                          env={"PAGODE_DEBUG_ENDPOINTS": "1"}, name="dying")
+    dying = launch_server([*SMALL_ARGS, "--log-requests-text"], log_dir, name="dying",
+                          script=Path(__file__).with_name("dying_server.py"))
     try:
         wait_all_healthy([ops, dying])
         yield {"ops": ops, "dying": dying}
@@ -109,7 +110,7 @@ async def test_api_key_required_on_api_routes(ops: httpx.AsyncClient) -> None:
     ok = await ops.post("/v1/completions", json=body, headers=AUTH)
     assert ok.status_code == 200
     assert ok.json()["usage"]["completion_tokens"] >= 1
-    # Debug endpoints exist only when PAGODE_DEBUG_ENDPOINTS=1.
+    # No fault-injection route in production (tests/dying_server.py is the test double).
     assert (await ops.post("/debug/kill-engine-loop", headers=AUTH)).status_code == 404
 
 
@@ -204,8 +205,7 @@ async def test_dead_engine_loop_fails_requests_and_health(
         assert (await client.get("/health")).status_code == 200
         in_flight = await OpenStream(client, LONG).open()
         await in_flight.next_data()
-        killed = await client.post("/debug/kill-engine-loop")
-        assert killed.status_code == 200
+        servers["dying"].signal(signal.SIGUSR1)  # the double's engine loop dies
         # The stream in flight ends with an error event and [DONE] instead of hanging.
         data = await in_flight.rest()
         await in_flight.close()

@@ -6,11 +6,11 @@ import pytest
 
 from engine.errors import InvalidRequestError
 from engine.request_limits import RequestLimits, check_prompt
-from server.admission import Admission
-from server.auth import bearer_matches, is_protected
-from server.errors import APIError
-from server.metrics import REQUEST_TIME_BUCKETS, TTFT_BUCKETS, build_1_2_5_buckets
-from server.prompts import split_prompts
+from server.api.errors import APIError
+from server.middleware.auth import bearer_matches, is_protected
+from server.runtime.admission import Admission
+from server.runtime.metrics import REQUEST_TIME_BUCKETS, TTFT_BUCKETS, build_1_2_5_buckets
+from server.translate.prompts import split_prompts
 
 
 def test_admission_bounds_the_queue_and_releases_once() -> None:

@@ -7,9 +7,10 @@ import json
 import pytest
 
 from engine.request_limits import RequestLimits
-from server.protocol import ChatCompletionRequest
-from server.tools import ToolCallStream, render_chat_with_tools
-from server.user_text import PlainTextEncoder
+from server.api.protocol import ChatCompletionRequest
+from server.respond.tool_calls import ToolCallStream
+from server.translate.tool_prompt import render_chat_with_tools
+from server.translate.user_text import PlainTextEncoder
 
 
 def stream(mode: str, text: str, name: str | None = None, step: int = 2) -> tuple[str, dict]:

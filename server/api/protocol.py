@@ -1,7 +1,7 @@
 """Request and response bodies of the OpenAI-compatible API, with vLLM's field names.
 
 Unknown fields are kept (extra="allow") so that clients written for other servers still
-work; server/validation.py refuses the ones whose meaning pagode does not implement and logs
+work; server/translate/validation.py refuses the ones whose meaning pagode does not implement and logs
 the rest once. NaN and Infinity (JSON literals Python accepts) are refused everywhere, and
 lists fail fast so that a body of a million wrong items builds one error, not a million.
 """

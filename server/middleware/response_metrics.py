@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from server.state import ServerState
+from server.runtime.state import ServerState
 
 
 class ResponseCountMiddleware:

@@ -6,14 +6,16 @@ starts, so that a stream never begins with a 200 and then fails on a check.
   other unknown names are logged once per process, truncated;
 - fan-out (prompts x n) is capped; prompts are checked for characters and vocabulary before
   tokenizing, and against the context after;
-- sampling parameters are built once (engine.sampling_params, finite numbers, vLLM's ranges)
-  and expanded into choices with the engine's one seed rule.
+- sampling parameters are built once (engine.sampling_params, finite numbers, vLLM's ranges),
+  with the request's constraints (grammar, priority, prompt logprobs), and expanded into
+  choices with the engine's one seed rule.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from engine.errors import InvalidRequestError
@@ -25,10 +27,13 @@ from engine.request_limits import (
     clip,
 )
 from engine.sampling_params import SamplingParams, expand_choices
-from server.errors import APIError, bad_request, guess_param
-from server.generation import SubRequest
-from server.prompts import PromptInput
-from server.protocol import OpenAIModel, SamplingFields
+from engine.structured_output import StructuredOutputSpec
+from server.api.errors import APIError, bad_request, guess_param
+from server.api.protocol import OpenAIModel, SamplingFields
+from server.runtime.engine_client import EngineClient
+from server.runtime.generation import SubRequest
+from server.runtime.state import ServerState
+from server.translate.prompts import PromptInput
 
 logger = logging.getLogger("pagode.server")
 
@@ -63,6 +68,30 @@ MAX_LOGGED_NAMES = 1000
 _logged_names: set[str] = set()
 
 
+@dataclass(frozen=True)
+class Constraints:
+    """What a request asks of every choice beyond sampling."""
+
+    structured_outputs: StructuredOutputSpec | None = None
+    priority: int = 0
+    prompt_logprobs: int | None = None
+
+
+def check_model(state: ServerState, model: str | None) -> None:
+    """Accept the served name (or the engine's own); anything else is a 404."""
+    names = {state.served_model_name}
+    if state.engine is not None:
+        names.add(str(state.engine.model_name))
+    if model is not None and model not in names:
+        raise APIError(404, f"The model `{clip(model)}` does not exist.", "model")
+
+
+def check_priority(engine: EngineClient, priority: int) -> None:
+    if priority != 0 and engine.config.scheduling_policy != "priority":
+        raise bad_request("priority is only honoured with --scheduling-policy priority; "
+                          "leave it at 0", "priority")
+
+
 def check_fields(request_id: str, body: SamplingFields) -> None:
     extra = body.model_extra or {}
     check_best_of(extra.get("best_of"), body.n)
@@ -95,7 +124,7 @@ def log_unknown_fields(request_id: str, body: OpenAIModel) -> None:
 
 
 def sampling_params(body: SamplingFields, max_tokens: int | None, logprobs: int | None,
-                    limits: RequestLimits) -> SamplingParams:
+                    constraints: Constraints, limits: RequestLimits) -> SamplingParams:
     try:
         params = SamplingParams(
             n=body.n, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
@@ -106,7 +135,9 @@ def sampling_params(body: SamplingFields, max_tokens: int | None, logprobs: int 
             frequency_penalty=body.frequency_penalty,
             repetition_penalty=body.repetition_penalty,
             logit_bias={int(k): v for k, v in (body.logit_bias or {}).items()},
-            skip_special_tokens=body.skip_special_tokens)
+            skip_special_tokens=body.skip_special_tokens,
+            structured_outputs=constraints.structured_outputs, priority=constraints.priority,
+            prompt_logprobs=constraints.prompt_logprobs)
         check_sampling(params, limits)
     except InvalidRequestError as exc:
         raise bad_request(str(exc), exc.param) from exc
@@ -123,13 +154,13 @@ def checked_fan_out(num_prompts: int, n: int, limits: RequestLimits) -> None:
 
 
 def fan_out(request_id: str, prompts: list[PromptInput], body: SamplingFields,
-            max_tokens_for: Callable[[PromptInput], int | None], logprobs: int | None,
+            max_tokens: int | None, logprobs: int | None, constraints: Constraints,
             log_text: bool, limits: RequestLimits) -> list[SubRequest]:
-    """One sub-request per choice: prompt p, sample i is choice p*n+i, id f"{rid}-{index}"."""
-    checked_fan_out(len(prompts), body.n, limits)
+    """One sub-request per choice: prompt p, sample i is choice p*n+i, id f"{rid}-{index}".
+    The caller has checked the fan-out (checked_fan_out) before any tokenizing."""
     subs = []
     for p, prompt in enumerate(prompts):
-        params = sampling_params(body, max_tokens_for(prompt), logprobs, limits)
+        params = sampling_params(body, max_tokens, logprobs, constraints, limits)
         try:
             check_prompt(prompt.token_ids, params.max_tokens, limits)
         except InvalidRequestError as exc:

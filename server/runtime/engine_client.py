@@ -8,19 +8,21 @@ double or another engine only has to provide these members.
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Callable
-from typing import Any, Protocol
+from typing import Protocol
 
 from engine.config import EngineConfig
+from engine.info import EngineInfo
 from engine.outputs import StreamDelta
 from engine.request_limits import RequestLimits
 from engine.sampling_params import SamplingParams
 from engine.stats import EngineStats, StepStats
 from engine.structured_output import StructuredOutputSpec
+from engine.tokenizer import Tokenizer
 
 
 class EngineClient(Protocol):
     config: EngineConfig
-    tokenizer: Any  # a transformers tokenizer: encode, decode, apply_chat_template
+    tokenizer: Tokenizer
     model_name: str
     max_model_len: int
     num_blocks: int
@@ -47,8 +49,6 @@ class EngineClient(Protocol):
     def enable_step_profile(self, every: int, report: Callable[[str], None],
                             extra: dict[str, Callable[[], float]] | None = None) -> None: ...
 
-    def describe(self) -> dict[str, Any]: ...
+    def describe(self) -> EngineInfo: ...
 
     def compile_grammar(self, spec: StructuredOutputSpec) -> None: ...
-
-    def kill_loop_for_testing(self) -> None: ...

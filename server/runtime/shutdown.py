@@ -17,7 +17,7 @@ from types import FrameType
 
 import uvicorn
 
-from server.state import ServerState
+from server.runtime.state import ServerState
 
 logger = logging.getLogger("pagode.server")
 ABORT_GRACE_S = 5.0  # after aborting, time for the aborted streams to send their last event

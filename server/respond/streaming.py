@@ -20,9 +20,12 @@ from fastapi.responses import JSONResponse, Response
 from sse_starlette import EventSourceResponse
 from starlette.background import BackgroundTask
 
-from server.builders import ResponseBuilder, consume_event
-from server.generation import ChoiceStream
-from server.state import ServerState
+from server.api.protocol import SamplingFields
+from server.api.request_ids import echo_request_id
+from server.respond.builders import ResponseBuilder, consume_event
+from server.runtime.generation import ChoiceStream
+from server.runtime.state import ServerState
+from server.translate.engine_requests import EngineRequests
 
 DISCONNECT_POLL_S = 0.2
 
@@ -109,3 +112,18 @@ async def full_response(state: ServerState, request: Request, stream: ChoiceStre
         watcher.cancel()
         collector.cancel()
         guard.close()
+
+
+async def respond(state: ServerState, request: Request, body: SamplingFields,
+                  requests: EngineRequests, builder: ResponseBuilder) -> Response:
+    """Start the engine requests (429 if the queue filled meanwhile), then stream their
+    deltas or send one body, with the request id echoed."""
+    stream = state.start_generation(requests.subs)
+    builder.continuous_usage = bool(body.stream_options
+                                    and body.stream_options.continuous_usage_stats)
+    response: Response
+    if body.stream:
+        response = stream_response(state, stream, builder, body.include_usage())
+    else:
+        response = await full_response(state, request, stream, builder)
+    return echo_request_id(response, requests.client_id)

@@ -8,9 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.outputs import TokenLogprob
-from server.generation import ChoiceEvent
-from server.prompts import PromptInput
-from server.protocol import (
+from server.api.protocol import (
     ChatChoice,
     ChatCompletionChunk,
     ChatCompletionResponse,
@@ -28,7 +26,10 @@ from server.protocol import (
     dump,
     now,
 )
-from server.tools import Mode, ToolCallStream
+from server.respond.tool_calls import ToolCallStream
+from server.runtime.generation import ChoiceEvent
+from server.translate.prompts import PromptInput
+from server.translate.tool_prompt import Mode
 
 
 @dataclass
@@ -267,7 +268,7 @@ class ChatBuilder(ResponseBuilder):
         super().__init__(request_id, model, [prompt], n)
         self.logprobs = logprobs
         self.top_logprobs = top_logprobs
-        # Tool calling: each choice's output is parsed for calls (server/tools.py).
+        # Tool calling: each choice's output is parsed for calls (server/translate/tool_prompt.py).
         self.tool_streams = {index: ToolCallStream(*tools) for index in self.choices} if tools \
             else {}
 

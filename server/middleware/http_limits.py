@@ -9,7 +9,7 @@
 
 uvicorn's own `limit_concurrency` (503 past N connections + tasks) and
 `timeout_keep_alive` are set from flags in server/cli.py; the body deadline is in
-server/body.py and the SSE send timeout in server/streaming.py.
+server/api/body.py and the SSE send timeout in server/respond/streaming.py.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from server.errors import error_response
+from server.api.errors import error_response
 
 
 class HeaderLimitMiddleware:

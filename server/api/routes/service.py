@@ -1,5 +1,5 @@
-"""GET /v1/models, /health (and /ping), /version, /metrics; POST /tokenize, /detokenize (vLLM's shapes);
-POST /debug/kill-engine-loop when debug endpoints are on (tests only)."""
+"""GET /v1/models, /health (and /ping), /version, /metrics; POST /tokenize, /detokenize
+(vLLM's shapes)."""
 
 from __future__ import annotations
 
@@ -11,13 +11,14 @@ from fastapi.responses import JSONResponse, Response
 
 from engine.errors import InvalidRequestError
 from engine.request_limits import check_prompt_chars, check_token_ids
-from server.body import openapi_body, parse_body
-from server.errors import APIError, bad_request, error_response
-from server.metrics import CONTENT_TYPE
-from server.offload import run_blocking
-from server.prompts import render_chat
-from server.protocol import DetokenizeRequest, TokenizeRequest, now
-from server.routes_common import check_model, get_state
+from server.api.body import openapi_body, parse_body
+from server.api.errors import bad_request, error_response
+from server.api.protocol import DetokenizeRequest, TokenizeRequest, now
+from server.runtime.metrics import CONTENT_TYPE
+from server.runtime.state import get_state
+from server.runtime.worker_pool import run_blocking
+from server.translate.prompts import render_chat
+from server.translate.validation import check_model
 
 router = APIRouter()
 logger = logging.getLogger("pagode.server")
@@ -103,15 +104,3 @@ async def detokenize(request: Request) -> dict[str, Any]:
         raise bad_request("too many tokens to detokenize", "tokens")
     text = await run_blocking(engine.tokenizer.decode, body.tokens)
     return {"prompt": text}
-
-
-@router.post("/debug/kill-engine-loop")
-async def kill_engine_loop(request: Request) -> dict[str, Any]:
-    state = get_state(request)
-    if not state.settings.debug_endpoints:
-        raise APIError(404, f"Not found: POST {request.url.path}")
-    if state.engine is None:
-        raise APIError(503, "The model is loading")
-    logger.warning("debug: killing the engine loop on request")
-    state.engine.kill_loop_for_testing()
-    return {"killed": True}

@@ -16,13 +16,14 @@ import re
 import secrets
 from typing import Any
 
-from server.errors import bad_request
+from engine.tokenizer import Tokenizer
+from server.api.errors import bad_request
 
 
 class PlainTextEncoder:
     """Encodes text with special-token strings kept as ordinary characters."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer
         self.plain: Any = None
         backend = getattr(tokenizer, "backend_tokenizer", None)
@@ -46,7 +47,7 @@ class PlainTextEncoder:
         return list(self.plain.encode(text, add_special_tokens=False).ids)
 
 
-def render_with_markers(tokenizer: Any, messages: list[dict[str, Any]],
+def render_with_markers(tokenizer: Tokenizer, messages: list[dict[str, Any]],
                         **template_kwargs: Any) -> tuple[str, list[str]]:
     nonce = secrets.token_hex(8)
     markers = [f"\x1fpagode{nonce}c{i}\x1f" for i in range(len(messages))]
@@ -55,7 +56,7 @@ def render_with_markers(tokenizer: Any, messages: list[dict[str, Any]],
     return str(text), markers
 
 
-def encode_chat(tokenizer: Any, encoder: PlainTextEncoder, messages: list[dict[str, Any]],
+def encode_chat(tokenizer: Tokenizer, encoder: PlainTextEncoder, messages: list[dict[str, Any]],
                 text: str, **template_kwargs: Any) -> list[int]:
     """Token ids of the rendered chat `text`, with message contents encoded as plain text.
     Content without special-token strings takes the ordinary path (whole-text encoding, so

@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 from engine.errors import RequestFailedError
 from engine.outputs import StreamDelta
 from engine.sampling_params import SamplingParams
-from server.admission import QueueSlot
-from server.engine_client import EngineClient
-from server.errors import APIError, api_error_from
-from server.metrics import ServerMetrics
+from server.api.errors import APIError, api_error_from
+from server.runtime.admission import QueueSlot
+from server.runtime.engine_client import EngineClient
+from server.runtime.metrics import ServerMetrics
 
 request_logger = logging.getLogger("pagode.requests")
 

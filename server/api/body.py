@@ -24,8 +24,8 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect
 
 from engine.request_limits import clip
-from server.errors import APIError
-from server.offload import run_blocking
+from server.api.errors import APIError
+from server.runtime.worker_pool import run_blocking
 from server.settings import ServerSettings
 
 M = TypeVar("M", bound=BaseModel)

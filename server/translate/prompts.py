@@ -1,5 +1,5 @@
 """Turning request prompts and chat messages into token ids. These functions are
-synchronous and CPU-bound: the routes run them in the worker pool (server/offload.py).
+synchronous and CPU-bound: the routes run them in the worker pool (server/runtime/worker_pool.py).
 Limits (vocabulary, context, characters) come from the engine's RequestLimits."""
 
 from __future__ import annotations
@@ -8,9 +8,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.request_limits import RequestLimits, check_prompt_chars, check_token_ids
-from server.errors import bad_request
-from server.protocol import ChatMessage, Prompt
-from server.user_text import PlainTextEncoder, encode_chat
+from engine.tokenizer import Tokenizer
+from server.api.errors import bad_request
+from server.api.protocol import ChatMessage, Prompt
+from server.translate.user_text import PlainTextEncoder, encode_chat
 
 
 @dataclass
@@ -46,7 +47,7 @@ def check_prompt_items(items: list[str | list[int]], limits: RequestLimits) -> N
             check_token_ids(item, limits, "prompt")
 
 
-def encode_prompts(tokenizer: Any, items: list[str | list[int]]) -> list[PromptInput]:
+def encode_prompts(tokenizer: Tokenizer, items: list[str | list[int]]) -> list[PromptInput]:
     inputs: list[PromptInput] = []
     for item in items:
         if isinstance(item, str):
@@ -76,7 +77,7 @@ def message_dicts(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     return rendered
 
 
-def render_chat(tokenizer: Any, encoder: PlainTextEncoder, messages: list[ChatMessage],
+def render_chat(tokenizer: Tokenizer, encoder: PlainTextEncoder, messages: list[ChatMessage],
                 limits: RequestLimits, add_generation_prompt: bool = True,
                 continue_final_message: bool = False) -> PromptInput:
     """Render with the model's chat template (see render_message_dicts)."""
@@ -84,13 +85,13 @@ def render_chat(tokenizer: Any, encoder: PlainTextEncoder, messages: list[ChatMe
                                 add_generation_prompt, continue_final_message)
 
 
-def render_message_dicts(tokenizer: Any, encoder: PlainTextEncoder, dicts: list[dict[str, Any]],
+def render_message_dicts(tokenizer: Tokenizer, encoder: PlainTextEncoder, dicts: list[dict[str, Any]],
                          limits: RequestLimits, add_generation_prompt: bool = True,
                          continue_final_message: bool = False,
                          **template_kwargs: Any) -> PromptInput:
     """Render with the model's chat template. The template already writes the special
     tokens, so the text is encoded without adding them a second time; message content is
-    encoded as plain text (server/user_text.py)."""
+    encoded as plain text (server/translate/user_text.py)."""
     if not getattr(tokenizer, "chat_template", None):
         raise bad_request("this model has no chat template; use /v1/completions", "messages")
     check_prompt_chars("".join(str(m["content"]) for m in dicts), limits, "messages")

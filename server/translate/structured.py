@@ -13,10 +13,9 @@ import asyncio
 from typing import Any
 
 from engine.structured_output import StructuredOutputError, StructuredOutputSpec
-from server.engine_client import EngineClient
-from server.errors import bad_request
-from server.generation import SubRequest
-from server.protocol import ResponseFormat, StructuredFields, StructuredOutputsParams
+from server.api.errors import bad_request
+from server.api.protocol import ResponseFormat, StructuredFields, StructuredOutputsParams
+from server.runtime.engine_client import EngineClient
 
 
 def spec_from_request(body: StructuredFields) -> StructuredOutputSpec | None:
@@ -126,15 +125,3 @@ async def compile_spec(engine: EngineClient, spec: StructuredOutputSpec | None) 
         await asyncio.to_thread(engine.compile_grammar, spec)
     except StructuredOutputError as exc:
         raise bad_request(str(exc), exc.param) from exc
-
-
-def constrain(engine: EngineClient, subs: list[SubRequest], spec: StructuredOutputSpec | None,
-              priority: int, prompt_logprobs: int | None = None) -> None:
-    """Hand the spec, the priority and prompt_logprobs to every sub-request's parameters."""
-    if priority != 0 and engine.config.scheduling_policy != "priority":
-        raise bad_request("priority is only honoured with --scheduling-policy priority; "
-                          "leave it at 0", "priority")
-    for sub in subs:
-        sub.params.structured_outputs = spec
-        sub.params.priority = priority
-        sub.params.prompt_logprobs = prompt_logprobs

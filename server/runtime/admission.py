@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from server.errors import APIError
+from server.api.errors import APIError
 
 
 class QueueSlot:

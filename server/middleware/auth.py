@@ -7,7 +7,7 @@ import hmac
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from server.errors import error_response
+from server.api.errors import error_response
 
 PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize", "/debug/")
 

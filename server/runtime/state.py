@@ -8,27 +8,40 @@ import logging
 from collections import Counter
 from collections.abc import Callable
 
+from fastapi import Request
+
 from engine.config import EngineConfig
 from engine.stats import EngineStats
-from server.admission import Admission, QueueSlot, default_queue_bound
-from server.engine_client import EngineClient
-from server.errors import APIError, error_type
-from server.generation import ChoiceStream, GenerationService, SubRequest
-from server.metrics import ServerMetrics
+from server.api.errors import APIError, error_type
+from server.runtime.admission import Admission, QueueSlot, default_queue_bound
+from server.runtime.engine_client import EngineClient
+from server.runtime.generation import ChoiceStream, GenerationService, SubRequest
+from server.runtime.metrics import ServerMetrics
 from server.settings import ServerSettings
-from server.user_text import PlainTextEncoder
+from server.translate.user_text import PlainTextEncoder
 
 logger = logging.getLogger("pagode.server")
+
+EngineFactory = Callable[[EngineConfig], EngineClient]
+
+
+def default_engine_factory() -> EngineFactory:
+    """AsyncEngine, imported when first needed: importing it loads torch."""
+    from engine.async_engine import AsyncEngine
+
+    return AsyncEngine
 
 
 class ServerState:
     def __init__(self, settings: ServerSettings, engine: EngineClient | None = None,
-                 engine_config: EngineConfig | None = None) -> None:
+                 engine_config: EngineConfig | None = None,
+                 engine_factory: EngineFactory | None = None) -> None:
         if engine is None and engine_config is None:
             raise ValueError("give an engine or an engine config")
         self.settings = settings
         self.engine: EngineClient | None = engine
         self.engine_config = engine_config
+        self.engine_factory = engine_factory
         self.ready = False  # the engine is loaded and its loop started
         self.load_error: str | None = None
         self.draining = False
@@ -40,7 +53,7 @@ class ServerState:
         self.generation: GenerationService | None = None
         self.on_fatal: Callable[[], None] | None = None  # the engine failed to load
         self._text_encoder: PlainTextEncoder | None = None
-        # HTTP responses by (status, error type), counted by server/response_metrics.py
+        # HTTP responses by (status, error type), counted by server/middleware/response_metrics.py
         self.responses: Counter[tuple[str, str]] = Counter()
         self.encode_seconds = 0.0  # spent building and JSON-encoding stream chunks (profiling)
 
@@ -53,11 +66,9 @@ class ServerState:
             engine = self.engine
             if engine is None:
                 logger.info("loading the engine (/health answers 503 until it is ready)")
-                from engine.async_engine import AsyncEngine
-
                 assert self.engine_config is not None
-
-                built: EngineClient = await asyncio.to_thread(AsyncEngine, self.engine_config)
+                factory = self.engine_factory or default_engine_factory()
+                built: EngineClient = await asyncio.to_thread(factory, self.engine_config)
                 self.engine = engine = built
             if not engine.is_running:
                 await engine.start()
@@ -92,7 +103,7 @@ class ServerState:
             "batching %s, queue bound %s, KV cache %s", engine.model_name, self.served_model_name,
             self.settings.url or "?", blocks, engine.block_size, blocks * engine.block_size,
             engine.max_model_len, config.batching, self.admission.max_queued,
-            engine.describe().get("kv_cache_dtype", "?"))
+            engine.describe().kv_cache_dtype)
 
     async def close(self) -> None:
         if self.generation is not None:
@@ -175,3 +186,8 @@ class ServerState:
         if self.in_flight == 0:
             self.idle.set()
 
+
+def get_state(request: Request) -> ServerState:
+    """The server's state, as the app holds it."""
+    state: ServerState = request.app.state.server
+    return state

@@ -23,6 +23,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from engine.info import EngineInfo
 from engine.stats import EngineStats, StepStats
 
 PREFIX = "pagode:"
@@ -105,7 +106,7 @@ class EngineSnapshotCollector(Collector):
 
 class ResponseCollector(Collector):
     """HTTP responses by status code and OpenAI error type ("none" for successes), read
-    from the counts that server/response_metrics.py keeps."""
+    from the counts that server/middleware/response_metrics.py keeps."""
 
     def __init__(self, model_name: str, read_counts: Callable[[], Mapping[tuple[str, str], int]]
                  ) -> None:
@@ -129,7 +130,7 @@ class ServerMetrics:
                  read_stats: Callable[[], EngineStats | None],
                  read_queued: Callable[[], int],
                  read_responses: Callable[[], Mapping[tuple[str, str], int]] = dict,
-                 cache_info: dict[str, Any] | None = None) -> None:
+                 cache_info: EngineInfo | None = None) -> None:
         disable_created_metrics()  # no *_created series: dashboards do not use them
         self.model_name = model_name
         self.registry = CollectorRegistry(auto_describe=True)
@@ -170,12 +171,12 @@ class ServerMetrics:
         for reason in REJECT_REASONS:
             self.rejected.labels(model_name, reason)
 
-    def _cache_config_info(self, info: dict[str, Any]) -> None:
+    def _cache_config_info(self, info: EngineInfo) -> None:
         """vLLM's cache_config_info: a constant 1 whose labels are the KV cache's real shape."""
-        keys = ["block_size", "num_blocks", "kv_tokens", "kv_cache_dtype", "kv_tokens_per_gib"]
+        labels = info.cache_labels()
         gauge = Gauge(PREFIX + "cache_config_info", "KV cache configuration (labels; value 1).",
-                      ["model_name", *keys], registry=self.registry)
-        gauge.labels(self.model_name, *(str(info.get(k, "")) for k in keys)).set(1)
+                      ["model_name", *labels], registry=self.registry)
+        gauge.labels(self.model_name, *labels.values()).set(1)
 
     def _histogram(self, name: str, doc: str, buckets: list[float],
                    labels: list[str]) -> Any:

@@ -1,0 +1,30 @@
+"""What a loaded engine is, typed: the server shows it on /metrics (cache_config_info) and
+in its start-up log, benchmarks print it. Built once by LLMEngine.describe()."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    model: str
+    num_blocks: int
+    block_size: int
+    max_model_len: int
+    batching: str  # static, continuous or paged
+    device: str
+    dtype: str  # the weights' and activations' dtype, e.g. float32
+    attention: str  # the attention backend's name
+    kv_cache_dtype: str  # fp32, fp16 or bf16
+    kv_tokens_per_gib: int
+
+    @property
+    def kv_tokens(self) -> int:
+        return self.num_blocks * self.block_size
+
+    def cache_labels(self) -> dict[str, str]:
+        """The labels of vLLM's cache_config_info gauge."""
+        return {"block_size": str(self.block_size), "num_blocks": str(self.num_blocks),
+                "kv_tokens": str(self.kv_tokens), "kv_cache_dtype": self.kv_cache_dtype,
+                "kv_tokens_per_gib": str(self.kv_tokens_per_gib)}

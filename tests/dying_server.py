@@ -1,0 +1,38 @@
+"""`pagode serve` with a fault-injection double of the engine: its loop dies, as an internal
+fault would kill it, when the process gets SIGUSR1. tests/test_server_ops.py starts it to
+see how the server behaves with a dead engine; production has no such hook."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+
+from engine.async_engine import AsyncEngine
+from server import cli
+
+
+class DyingEngine(AsyncEngine):
+    """An AsyncEngine whose next step raises once SIGUSR1 has arrived."""
+
+    dying = False
+
+    async def start(self) -> None:
+        await super().start()
+        asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, self.kill)
+
+    def kill(self) -> None:
+        self.dying = True
+        self._wakeup.set()
+
+    def _has_work(self) -> bool:
+        return self.dying or super()._has_work()
+
+    def _step(self):  # type: ignore[no-untyped-def]
+        if self.dying:
+            raise RuntimeError("the engine loop was killed (tests/dying_server.py)")
+        return super()._step()
+
+
+if __name__ == "__main__":
+    sys.exit(cli.main(sys.argv[1:], engine_factory=DyingEngine))
