@@ -56,9 +56,11 @@ def bench(tokens: list[int], reps: int) -> list[dict[str, object]]:
     w = torch.rand(HIDDEN)
     kernel = native.fused_ops()
     cases: list[tuple[str, Callable[..., object], Callable[..., object], Callable[[int], tuple[torch.Tensor, ...]]]] = [
-        ("add + RMSNorm", lambda x, r: fused_ops.add_rms_norm(x, r, w, EPS, kernel), lambda x, r: eager_add_rms_norm(x, r, w),
+        ("add + RMSNorm", lambda x, r: fused_ops.add_rms_norm(x, r, w, EPS, kernel),
+         lambda x, r: eager_add_rms_norm(x, r, w),
          lambda t: (torch.randn(t, HIDDEN), torch.randn(t, HIDDEN))),
-        ("SiLU-and-mul", lambda g: fused_ops.silu_and_mul(g, kernel), eager_silu_and_mul, lambda t: (torch.randn(t, 2 * INTERMEDIATE),)),
+        ("SiLU-and-mul", lambda g: fused_ops.silu_and_mul(g, kernel), eager_silu_and_mul,
+         lambda t: (torch.randn(t, 2 * INTERMEDIATE),)),
     ]
     with torch.inference_mode():
         for name, cxx, eager, inputs in cases:

@@ -59,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="cap(s) on requests in flight; several are swept in order; with the "
                    "default rate inf each is a closed loop at that fixed concurrency")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dataset", default="text", help="text[:PATH] | random | sharegpt:PATH (real answer lengths) | shared-system[:TOKENS] | multiturn[:TURNS]")
+    p.add_argument("--dataset", default="text", help="text[:PATH] | random | sharegpt:PATH "
+                   "(real answer lengths) | shared-system[:TOKENS] | multiturn[:TURNS]")
     p.add_argument("--input-len", type=parse_range, default=(16, 128), help="prompt tokens MIN:MAX")
     p.add_argument("--output-len", type=parse_range, default=(32, 384), help="output tokens MIN:MAX")
     p.add_argument("--ignore-eos", action="store_true", help="generate exactly the requested tokens")
@@ -88,7 +89,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     return Settings(
         num_prompts=args.num_prompts, dataset=args.dataset, input_len=args.input_len,
         output_len=args.output_len, burstiness=args.burstiness,
-        max_concurrency=args.max_concurrency[0] if args.max_concurrency else None, seed=args.seed, ignore_eos=args.ignore_eos,
+        max_concurrency=args.max_concurrency[0] if args.max_concurrency else None, seed=args.seed,
+        ignore_eos=args.ignore_eos,
         slo=args.slo, timeout=args.timeout, scrape_interval=args.scrape_interval,
         show_progress=not args.no_progress, percentiles=args.percentiles,
     )

@@ -162,11 +162,12 @@ def div(a: float | None, b: float | None) -> float | None:
 def key_ratios(results: dict[str, dict[str, Any]]) -> list[str]:
     """The article's comparisons, as sentences with numbers."""
     v = lambda p, load, k: value(results, p, load, k)  # noqa: E731 - a local shorthand
+    ratio = lambda a, b, load, k: fmt(div(v(a, load, k), v(b, load, k)), digits=2)  # noqa: E731
     out = [
-        f"- Overload throughput, paged / static: x{fmt(div(v('paged', 'high', 'req/s'), v('static', 'high', 'req/s')), digits=2)} "
-        f"requests/s, x{fmt(div(v('paged', 'high', 'out tok/s'), v('static', 'high', 'out tok/s')), digits=2)} output tokens/s "
-        f"(continuous / static: x{fmt(div(v('continuous', 'high', 'req/s'), v('static', 'high', 'req/s')), digits=2)}).",
-        f"- Overload p99 E2E, static / paged: x{fmt(div(v('static', 'high', 'E2E p99'), v('paged', 'high', 'E2E p99')), digits=2)} "
+        f"- Overload throughput, paged / static: x{ratio('paged', 'static', 'high', 'req/s')} "
+        f"requests/s, x{ratio('paged', 'static', 'high', 'out tok/s')} output tokens/s "
+        f"(continuous / static: x{ratio('continuous', 'static', 'high', 'req/s')}).",
+        f"- Overload p99 E2E, static / paged: x{ratio('static', 'paged', 'high', 'E2E p99')} "
         f"({fmt(v('static', 'high', 'E2E p99'), digits=2)} s vs {fmt(v('paged', 'high', 'E2E p99'), digits=2)} s).",
         "- Overload p99 ITL: " + ", ".join(
             f"{p} {fmt(v(p, 'high', 'ITL p99'), 1e3)} ms" for p in results) + ".",
@@ -174,7 +175,8 @@ def key_ratios(results: dict[str, dict[str, Any]]) -> list[str]:
             f"{p} {fmt(v(p, 'high', 'max running'), digits=0)} / {fmt(v(p, 'high', 'max streaming'), digits=0)}"
             for p in results) + ".",
         f"- Low-load p99 TTFT: static {fmt(v('static', 'low', 'TTFT p99'), 1e3)} ms vs continuous "
-        f"{fmt(v('continuous', 'low', 'TTFT p99'), 1e3)} ms (x{fmt(div(v('static', 'low', 'TTFT p99'), v('continuous', 'low', 'TTFT p99')), digits=1)}).",
+        f"{fmt(v('continuous', 'low', 'TTFT p99'), 1e3)} ms "
+        f"(x{fmt(div(v('static', 'low', 'TTFT p99'), v('continuous', 'low', 'TTFT p99')), digits=1)}).",
     ]
     return out
 

@@ -118,7 +118,8 @@ def markdown(runs: list[dict[str, Any]]) -> str:
     for run in runs:
         for r in run["rows"]:
             lines.append(f"| {run['rate']:.3g} | {r['metric']} | {fmt(r['predicted'], digits=2)} | "
-                         f"{fmt(r['measured'], digits=2)} | {percent(r['error'])} | {fmt(r['engine_only'], digits=2)} | "
+                         f"{fmt(r['measured'], digits=2)} | {percent(r['error'])} | "
+                         f"{fmt(r['engine_only'], digits=2)} | "
                          f"{percent(r['engine_only_error'])} |")
     return "\n".join(lines) + "\n"
 
@@ -130,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--output-len", default="32:384")
     p.add_argument("--kv-cache-memory", default="1GiB")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--rates", type=float, nargs=2, default=None, help="the two rates (default: 40%% and 85%% of saturation)")
+    p.add_argument("--rates", type=float, nargs=2, default=None,
+                   help="the two rates (default: 40%% and 85%% of saturation)")
     p.add_argument("--fit", type=Path, default=None)
     p.add_argument("--calibrate", action="store_true", help="calibrate again even if a fit exists")
     p.add_argument("--out", type=Path, default=REPO_ROOT / "docs" / "results" / "plan-check")
@@ -158,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
         target = Target(url, COMPLETIONS_PATH, model)
         overhead = measure_overhead(args, target, console)
         flag = f"{overhead['per_step_s'] * 1e3:.3f},{overhead['per_seq_s'] * 1e3:.3f}"
-        saturation = plan(args, "--json", "--rate", "inf", "--serving-overhead", flag)["prediction"]["request_throughput"]
+        prediction = plan(args, "--json", "--rate", "inf", "--serving-overhead", flag)["prediction"]
+        saturation = prediction["request_throughput"]
         console.print(f"serving overhead: {flag} (ms per step, ms per sequence); saturation {saturation:.3f} req/s")
         rates = args.rates or [round(0.40 * saturation, 3), round(0.85 * saturation, 3)]
         engine_only = [plan(args, "--json", "--rate", str(r))["prediction"] for r in rates]

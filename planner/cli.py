@@ -136,10 +136,13 @@ def print_plan(plan: dict[str, Any]) -> None:
     if p is None:
         console.print(f"[yellow]{plan['note']}[/]")
         return
-    console.print(f"step time (s) = {' + '.join(f'{c:.3g}*{f}' for c, f in zip(plan['step_model']['coefficients'], plan['step_model']['features'], strict=True))}")
+    model = plan["step_model"]
+    terms = zip(model["coefficients"], model["features"], strict=True)
+    console.print(f"step time (s) = {' + '.join(f'{c:.3g}*{f}' for c, f in terms)}")
     console.print(f"at {p['rate']:g} req/s ({p['num_prompts']} requests, prompts {p['input_len']}, outputs "
-                  f"{p['output_len']}): {p['output_throughput']:.1f} output tok/s, {p['request_throughput']:.2f} req/s, "
-                  f"batch up to {p['max_running']}, KV usage up to {p['max_kv_usage']:.0%}, {p['preemptions']} preemptions; "
+                  f"{p['output_len']}): {p['output_throughput']:.1f} output tok/s, "
+                  f"{p['request_throughput']:.2f} req/s, batch up to {p['max_running']}, "
+                  f"KV usage up to {p['max_kv_usage']:.0%}, {p['preemptions']} preemptions; "
                   f"the whole trace takes {p['duration_s'] / 60:.1f} min")
     t = Table(title="Predicted latencies (ms)")
     for col in ("metric", "mean", "p50", "p99"):

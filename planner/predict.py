@@ -129,7 +129,7 @@ def capacity(config: SimConfig, model: StepTimeModel, workload: Workload, slo: S
 
 
 def advise(result: SimResult, summary: dict[str, Any], config: SimConfig, slo: SLO | None) -> dict[str, str]:
-    """The README's "Scaling out" rule on the simulated signals.
+    """docs/deploy.md's rule ("When to scale out, and when to scale up") on the simulated signals.
 
     Scale up (more KV memory) when KV usage sits near 1 and preemptions climb (or the
     batch is held below max_num_seqs by the cache) while ITL is still low; scale out

@@ -22,6 +22,7 @@ from server.api.protocol import (
 )
 from server.api.routes import chat, completions, service
 from server.middleware.auth import APIKeyMiddleware
+from server.middleware.content_type import JSONContentTypeMiddleware
 from server.middleware.cors import install_cors
 from server.middleware.http_limits import HeaderLimitMiddleware
 from server.middleware.response_metrics import ResponseCountMiddleware
@@ -59,6 +60,7 @@ def create_app(settings: ServerSettings, engine: EngineClient | None = None,
         app.include_router(module.router)
     install_openapi(app, [CompletionRequest, ChatCompletionRequest, TokenizeRequest,
                           DetokenizeRequest])
+    app.add_middleware(JSONContentTypeMiddleware)  # 415 for a POST body that is not JSON
     if settings.api_key:
         app.add_middleware(APIKeyMiddleware, api_key=settings.api_key)
     # Added last, so outermost: oversized headers are refused and every response counted.

@@ -17,10 +17,12 @@ from cpu_kernels import Level, Settings, build, isa, load
 from engine import envs, native
 from engine.quant import formats
 
-CPUINFO = """processor\t: 0
+XEON_FLAGS = ("fpu sse2 avx avx2 fma f16c avx512f avx512bw avx512vl avx512dq avx512_vnni avx512_bf16 "
+              "amx_tile amx_int8 amx_bf16")
+CPUINFO = f"""processor\t: 0
 vendor_id\t: GenuineIntel
 model name\t: Some Xeon
-flags\t\t: fpu sse2 avx avx2 fma f16c avx512f avx512bw avx512vl avx512dq avx512_vnni avx512_bf16 amx_tile amx_int8 amx_bf16
+flags\t\t: {XEON_FLAGS}
 processor\t: 1
 model name\t: Some Xeon
 flags\t\t: fpu

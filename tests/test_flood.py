@@ -31,7 +31,7 @@ OVERLOAD = 10.0
 MAX_IN_FLIGHT = 64
 WARM_UP = 8  # requests at once: the batch (4) and part of the queue (11)
 # A timed bound in a test only catches a refusal that waits for work (tokenizing, the engine):
-# the 50 ms p99 target itself is a measured figure (the test prints it; the README has it),
+# the 50 ms p99 target itself is a measured figure (the test prints it; docs/reliability.md has it),
 # since two cores shared by the client, the server and the engine make ~50 ms a coin toss.
 P99_429_LIMIT_S = float(os.environ.get("PAGODE_FLOOD_P99_MS", "250")) / 1000
 TIMEOUTS = ["--header-timeout", "2", "--body-timeout", "2", "--sse-send-timeout", "2"]

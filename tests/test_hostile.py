@@ -10,6 +10,7 @@ import contextlib
 import json
 import socket
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -214,6 +215,63 @@ async def test_huge_body_is_refused_fast_and_health_stays_fast(
     assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
     assert b"--max-body-bytes" in answer
     assert max(latencies) < 0.1, latencies
+
+
+POST_ROUTES = {COMPLETIONS: {"prompt": "Hi", "max_tokens": 1},
+               CHAT: {"messages": MESSAGES, "max_tokens": 1},
+               "/tokenize": {"prompt": "Hi"}, "/detokenize": {"tokens": [1, 2]}}
+# What a web page can send without a CORS preflight (and a few near misses).
+NOT_JSON = ["text/plain", "text/plain; charset=utf-8", "application/x-www-form-urlencoded",
+            "multipart/form-data; boundary=x", None, "application/jsonp", "text/json"]
+
+
+@pytest.mark.parametrize("content_type", NOT_JSON, ids=[str(c) for c in NOT_JSON])
+async def test_a_body_that_is_not_declared_json_gets_415(http: httpx.AsyncClient,
+                                                         content_type: str | None) -> None:
+    before = metric_value((await http.get("/metrics")).text, "pagode:prompt_tokens_total")
+    headers = {} if content_type is None else {"content-type": content_type}
+    for path, body in POST_ROUTES.items():
+        response = await http.post(path, content=json.dumps(body).encode(), headers=headers)
+        assert response.status_code == 415, (path, response.text[:300])
+        error = json_error(response)
+        assert error["type"] == "UnsupportedMediaTypeError" and error["code"] == 415
+        assert "application/json" in error["message"]
+    after = metric_value((await http.get("/metrics")).text, "pagode:prompt_tokens_total")
+    assert after == before  # refused before any work
+    await assert_healthy(http)
+
+
+@pytest.mark.parametrize("content_type", ["application/json; charset=utf-8",
+                                          "Application/JSON", "application/json;charset=UTF-8"])
+async def test_json_with_parameters_is_served(http: httpx.AsyncClient, content_type: str) -> None:
+    for path, body in POST_ROUTES.items():
+        response = await http.post(path, content=json.dumps(body).encode(),
+                                   headers={"content-type": content_type})
+        assert response.status_code == 200, (path, response.text[:300])
+
+
+async def chunks_of(data: bytes, size: int = 2**20) -> AsyncIterator[bytes]:
+    for start in range(0, len(data), size):
+        yield data[start:start + size]
+
+
+@pytest.mark.parametrize("shape", ["16MiB-prompt", "10MiB-token-list", "16MiB-chunked"])
+async def test_a_huge_body_gets_its_413_not_a_reset(server: ServerProcess,
+                                                    http: httpx.AsyncClient, shape: str) -> None:
+    """The client reads the 413 (the server drains what it still sends, then closes),
+    with a real client, whether the size is declared up front or not."""
+    if shape == "10MiB-token-list":
+        body = json.dumps({"prompt": [11] * (10 * 2**20 // 4)}).encode()
+    else:
+        body = b'{"prompt": "' + b"a" * (16 * 2**20) + b'"}'
+    content: bytes | AsyncIterator[bytes] = chunks_of(body) if shape.endswith("chunked") else body
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=60.0) as client:
+        response = await client.post(COMPLETIONS, content=content,
+                                     headers={"content-type": "application/json"})
+    assert response.status_code == 413, response.text[:300]
+    error = json_error(response)
+    assert error["type"] == "RequestTooLargeError" and "--max-body-bytes" in error["message"]
+    await assert_healthy(http)
 
 
 async def test_huge_header_gets_431(server: ServerProcess, http: httpx.AsyncClient) -> None:

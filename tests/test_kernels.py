@@ -86,7 +86,8 @@ DECODE_CASES = [
 
 @needs_triton
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("case", DECODE_CASES, ids=lambda c: f"kvh{c[0]}-g{c[1]}-d{c[2]}-bs{c[3]}-{str(c[4])[6:]}-s{c[6]}")
+@pytest.mark.parametrize("case", DECODE_CASES,
+                         ids=lambda c: f"kvh{c[0]}-g{c[1]}-d{c[2]}-bs{c[3]}-{str(c[4])[6:]}-s{c[6]}")
 def test_paged_decode_matches_reference(device: str, case: tuple) -> None:
     kv_heads, group, head_dim, block_size, dtype, fixed, num_splits = case
     gen = torch.Generator().manual_seed(sum(fixed) + group)

@@ -170,7 +170,8 @@ def load(out: Path) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("endpoint", ["/v1/completions", "/v1/chat/completions"])
-def test_runs_against_a_llama_server_like_stream(tmp_path: Path, endpoint: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_runs_against_a_llama_server_like_stream(tmp_path: Path, endpoint: str,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
     toy = ToyServer()
     with serve(toy) as url:
         code = main(["--url", url + "/v1", "--endpoint", endpoint, "--rate", "30", "60",

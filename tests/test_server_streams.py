@@ -197,3 +197,17 @@ async def test_non_streaming_disconnect_aborts(http: httpx.AsyncClient,
     assert metric_value(after, "pagode:request_success_total",
                         {"finished_reason": "abort"}) == aborts_before + 1
     assert metric_value(after, "pagode:kv_cache_usage_perc") == 0
+    # Counted as what it is, nginx's 499, never as a server error.
+    assert responses(after, "499", "ClientClosedRequestError") == \
+        responses(before, "499", "ClientClosedRequestError") + 1
+    assert responses(after, "500", "InternalServerError") == \
+        responses(before, "500", "InternalServerError")
+    assert "Exception in ASGI application" not in server.log()
+
+
+def responses(text: str, code: str, error_type: str) -> float:
+    try:
+        return metric_value(text, "pagode:http_responses_total",
+                            {"code": code, "error_type": error_type})
+    except KeyError:
+        return 0.0

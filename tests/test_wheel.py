@@ -3,10 +3,10 @@ defaults, installed from that wheel into a fresh venv, compiles its kernels from
 wheel's sources and answers a completion.
 
 An editable install (make, CI) hides a wheel that lacks a source the kernels compile at
-run time; this test does not use it, and builds from a clean copy of the tree. Nothing is downloaded: the wheel builds with the
-project venv's setuptools, and the fresh venv sees the project venv's site-packages
-(torch, fastapi, the model, ...) through a .pth path line. A path line adds the directory
-only and does not run the .pth files inside it, so the editable install of the source
+run time; this test does not use it, and builds from a clean copy of the tree. Nothing is
+downloaded: the wheel builds with the project venv's setuptools, and the fresh venv sees
+the project venv's site-packages (torch, fastapi, the model, ...) through a .pth path line.
+A path line adds the directory only and does not run the .pth files inside it, so the editable install of the source
 tree stays out, which the test checks.
 """
 

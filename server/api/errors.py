@@ -26,8 +26,10 @@ ERROR_TYPES = {
     405: "MethodNotAllowedError",
     408: "RequestTimeoutError",
     413: "RequestTooLargeError",
+    415: "UnsupportedMediaTypeError",
     431: "RequestHeaderFieldsTooLargeError",
     429: "RateLimitError",
+    499: "ClientClosedRequestError",  # nginx's code: the client left before the answer
     500: "InternalServerError",
     503: "ServiceUnavailableError",
 }
@@ -59,7 +61,14 @@ def bad_request(message: str, param: str | None = None) -> APIError:
 
 
 def error_type(status: int) -> str:
-    return ERROR_TYPES.get(status) or HTTPStatus(status).phrase.replace(" ", "") + "Error"
+    """The OpenAI-style error type of a status; never raises (a status that HTTPStatus
+    does not know, such as nginx's 499, would otherwise fail the response counter)."""
+    if status in ERROR_TYPES:
+        return ERROR_TYPES[status]
+    try:
+        return HTTPStatus(status).phrase.replace(" ", "").replace("-", "") + "Error"
+    except ValueError:
+        return f"HTTP{status}Error"
 
 
 def error_body(status: int, message: str, param: str | None = None) -> dict[str, Any]:

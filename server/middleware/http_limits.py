@@ -6,6 +6,11 @@
   head within --header-timeout seconds of connecting (or of its previous response), or it
   is closed. uvicorn only times out idle keep-alive connections, so 20 clients sending half
   a header would otherwise hold 20 connections forever.
+- Lingering close, as nginx's: when the server answers before the client has sent its
+  whole body (413 on a 16 MiB body, 415) and closes, closing at once with unread bytes in
+  the socket makes the kernel send a reset, and the client loses the answer it has not read
+  yet. So the server half-closes (FIN after the answer), reads and discards what still
+  comes for a bounded time and size, then closes.
 
 uvicorn's own `limit_concurrency` (503 past N connections + tasks) and
 `timeout_keep_alive` are set from flags in server/cli.py; the body deadline is in
@@ -17,6 +22,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import h11
 from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
@@ -41,15 +47,90 @@ class HeaderLimitMiddleware:
         await self.app(scope, receive, send)
 
 
+LINGER_IDLE_S = 2.0  # nginx's lingering_timeout: at most this long between two reads
+LINGER_MAX_S = 10.0  # nginx's lingering_time: at most this long in all
+LINGER_MAX_BYTES = 256 * 2**20  # then close anyway
+
+
+class LingeringTransport:
+    """The connection's transport as uvicorn sees it: `close()` lingers while the client is
+    still sending its body; everything else goes to the real transport."""
+
+    def __init__(self, transport: Any, protocol: Any) -> None:
+        self.real = transport
+        self.protocol = protocol
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+    def close(self) -> None:
+        if not self.protocol.lingering and self.protocol.client_still_sending():
+            self.protocol.start_lingering()
+        elif not self.protocol.lingering:
+            self.real.close()
+
+    def is_closing(self) -> bool:
+        return bool(self.protocol.lingering or self.real.is_closing())
+
+
 def timed_h11_protocol(header_timeout_s: float) -> type[H11Protocol]:
-    """uvicorn's h11 protocol with a deadline on each request head."""
+    """uvicorn's h11 protocol with a deadline on each request head and a lingering close."""
 
     class TimedH11Protocol(H11Protocol):
         head_timer: asyncio.TimerHandle | None = None
+        lingering = False
+        linger_timer: asyncio.TimerHandle | None = None
+        linger_deadline = 0.0
+        linger_bytes = 0
 
         def connection_made(self, transport: Any) -> None:  # type: ignore[override]
-            super().connection_made(transport)
+            super().connection_made(LingeringTransport(transport, self))  # type: ignore[arg-type]
             self.arm_head_timer()
+
+        def real_transport(self) -> Any:
+            return self.transport.real  # type: ignore[attr-defined]
+
+        def client_still_sending(self) -> bool:
+            return bool(self.conn.their_state is h11.SEND_BODY)
+
+        def start_lingering(self) -> None:
+            """Half-close after the answer, then read and discard until the client is done."""
+            self.lingering = True
+            self.cancel_head_timer()
+            real = self.real_transport()
+            if real.can_write_eof():
+                real.write_eof()  # sent once the answer has left the buffer
+            real.resume_reading()
+            self.linger_deadline = self.loop.time() + LINGER_MAX_S
+            self.arm_linger_timer()
+
+        def arm_linger_timer(self) -> None:
+            if self.linger_timer is not None:
+                self.linger_timer.cancel()
+            self.linger_timer = self.loop.call_later(LINGER_IDLE_S, self.stop_lingering)
+
+        def stop_lingering(self) -> None:
+            if self.linger_timer is not None:
+                self.linger_timer.cancel()
+                self.linger_timer = None
+            self.real_transport().close()
+
+        def data_received(self, data: bytes) -> None:
+            if not self.lingering:
+                super().data_received(data)
+                return
+            self.linger_bytes += len(data)
+            if (self.linger_bytes > LINGER_MAX_BYTES
+                    or self.loop.time() > self.linger_deadline):
+                self.stop_lingering()
+            else:
+                self.arm_linger_timer()
+
+        def eof_received(self) -> None:
+            if self.lingering:
+                self.stop_lingering()
+                return
+            super().eof_received()
 
         def arm_head_timer(self) -> None:
             self.cancel_head_timer()
@@ -80,6 +161,8 @@ def timed_h11_protocol(header_timeout_s: float) -> type[H11Protocol]:
 
         def connection_lost(self, exc: Exception | None) -> None:
             self.cancel_head_timer()
+            if self.linger_timer is not None:
+                self.linger_timer.cancel()
             super().connection_lost(exc)
 
     return TimedH11Protocol

@@ -1,0 +1,42 @@
+"""POST bodies must say they are JSON: anything else gets 415 before any work starts.
+
+A web page can send `text/plain`, a form or a typeless Blob to a local server without a CORS
+preflight (the "simple requests" of the Fetch standard), so a server that parses such a
+body as JSON can be driven by any page its user visits: the CSRF hole that FastAPI closed
+for its own JSON bodies in 0.65.2. pagode parses bodies itself (server/api/body.py), so it
+closes the hole here, on every POST route: `application/json`, with parameters such as
+`charset`, and nothing else.
+"""
+
+from __future__ import annotations
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from server.api.errors import error_response
+
+JSON = "application/json"
+
+
+def media_type(headers: list[tuple[bytes, bytes]]) -> str | None:
+    """The request's media type, lower-cased and without parameters; None when absent."""
+    for name, value in headers:
+        if name.lower() == b"content-type":
+            return value.decode("latin-1").split(";", 1)[0].strip().lower()
+    return None
+
+
+class JSONContentTypeMiddleware:
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            given = media_type(scope["headers"])
+            if given != JSON:
+                shown = "no Content-Type" if given is None else f"Content-Type {given[:60]!r}"
+                response = error_response(
+                    415, f"The request body must be JSON: send Content-Type: {JSON} "
+                    f"(got {shown}).", "Content-Type", headers={"Connection": "close"})
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
