@@ -18,10 +18,17 @@ class EngineInfo:
     attention: str  # the attention backend's name
     kv_cache_dtype: str  # fp32, fp16 or bf16
     kv_tokens_per_gib: int
+    cpu: str  # the CPU's model name
+    cpu_isa: str  # the ISA level the CPU kernels are built for (baseline, avx2, avx512, amx)
+    cpu_flags: str  # the ISA flags that matter, space-separated
 
     @property
     def kv_tokens(self) -> int:
         return self.num_blocks * self.block_size
+
+    def cpu_labels(self) -> dict[str, str]:
+        """The labels of pagode's cpu_info gauge."""
+        return {"cpu": self.cpu, "isa": self.cpu_isa, "flags": self.cpu_flags}
 
     def cache_labels(self) -> dict[str, str]:
         """The labels of vLLM's cache_config_info gauge."""

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from engine import prompt_logprobs
+from engine import native, prompt_logprobs
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig, dtype_name
 from engine.detokenizer import IncrementalDetokenizer
@@ -42,6 +42,8 @@ class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         torch.manual_seed(config.seed)
+        self.cpu = native.cpu_target()
+        log.info("CPU: %s", self.cpu.describe())
         self.source = resolve_model(config.model)
         self.model_name = self.source.name
         self.model_config = read_config(self.source)
@@ -337,7 +339,8 @@ class LLMEngine:
             max_model_len=self.max_model_len, batching=self.config.batching,
             device=str(self.runner.device), dtype=str(self.runner.dtype).removeprefix("torch."),
             attention=self.runner.backend.name, kv_cache_dtype=dtype_name(self.runner.kv_dtype),
-            kv_tokens_per_gib=self.kv_tokens_per_gib)
+            kv_tokens_per_gib=self.kv_tokens_per_gib, cpu=self.cpu.model, cpu_isa=self.cpu.target,
+            cpu_flags=" ".join(self.cpu.flags))
 
 
 @dataclass

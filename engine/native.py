@@ -10,9 +10,12 @@ pure-torch paths for None. The library itself is built and opened once per setti
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from cpu_kernels import Level, Library, Settings, load
 from cpu_kernels.decode_step import DecodeStep
 from cpu_kernels.fused_ops import FusedOps
+from cpu_kernels.isa import detect, target_level
 from cpu_kernels.paged_attention import PagedAttention
 from cpu_kernels.quant_linear import BlockLinear
 from engine import envs
@@ -22,6 +25,30 @@ def settings() -> Settings:
     cap = envs.CPU_ISA.get()
     return Settings(cache_dir=envs.CACHE_DIR.get() / "kernels",
                     isa_cap=None if cap is None else Level.parse(cap), compiler=envs.CXX.get())
+
+
+@dataclass(frozen=True)
+class CpuTarget:
+    """What this CPU can run and what pagode's kernels target on it (PAGODE_CPU_ISA caps it)."""
+
+    model: str
+    flags: tuple[str, ...]  # the ISA flags that matter here, as /proc/cpuinfo lists them
+    detected: str  # the highest level the CPU (and, for AMX, the OS) allows
+    target: str  # the level the kernels are built for
+    cap: str | None
+    amx_permitted: bool
+
+    def describe(self) -> str:
+        capped = "" if self.cap is None else f", capped by PAGODE_CPU_ISA={self.cap}"
+        return (f"{self.model or 'unknown CPU'}: can run {self.detected}, kernels for "
+                f"{self.target}{capped} (flags: {' '.join(self.flags) or 'none of the known ones'})")
+
+
+def cpu_target() -> CpuTarget:
+    cpu, cap = detect(), settings().isa_cap
+    return CpuTarget(cpu.model, tuple(sorted(cpu.flags)), cpu.level.label,
+                     target_level(cpu, cap).label, None if cap is None else cap.label,
+                     cpu.amx_permitted)
 
 
 def library() -> Library | None:

@@ -73,8 +73,11 @@ def build_plan(args: argparse.Namespace) -> dict[str, Any]:
     kv_dtype, w_dtype = device_dtypes(config)
     mem = plan_memory(cfg, parse_bytes(args.kv_cache_memory), kv_dtype, w_dtype, args.block_size)
     max_len = args.max_model_len or min(cfg.max_position_embeddings, 2048, mem.kv_tokens)
+    from engine import native
+
+    cpu = native.cpu_target().describe() if device == "cpu" else None
     plan: dict[str, Any] = {
-        "model": source.name, "device": device, "kv_cache_dtype": kv_dtype, "weights_dtype": w_dtype,
+        "model": source.name, "device": device, "cpu": cpu, "kv_cache_dtype": kv_dtype, "weights_dtype": w_dtype,
         "memory": {"kv_bytes_per_token": mem.kv_bytes_per_token, "kv_cache_bytes": parse_bytes(args.kv_cache_memory),
                    "num_blocks": mem.num_blocks, "kv_tokens": mem.kv_tokens, "parameters": mem.parameters,
                    "weights_bytes": mem.weights_bytes,
@@ -122,6 +125,8 @@ def print_plan(plan: dict[str, Any]) -> None:
 
     console = Console()
     m = plan["memory"]
+    if plan.get("cpu"):
+        console.print(f"CPU: {plan['cpu']}")
     console.print(f"[bold]{plan['model']}[/] on {plan['device']}: weights {m['parameters'] / 1e6:.0f} M "
                   f"params = {m['weights_bytes'] / 2**20:,.0f} MiB ({plan['weights_dtype']}); KV "
                   f"{m['kv_bytes_per_token']:,} B/token ({plan['kv_cache_dtype']}) -> {m['num_blocks']:,} "

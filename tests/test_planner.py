@@ -259,6 +259,9 @@ def test_pagode_plan_json(calibrated: Path, capsys: pytest.CaptureFixture[str]) 
                "--num-prompts", "20", "--rate", "0.5", "--slo", "ttft=60000,itl=60000", "--json"])
     assert rc == 0
     plan = json.loads(capsys.readouterr().out)
+    from engine import native
+
+    assert plan["cpu"] == native.cpu_target().describe()  # the device line names the CPU
     # the KV dtype pagode serve uses on the CPU by default (auto: fp16), 2 bytes a value
     assert plan["kv_cache_dtype"] == "fp16"
     assert plan["memory"]["kv_bytes_per_token"] == 23_040

@@ -166,6 +166,7 @@ class ServerMetrics:
             build_power_of_2_buckets(max_num_batched_tokens), labels)
         if cache_info:
             self._cache_config_info(cache_info)
+            self._cpu_info(cache_info)
         for reason in FINISH_REASONS:  # present from the start, at 0
             self.request_success.labels(model_name, reason)
         for reason in REJECT_REASONS:
@@ -175,6 +176,13 @@ class ServerMetrics:
         """vLLM's cache_config_info: a constant 1 whose labels are the KV cache's real shape."""
         labels = info.cache_labels()
         gauge = Gauge(PREFIX + "cache_config_info", "KV cache configuration (labels; value 1).",
+                      ["model_name", *labels], registry=self.registry)
+        gauge.labels(self.model_name, *labels.values()).set(1)
+
+    def _cpu_info(self, info: EngineInfo) -> None:
+        """A constant 1 whose labels say which CPU serves and which kernels it runs."""
+        labels = info.cpu_labels()
+        gauge = Gauge(PREFIX + "cpu_info", "The CPU and the ISA level of its kernels (labels; value 1).",
                       ["model_name", *labels], registry=self.registry)
         gauge.labels(self.model_name, *labels.values()).set(1)
 
