@@ -44,6 +44,15 @@ def _cpu_isa(text: str) -> str | None:
     return text.strip().lower()
 
 
+def _choice(*allowed: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        value = text.strip().lower()
+        if value not in allowed:
+            raise ValueError(f"expected one of {', '.join(allowed)}")
+        return value
+    return parse
+
+
 @dataclass(frozen=True)
 class EnvVar(Generic[T]):
     """One variable: its name, how its text is parsed, its default and what it does."""
@@ -91,8 +100,9 @@ ATTENTION_BACKEND: EnvVar[str | None] = EnvVar(
     "torch, sdpa or triton; overrides the device's default (torch on CPU, triton on CUDA) when "
     "--attention-backend is not given.")
 QUANT_GEMM: EnvVar[str] = EnvVar(
-    "PAGODE_QUANT_GEMM", str, "fp32",
-    "The many-tokens path of quantized layers: fp32 (BLAS) or fbgemm (int8; to measure it "
+    "PAGODE_QUANT_GEMM", _choice("auto", "fp32", "bf16", "fbgemm"), "auto",
+    "The many-tokens path of quantized layers: auto (fp32 BLAS or bf16 on oneDNN, raced at "
+    "load where the CPU has bf16 dot products), fp32, bf16, or fbgemm (int8; to measure it "
     "only, it fails the quality gate).")
 QUANT_CROSSOVER: EnvVar[int | None] = EnvVar(
     "PAGODE_QUANT_CROSSOVER", _optional_int, None,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,8 +20,10 @@ from engine.config import EngineConfig
 from engine.llm import LLM
 from engine.model.gguf_file import GGUFModel
 from engine.outputs import RequestTimes
-from engine.quant import apply, dispatch, formats, quality
+from engine.quant import apply, dispatch, formats, gemm_choice, quality
+from engine.quant.bf16_gemm import Bf16Gemm
 from engine.quant.dense_gemm import DenseGemm
+from engine.quant.int8_gemm import Int8Gemm
 from engine.quant.linear import QuantLinear
 from engine.quant.modes import resolve_mode
 from engine.sampling_params import SamplingParams
@@ -137,6 +140,39 @@ def test_a_layer_keeps_the_dense_copy_only_if_its_crossover_can_pick_it(monkeypa
         assert (layer.blocks is not None, layer.gemm is not None) == (has_blocks, has_dense)
 
 
+def test_bf16_gemm_is_close_to_fp32() -> None:
+    torch.manual_seed(0)
+    w, bias, x = torch.randn(96, 64), torch.randn(96), torch.randn(40, 64)
+    got, want = Bf16Gemm(w, bias)(x), F.linear(x, w, bias)
+    assert got.dtype == torch.float32 and got.shape == want.shape
+    assert (got - want).abs().max() <= 0.02 * want.abs().max()  # bf16 keeps 8 bits of mantissa
+    assert Bf16Gemm(w).nbytes == w.numel() * 2
+
+
+def test_the_big_step_gemm_race_picks_the_faster_candidate() -> None:
+    def slow(x: torch.Tensor) -> torch.Tensor:
+        time.sleep(0.005)
+        return x
+
+    assert gemm_choice.race({"fp32": slow, "bf16": lambda x: x}, 8) == "bf16"
+    assert gemm_choice.race({"fp32": lambda x: x, "bf16": slow}, 8) == "fp32"
+
+
+@pytest.mark.parametrize(("pinned", "kind"), [("fp32", DenseGemm), ("bf16", Bf16Gemm), ("fbgemm", Int8Gemm)])
+def test_a_pinned_big_step_gemm_is_used(monkeypatch: pytest.MonkeyPatch, pinned: str, kind: type) -> None:
+    monkeypatch.setenv("PAGODE_QUANT_GEMM", pinned)
+    assert isinstance(gemm_choice.choose_gemm(torch.randn(64, 64), None), kind)
+
+
+def test_without_bf16_dot_products_fp32_is_kept_untimed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PAGODE_QUANT_GEMM", "auto")
+    monkeypatch.setenv("PAGODE_CPU_ISA", "avx2")  # below AVX512-BF16 on any CPU
+    monkeypatch.setattr(gemm_choice, "_winners", {})
+    assert not gemm_choice.bf16_can_win()
+    assert isinstance(gemm_choice.choose_gemm(torch.randn(64, 64), None), DenseGemm)
+    assert gemm_choice.winners() == {}  # no race was run
+
+
 def test_modes_resolve_per_device() -> None:
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert resolve_mode("auto", cpu, torch.float32)[0] == "int4"
@@ -213,8 +249,18 @@ def prose_and_fp32() -> tuple[list[int], quality.Reading]:
     return ids, quality.read_text(llm, ids)
 
 
-@pytest.fixture(scope="module", params=["int8", "auto"])
+# (mode, PAGODE_QUANT_GEMM): every big-step GEMM that a CPU can pick is held to the gate;
+# bf16 is pinned here because only a CPU with bf16 dot products would pick it by itself.
+GATED = [("int8", "auto"), ("auto", "auto"), ("auto", "bf16")]
+
+
+@pytest.fixture(scope="module", params=GATED, ids=[f"{m}-gemm_{g}" for m, g in GATED])
 def quantized(request: pytest.FixtureRequest) -> Iterator[tuple[str, LLM, list[str]]]:
+    mode, gemm = request.param
+    if gemm == "bf16" and not gemm_choice.bf16_can_win():
+        # Such a CPU never picks bf16 (the race leaves it out), and emulated bf16 reads the
+        # gate's text 8-10x slower than fp32; the CPUs that can pick it run this gate.
+        pytest.skip("this CPU has no bf16 dot products (AVX512-BF16 or AMX-BF16), so never picks bf16")
     records = Records()
     logger = logging.getLogger("pagode")
     logger.addHandler(records)
@@ -222,20 +268,25 @@ def quantized(request: pytest.FixtureRequest) -> Iterator[tuple[str, LLM, list[s
     logger.setLevel(logging.INFO)
     # Keep both kernels in every layer, whatever this machine's measured crossover, so the gate
     # can read the text through each.
-    saved_cache, saved_env = dispatch._cache, os.environ.get("PAGODE_QUANT_CROSSOVER")
+    saved_cache = dispatch._cache
+    saved_env = {k: os.environ.get(k) for k in ("PAGODE_QUANT_CROSSOVER", "PAGODE_QUANT_GEMM")}
     dispatch._cache = {}
     os.environ["PAGODE_QUANT_CROSSOVER"] = "16"
+    os.environ["PAGODE_QUANT_GEMM"] = gemm
     try:
-        llm = LLM(quantization=request.param, **LLM_ARGS)  # type: ignore[arg-type]
+        llm = LLM(quantization=mode, **LLM_ARGS)  # type: ignore[arg-type]
     finally:
         logger.removeHandler(records)
         logger.setLevel(level)
         dispatch._cache = saved_cache
-        if saved_env is None:
-            os.environ.pop("PAGODE_QUANT_CROSSOVER", None)
-        else:
-            os.environ["PAGODE_QUANT_CROSSOVER"] = saved_env
-    yield request.param, llm, records.messages
+        for key, value in saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    if gemm == "bf16":
+        assert any("MiB of bf16 weights for big steps" in m for m in records.messages), records.messages
+    yield mode, llm, records.messages
 
 
 def test_quantized_modes_pass_the_quality_gate(prose_and_fp32: tuple[list[int], quality.Reading],

@@ -16,10 +16,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from engine import envs, native
+from engine import native
 from engine.quant import dispatch, formats
+from engine.quant.bf16_gemm import Bf16Gemm
 from engine.quant.dense_gemm import DenseGemm
 from engine.quant.formats import BlockWeights, Kind
+from engine.quant.gemm_choice import Gemm, choose_gemm
 from engine.quant.int8_gemm import Int8Gemm
 from engine.quant.linear import QuantLinear
 from engine.quant.modes import weight_kind
@@ -40,12 +42,14 @@ class QuantReport:
     dense_bytes: int = 0
     kept_fp32: list[str] = field(default_factory=list)
     crossovers: dict[str, int] = field(default_factory=dict)  # "kind NxK" -> max kernel tokens
+    gemms: dict[str, str] = field(default_factory=dict)  # "NxK" -> the big-step GEMM (fp32, bf16)
 
     def summary(self) -> str:
         cross = ", ".join(f"{k}: <= {v if v < dispatch.NO_LIMIT else 'all'}" for k, v in self.crossovers.items())
+        kinds = "+".join(sorted(set(self.gemms.values()))) or "no"
         return (f"{self.layers} linear layers ({self.from_gguf} from the GGUF's own blocks); resident "
                 f"{self.block_bytes / 2**20:.0f} MiB of block weights + {self.dense_bytes / 2**20:.0f} MiB "
-                f"of fp32 weights for big steps; block kernel up to [{cross}] tokens per call")
+                f"of {kinds} weights for big steps; block kernel up to [{cross}] tokens per call")
 
 
 def quantize_model(model: nn.Module, mode: str, raw: RawBlocks | None = None, max_tokens: int = 512) -> QuantReport:
@@ -59,15 +63,13 @@ def quantize_model(model: nn.Module, mode: str, raw: RawBlocks | None = None, ma
             continue
         kind = weight_kind(mode, is_lm_head=name == "lm_head")
         blocks = gguf_blocks(shard_names(name, tied), kind, raw or {})
-        dense: DenseGemm | Int8Gemm
         if blocks is not None:  # the loaded fp32 weight is exactly what the blocks stand for
             report.from_gguf += 1
-            dense = DenseGemm(linear.weight, linear.bias, shared=name == "lm_head" and tied)
+            dense = choose_gemm(linear.weight, linear.bias, shared=name == "lm_head" and tied)
         else:
             blocks = formats.quantize(linear.weight.detach().float(), kind)
-            dense = DenseGemm(formats.dequantize(blocks), linear.bias)
-        if envs.QUANT_GEMM.get() == "fbgemm":  # only to measure it: it fails the gate
-            dense = Int8Gemm(formats.dequantize(blocks), linear.bias)
+            dense = choose_gemm(formats.dequantize(blocks), linear.bias)
+        report.gemms[f"{dense.out_features}x{dense.in_features}"] = gemm_name(dense)
         layer = build_layer(blocks, dense, linear.bias, max_tokens, report)
         _set_module(model, name, layer)
         report.layers += 1
@@ -78,7 +80,11 @@ def quantize_model(model: nn.Module, mode: str, raw: RawBlocks | None = None, ma
     return report
 
 
-def build_layer(blocks: BlockWeights, dense: DenseGemm | Int8Gemm, bias: torch.Tensor | None, max_tokens: int,
+def gemm_name(gemm: Gemm) -> str:
+    return {DenseGemm: "fp32", Bf16Gemm: "bf16", Int8Gemm: "fbgemm"}[type(gemm)]
+
+
+def build_layer(blocks: BlockWeights, dense: Gemm, bias: torch.Tensor | None, max_tokens: int,
                 report: QuantReport) -> QuantLinear:
     """Measure this shape's crossover; keep the dense copy only if steps of <= max_tokens can pick it.
 
