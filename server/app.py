@@ -9,6 +9,7 @@ import logging
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
+from fastapi.routing import APIRoute
 from sse_starlette.sse import AppStatus
 
 from engine.config import EngineConfig
@@ -60,7 +61,9 @@ def create_app(settings: ServerSettings, engine: EngineClient | None = None,
         app.include_router(module.router)
     install_openapi(app, [CompletionRequest, ChatCompletionRequest, TokenizeRequest,
                           DetokenizeRequest])
-    app.add_middleware(JSONContentTypeMiddleware)  # 415 for a POST body that is not JSON
+    post_paths = {route.path for module in (completions, chat, service) for route in module.router.routes
+                  if isinstance(route, APIRoute) and "POST" in (route.methods or set())}
+    app.add_middleware(JSONContentTypeMiddleware, paths=post_paths)  # 415 unless the body is JSON
     if settings.api_key:
         app.add_middleware(APIKeyMiddleware, api_key=settings.api_key)
     # Added last, so outermost: oversized headers are refused and every response counted.

@@ -26,11 +26,14 @@ def media_type(headers: list[tuple[bytes, bytes]]) -> str | None:
 
 
 class JSONContentTypeMiddleware:
-    def __init__(self, app: ASGIApp) -> None:
+    """On the app's POST routes (`paths`); any other path keeps its 404 or 405."""
+
+    def __init__(self, app: ASGIApp, paths: set[str]) -> None:
         self.app = app
+        self.paths = frozenset(paths)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST":
+        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in self.paths:
             given = media_type(scope["headers"])
             if given != JSON:
                 shown = "no Content-Type" if given is None else f"Content-Type {given[:60]!r}"
