@@ -14,6 +14,23 @@ pytest_plugins = [p for p in ("server_fixtures",)
                   if os.path.exists(os.path.join(os.path.dirname(__file__), f"{p}.py"))]
 
 
+def allowed_isa_caps() -> list[str]:
+    """The PAGODE_CPU_ISA values this machine can run: its own level and each one below it,
+    from avx2 (on a CPU below AVX2 the cap changes nothing: the baseline build runs)."""
+    from cpu_kernels.isa import Level, detect
+
+    own = detect().level
+    return [lvl.label for lvl in (Level.AVX2, Level.AVX512, Level.AMX) if lvl <= own] or ["avx2"]
+
+
+@pytest.fixture(params=allowed_isa_caps())
+def isa_cap(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run the test once per ISA cap this machine allows, so that an AVX-512 or AMX machine
+    also runs the lower levels' kernels (each cap builds and loads its own library)."""
+    monkeypatch.setenv("PAGODE_CPU_ISA", request.param)
+    return str(request.param)
+
+
 @pytest.fixture(scope="session")
 def default_model_path() -> str:
     from engine.model.loader import default_model_path as find

@@ -13,6 +13,8 @@ from engine.attention.metadata import AttentionMetadata
 from engine.attention.sdpa_backend import SdpaAttentionBackend
 from engine.attention.torch_backend import TorchAttentionBackend
 
+pytestmark = pytest.mark.usefixtures("isa_cap")  # every kernel under each cap the machine allows
+
 
 def _case(seed: int, lens: list[int], q_lens: list[int], heads: int, kv_heads: int, head_dim: int,
           block_size: int) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:

@@ -11,6 +11,7 @@ from engine import native
 from engine.model import fused_ops
 from engine.model.layers import RMSNorm, RotaryEmbedding, SiluAndMul
 
+pytestmark = pytest.mark.usefixtures("isa_cap")  # every kernel under each cap the machine allows
 needs_kernels = pytest.mark.skipif(native.fused_ops() is None or native.paged_attention() is None,
                                    reason="no C++ compiler: the fused kernels are not built here")
 

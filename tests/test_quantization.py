@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import allowed_isa_caps
 from tiny_models import save_tiny_model
 
 from cpu_kernels.quant_linear import BlockLinear
@@ -54,7 +55,7 @@ def quantized_activations(x: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("shape", SHAPES)
-def test_block_kernel_matches_the_dequantized_matmul(kind: str, shape: tuple[int, int]) -> None:
+def test_block_kernel_matches_the_dequantized_matmul(kind: str, shape: tuple[int, int], isa_cap: str) -> None:
     torch.manual_seed(sum(shape))
     n, k = shape
     w = formats.quantize(torch.randn(n, k) * 0.05, kind)  # type: ignore[arg-type]
@@ -251,16 +252,16 @@ def prose_and_fp32() -> tuple[list[int], quality.Reading]:
 
 # (mode, PAGODE_QUANT_GEMM): every big-step GEMM that a CPU can pick is held to the gate;
 # bf16 is pinned here because only a CPU with bf16 dot products would pick it by itself.
-GATED = [("int8", "auto"), ("auto", "auto"), ("auto", "bf16")]
+# Every mode at the machine's own level; the default mode also under each lower cap, so that
+# an AVX-512 or AMX machine holds the AVX2 paths to the gate too (a read costs about a minute).
+CAPS = allowed_isa_caps()
+GATED = [("int8", "auto", CAPS[-1]), ("auto", "auto", CAPS[-1]), ("auto", "bf16", CAPS[-1]),
+         *[("auto", "auto", cap) for cap in CAPS[:-1]]]
 
 
-@pytest.fixture(scope="module", params=GATED, ids=[f"{m}-gemm_{g}" for m, g in GATED])
+@pytest.fixture(scope="module", params=GATED, ids=[f"{m}-gemm_{g}-{c}" for m, g, c in GATED])
 def quantized(request: pytest.FixtureRequest) -> Iterator[tuple[str, LLM, list[str]]]:
-    mode, gemm = request.param
-    if gemm == "bf16" and not gemm_choice.bf16_can_win():
-        # Such a CPU never picks bf16 (the race leaves it out), and emulated bf16 reads the
-        # gate's text 8-10x slower than fp32; the CPUs that can pick it run this gate.
-        pytest.skip("this CPU has no bf16 dot products (AVX512-BF16 or AMX-BF16), so never picks bf16")
+    mode, gemm, cap = request.param
     records = Records()
     logger = logging.getLogger("pagode")
     logger.addHandler(records)
@@ -269,11 +270,16 @@ def quantized(request: pytest.FixtureRequest) -> Iterator[tuple[str, LLM, list[s
     # Keep both kernels in every layer, whatever this machine's measured crossover, so the gate
     # can read the text through each.
     saved_cache = dispatch._cache
-    saved_env = {k: os.environ.get(k) for k in ("PAGODE_QUANT_CROSSOVER", "PAGODE_QUANT_GEMM")}
+    saved_env = {k: os.environ.get(k) for k in ("PAGODE_QUANT_CROSSOVER", "PAGODE_QUANT_GEMM", "PAGODE_CPU_ISA")}
     dispatch._cache = {}
     os.environ["PAGODE_QUANT_CROSSOVER"] = "16"
     os.environ["PAGODE_QUANT_GEMM"] = gemm
+    os.environ["PAGODE_CPU_ISA"] = cap  # the model's kernels are bound at load, under this cap
     try:
+        if gemm == "bf16" and not gemm_choice.bf16_can_win():
+            # Such a CPU (or cap) never picks bf16 (the race leaves it out), and emulated bf16
+            # reads the gate's text 8-10x slower than fp32; the CPUs that can pick it run this.
+            pytest.skip("no bf16 dot products (AVX512-BF16 or AMX-BF16) under this cap: bf16 is never picked")
         llm = LLM(quantization=mode, **LLM_ARGS)  # type: ignore[arg-type]
     finally:
         logger.removeHandler(records)
