@@ -24,12 +24,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
-import os
-import subprocess
 import sys
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,7 +33,7 @@ from typing import Any
 from loadgen.bench import Settings
 from loadgen.cli import make_console, run_loadgen
 from loadgen.client import Target
-from loadgen.server_process import REPO_ROOT, free_port, serve_command, stop, wait_healthy
+from loadgen.server_process import REPO_ROOT, running_command, serve_command
 
 SEED = 0
 SERVED_NAME = "SmolLM2-135M-Instruct"
@@ -107,23 +103,6 @@ def server_command(name: str, port: int, args: argparse.Namespace) -> list[str]:
             "--no-enable-log-requests"]
 
 
-@contextlib.contextmanager
-def running(name: str, args: argparse.Namespace) -> Iterator[str]:
-    port = free_port()
-    log = args.out / f"{name}.server.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "VLLM_CPU_KVCACHE_SPACE": str(args.vllm_kv_gib)}
-    with log.open("wb") as out:
-        proc = subprocess.Popen(server_command(name, port, args), cwd=REPO_ROOT, stdout=out,
-                                stderr=subprocess.STDOUT, env=env)
-        try:
-            url = f"http://127.0.0.1:{port}"
-            wait_healthy(url, proc, log, args.startup_timeout)
-            yield url
-        finally:
-            stop(proc)
-
-
 def headline(workload: Workload, summary: dict[str, Any]) -> dict[str, Any]:
     """The figures the table shows for one (server, workload)."""
     row: dict[str, Any] = {
@@ -144,7 +123,8 @@ def headline(workload: Workload, summary: dict[str, Any]) -> dict[str, Any]:
 def measure(name: str, args: argparse.Namespace, console: Any) -> dict[str, Any]:
     results: dict[str, Any] = {}
     try:
-        with running(name, args) as url:
+        with running_command(lambda port: server_command(name, port, args), args.out / f"{name}.server.log",
+                             args.startup_timeout, {"VLLM_CPU_KVCACHE_SPACE": str(args.vllm_kv_gib)}) as url:
             for w in workloads(args.quick):
                 console.print(f"[bold]{name}[/]: {w.name}")
                 concurrency = (w.settings.max_concurrency,) if w.rate == float("inf") else (None,)

@@ -13,7 +13,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import httpx
@@ -70,12 +70,23 @@ def running_server(
     server_args: Sequence[str], log: Path, startup_timeout: float = 300.0
 ) -> Iterator[str]:
     """A healthy `pagode serve` for the duration of the block; yields its base URL."""
+    with running_command(lambda port: serve_command(port, server_args), log, startup_timeout) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def running_command(
+    command_for: Callable[[int], list[str]], log: Path, startup_timeout: float = 300.0,
+    env: dict[str, str] | None = None,
+) -> Iterator[str]:
+    """Any OpenAI-compatible server, started by `command_for(free port)` on the loopback and
+    healthy (/health 200) for the duration of the block; yields its base URL."""
     port = free_port()
     log.parent.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     with log.open("wb") as out:
-        proc = subprocess.Popen(serve_command(port, server_args), cwd=REPO_ROOT, stdout=out,
-                                stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen(command_for(port), cwd=REPO_ROOT, stdout=out,
+                                stderr=subprocess.STDOUT, env=full_env)
         try:
             url = f"http://127.0.0.1:{port}"
             wait_healthy(url, proc, log, startup_timeout)

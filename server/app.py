@@ -33,6 +33,8 @@ from server.settings import ServerSettings
 
 logger = logging.getLogger("pagode.server")
 
+ROUTE_MODULES = (completions, chat, service)
+
 # sse-starlette would cancel every stream on SIGTERM; our drain ends them instead.
 AppStatus.disable_automatic_graceful_drain()
 
@@ -57,11 +59,11 @@ def create_app(settings: ServerSettings, engine: EngineClient | None = None,
     app = FastAPI(title="pagode", summary="OpenAI-compatible LLM server", lifespan=lifespan)
     app.state.server = state
     install_error_handlers(app)
-    for module in (completions, chat, service):
+    for module in ROUTE_MODULES:
         app.include_router(module.router)
     install_openapi(app, [CompletionRequest, ChatCompletionRequest, TokenizeRequest,
                           DetokenizeRequest])
-    post_paths = {route.path for module in (completions, chat, service) for route in module.router.routes
+    post_paths = {route.path for module in ROUTE_MODULES for route in module.router.routes
                   if isinstance(route, APIRoute) and "POST" in (route.methods or set())}
     app.add_middleware(JSONContentTypeMiddleware, paths=post_paths)  # 415 unless the body is JSON
     if settings.api_key:

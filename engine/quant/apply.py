@@ -18,11 +18,8 @@ from torch import nn
 
 from engine import native
 from engine.quant import dispatch, formats
-from engine.quant.bf16_gemm import Bf16Gemm
-from engine.quant.dense_gemm import DenseGemm
 from engine.quant.formats import BlockWeights, Kind
 from engine.quant.gemm_choice import Gemm, choose_gemm
-from engine.quant.int8_gemm import Int8Gemm
 from engine.quant.linear import QuantLinear
 from engine.quant.modes import weight_kind
 
@@ -69,7 +66,7 @@ def quantize_model(model: nn.Module, mode: str, raw: RawBlocks | None = None, ma
         else:
             blocks = formats.quantize(linear.weight.detach().float(), kind)
             dense = choose_gemm(formats.dequantize(blocks), linear.bias)
-        report.gemms[f"{dense.out_features}x{dense.in_features}"] = gemm_name(dense)
+        report.gemms[f"{dense.out_features}x{dense.in_features}"] = dense.name
         layer = build_layer(blocks, dense, linear.bias, max_tokens, report)
         _set_module(model, name, layer)
         report.layers += 1
@@ -78,10 +75,6 @@ def quantize_model(model: nn.Module, mode: str, raw: RawBlocks | None = None, ma
     if report.kept_fp32:
         log.warning("kept in fp32 (input size not a multiple of 32): %s", report.kept_fp32)
     return report
-
-
-def gemm_name(gemm: Gemm) -> str:
-    return {DenseGemm: "fp32", Bf16Gemm: "bf16", Int8Gemm: "fbgemm"}[type(gemm)]
 
 
 def build_layer(blocks: BlockWeights, dense: Gemm, bias: torch.Tensor | None, max_tokens: int,

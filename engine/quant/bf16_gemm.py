@@ -16,6 +16,8 @@ import torch.nn.functional as F
 class Bf16Gemm:
     """y = x @ w.T (+ bias) with w in bf16, computed in bf16, returned in fp32."""
 
+    name = "bf16"
+
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         self.weight = weight.detach().to(torch.bfloat16).contiguous()
         self.bias = None if bias is None else bias.detach().to(torch.bfloat16).contiguous()

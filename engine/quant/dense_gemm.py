@@ -16,6 +16,8 @@ import torch.nn.functional as F
 class DenseGemm:
     """y = x @ w.T (+ bias) with w in fp32."""
 
+    name = "fp32"
+
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, shared: bool = False) -> None:
         self.weight = weight.detach().float().contiguous()
         self.bias = None if bias is None else bias.detach().float().contiguous()

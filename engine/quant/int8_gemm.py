@@ -24,6 +24,8 @@ def available() -> bool:
 class Int8Gemm:
     """y = x @ w.T (+ bias) with w held as a prepacked per-channel int8 matrix."""
 
+    name = "fbgemm"
+
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         w = weight.detach().float().contiguous()
         scales = (w.abs().amax(dim=1) / 127.0).clamp_min(1e-12).double()

@@ -10,6 +10,7 @@ closes the hole here, on every POST route: `application/json`, with parameters s
 
 from __future__ import annotations
 
+from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from server.api.errors import error_response
@@ -17,12 +18,10 @@ from server.api.errors import error_response
 JSON = "application/json"
 
 
-def media_type(headers: list[tuple[bytes, bytes]]) -> str | None:
+def media_type(scope: Scope) -> str | None:
     """The request's media type, lower-cased and without parameters; None when absent."""
-    for name, value in headers:
-        if name.lower() == b"content-type":
-            return value.decode("latin-1").split(";", 1)[0].strip().lower()
-    return None
+    value = Headers(scope=scope).get("content-type")
+    return None if value is None else value.split(";", 1)[0].strip().lower()
 
 
 class JSONContentTypeMiddleware:
@@ -34,7 +33,7 @@ class JSONContentTypeMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in self.paths:
-            given = media_type(scope["headers"])
+            given = media_type(scope)
             if given != JSON:
                 shown = "no Content-Type" if given is None else f"Content-Type {given[:60]!r}"
                 response = error_response(

@@ -64,9 +64,11 @@ class LingeringTransport:
         return getattr(self.real, name)
 
     def close(self) -> None:
-        if not self.protocol.lingering and self.protocol.client_still_sending():
+        if self.protocol.lingering:
+            return  # stop_lingering closes the real transport
+        if self.protocol.client_still_sending():
             self.protocol.start_lingering()
-        elif not self.protocol.lingering:
+        else:
             self.real.close()
 
     def is_closing(self) -> bool:

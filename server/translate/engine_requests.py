@@ -13,6 +13,7 @@ from fastapi import Request
 
 from server.api.protocol import ChatCompletionRequest, CompletionRequest
 from server.api.request_ids import request_id_for
+from server.runtime.engine_client import EngineClient
 from server.runtime.generation import SubRequest
 from server.runtime.state import ServerState
 from server.runtime.worker_pool import run_blocking
@@ -45,13 +46,21 @@ class EngineRequests:
     subs: list[SubRequest]
 
 
-async def completion_requests(state: ServerState, request: Request,
-                              body: CompletionRequest) -> EngineRequests:
+def checked_request(state: ServerState, request: Request, body: CompletionRequest | ChatCompletionRequest,
+                    id_prefix: str) -> tuple[EngineClient, str, str]:
+    """The checks both routes run first, in order: 503, 404, then the 400s of the fields;
+    returns the engine, the request id and the id to echo."""
     engine = state.require_engine()
     check_model(state, body.model)
-    request_id, client_id = request_id_for(request, "cmpl")
+    request_id, client_id = request_id_for(request, id_prefix)
     check_fields(request_id, body)
     check_priority(engine, body.priority)
+    return engine, request_id, client_id
+
+
+async def completion_requests(state: ServerState, request: Request,
+                              body: CompletionRequest) -> EngineRequests:
+    engine, request_id, client_id = checked_request(state, request, body, "cmpl")
     items = split_prompts(body.prompt)
     checked_fan_out(len(items), body.n, engine.limits)
     check_prompt_items(items, engine.limits)
@@ -70,11 +79,7 @@ async def completion_requests(state: ServerState, request: Request,
 
 async def chat_requests(state: ServerState, request: Request,
                         body: ChatCompletionRequest) -> EngineRequests:
-    engine = state.require_engine()
-    check_model(state, body.model)
-    request_id, client_id = request_id_for(request, "chatcmpl")
-    check_fields(request_id, body)
-    check_priority(engine, body.priority)
+    engine, request_id, client_id = checked_request(state, request, body, "chatcmpl")
     checked_fan_out(1, body.n, engine.limits)
     state.refuse_if_full(body.n)
     if uses_tools(body):
