@@ -20,9 +20,15 @@ from engine.sampling_params import SamplingParams
 
 
 def profile_batch(llm: LLM, batch: int, context: int, steps: int) -> str:
+    """The profile table of `steps` decode steps that each hold all `batch` requests.
+
+    The requests get no output limit short of the context window: the first ones admitted
+    decode while the last ones prefill, and with a short limit they would finish inside the
+    profiled window, leaving a smaller batch than the one named. They are aborted after it."""
     engine = llm.engine
     rng = random.Random(batch)
-    params = SamplingParams(temperature=0, max_tokens=steps + 4, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=engine.describe().max_model_len - context,
+                            ignore_eos=True)
     for i in range(batch):
         engine.add_request(f"profile-{batch}-{i}", [rng.randrange(1000, 9000) for _ in range(context)], params)
     while any(r.seq.num_output_tokens == 0 for r in engine.requests.values()):
@@ -36,8 +42,8 @@ def profile_batch(llm: LLM, batch: int, context: int, steps: int) -> str:
     finally:
         profiler.close()
         engine.step_listeners.remove(profiler.on_step)
-    while engine.has_unfinished():
-        engine.step()
+    for request_id in list(engine.requests):
+        engine.abort_request(request_id)
     return tables[0]
 
 

@@ -4,7 +4,11 @@
 // The cache may hold fp32, fp16 or bf16 elements; activations are fp32. Rows of the
 // cache are converted to fp32 as they are read (F16C's vcvtph2ps for fp16, a 16-bit
 // shift for bf16), so an fp16 cache halves the bytes streamed per decode step.
-// The bodies are AVX2 (+ F16C): below the avx2 level this file compiles to nothing.
+// The bodies are AVX2 (+ F16C): below the avx2 level this file compiles to nothing. The
+// avx512 build decodes with its own body (decode512) where the head size is a multiple of
+// 16 up to 256: a K or V row is converted in registers (vcvtph2ps on 16 halves, a 16-bit
+// shift for bf16) and used at once by every query head of its group, with no row buffer;
+// the output rows stay in registers across the whole pass over V.
 #include "paged_attention.h"
 
 #include "isa.h"
@@ -94,6 +98,106 @@ inline void softmax(float* s, int64_t L) {
   for (t = 0; t < L; ++t) s[t] *= inv;
 }
 
+#ifdef PAGODE_AVX512
+// ---- decode attention, avx512 ----------------------------------------------
+// Chunk c (16 elements) of a cache row, as fp32.
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const F16* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+inline __m512 load16(const BF16* p) {
+  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
+
+constexpr int64_t GROUP_TILE = 4;  // query heads whose output rows are held in registers at once
+
+// Scores of up to GROUP_TILE query heads (NV chunks of 16) against the task's L keys.
+template <int NV, typename T>
+void scores512(const float* q, int64_t D, int64_t g_count, const T* k_cache, const int32_t* table,
+               int64_t BS, int64_t row, int64_t kv, int64_t L, float scale, float* scores) {
+  __m512 qv[GROUP_TILE][NV];
+  for (int64_t g = 0; g < g_count; ++g)
+    for (int c = 0; c < NV; ++c) qv[g][c] = _mm512_loadu_ps(q + g * D + 16 * c);
+  for (int64_t t = 0; t < L; ++t) {
+    const T* k = k_cache + (static_cast<int64_t>(table[t / BS]) * BS + t % BS) * row + kv;
+    __m512 kc[NV];
+    for (int c = 0; c < NV; ++c) kc[c] = load16(k + 16 * c);
+    for (int64_t g = 0; g < g_count; ++g) {
+      __m512 acc = _mm512_mul_ps(qv[g][0], kc[0]);
+      for (int c = 1; c < NV; ++c) acc = _mm512_fmadd_ps(qv[g][c], kc[c], acc);
+      scores[g * L + t] = _mm512_reduce_add_ps(acc) * scale;
+    }
+  }
+}
+
+// out rows of up to GROUP_TILE query heads = their probabilities times the task's L values.
+template <int NV, typename T>
+void values512(const float* probs, int64_t g_count, const T* v_cache, const int32_t* table, int64_t BS,
+               int64_t row, int64_t kv, int64_t L, int64_t D, float* out) {
+  __m512 acc[GROUP_TILE][NV];
+  for (int64_t g = 0; g < g_count; ++g)
+    for (int c = 0; c < NV; ++c) acc[g][c] = _mm512_setzero_ps();
+  for (int64_t t = 0; t < L; ++t) {
+    const T* v = v_cache + (static_cast<int64_t>(table[t / BS]) * BS + t % BS) * row + kv;
+    __m512 vc[NV];
+    for (int c = 0; c < NV; ++c) vc[c] = load16(v + 16 * c);
+    for (int64_t g = 0; g < g_count; ++g) {
+      const __m512 p = _mm512_set1_ps(probs[g * L + t]);
+      for (int c = 0; c < NV; ++c) acc[g][c] = _mm512_fmadd_ps(p, vc[c], acc[g][c]);
+    }
+  }
+  for (int64_t g = 0; g < g_count; ++g)
+    for (int c = 0; c < NV; ++c) _mm512_storeu_ps(out + g * D + 16 * c, acc[g][c]);
+}
+
+template <int NV, typename T>
+void decode512(const float* query, const T* k_cache, const T* v_cache, const int32_t* block_tables,
+               const int32_t* seq_lens, float* out, int64_t B, int64_t H, int64_t BS, int64_t KVH,
+               int64_t MB, float scale, int num_threads) {
+  constexpr int64_t D = 16 * NV;
+  const int64_t G = H / KVH, row = KVH * D;
+#pragma omp parallel num_threads(num_threads)
+  {
+    thread_local std::vector<float> scores;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < B * KVH; ++task) {
+      const int64_t b = task / KVH, kv = (task % KVH) * D, L = seq_lens[b];
+      const float* q = query + (b * H + (task % KVH) * G) * D;
+      float* o = out + (b * H + (task % KVH) * G) * D;
+      const int32_t* table = block_tables + b * MB;
+      scores.resize(G * L);
+      for (int64_t g0 = 0; g0 < G; g0 += GROUP_TILE) {
+        const int64_t n = std::min(GROUP_TILE, G - g0);
+        scores512<NV>(q + g0 * D, D, n, k_cache, table, BS, row, kv, L, scale, scores.data() + g0 * L);
+      }
+      for (int64_t g = 0; g < G; ++g) softmax(scores.data() + g * L, L);
+      for (int64_t g0 = 0; g0 < G; g0 += GROUP_TILE) {
+        const int64_t n = std::min(GROUP_TILE, G - g0);
+        values512<NV>(scores.data() + g0 * L, n, v_cache, table, BS, row, kv, L, D, o + g0 * D);
+      }
+    }
+  }
+}
+
+// The avx512 body for D in {16, 32, ..., 256}; false (nothing done) for any other head size.
+template <typename T>
+bool dispatch512(const float* q, const T* k, const T* v, const int32_t* bt, const int32_t* lens, float* out,
+                 int64_t B, int64_t H, int64_t D, int64_t BS, int64_t KVH, int64_t MB, float scale, int nt) {
+  switch (D) {
+    case 16: decode512<1>(q, k, v, bt, lens, out, B, H, BS, KVH, MB, scale, nt); return true;
+    case 32: decode512<2>(q, k, v, bt, lens, out, B, H, BS, KVH, MB, scale, nt); return true;
+    case 48: decode512<3>(q, k, v, bt, lens, out, B, H, BS, KVH, MB, scale, nt); return true;
+    case 64: decode512<4>(q, k, v, bt, lens, out, B, H, BS, KVH, MB, scale, nt); return true;
+    case 80: decode512<5>(q, k, v, bt, lens, out, B, H, BS, KVH, MB, scale, nt); return true;
+    case 96: decode512<6>(q, k, v, bt, lens, out, B, H, BS, KVH, MB, scale, nt); return true;
+    case 128: decode512<8>(q, k, v, bt, lens, out, B, H, BS, KVH, MB, scale, nt); return true;
+    case 256: decode512<16>(q, k, v, bt, lens, out, B, H, BS, KVH, MB, scale, nt); return true;
+    default: return false;
+  }
+}
+#endif  // PAGODE_AVX512
+
 // One task per (sequence, KV head): the task's query heads share each K/V row it converts
 // once, each row of the cache is streamed once in all, and a lone sequence still spreads
 // over the threads (one decode at a time is the common case).
@@ -101,6 +205,10 @@ template <typename T>
 void decode(const float* query, const T* k_cache, const T* v_cache, const int32_t* block_tables,
             const int32_t* seq_lens, float* out, int64_t B, int64_t H, int64_t D, int64_t BS,
             int64_t KVH, int64_t MB, float scale, int num_threads) {
+#ifdef PAGODE_AVX512
+  if (dispatch512(query, k_cache, v_cache, block_tables, seq_lens, out, B, H, D, BS, KVH, MB, scale, num_threads))
+    return;
+#endif
   const int64_t G = H / KVH, row = KVH * D;
 #pragma omp parallel num_threads(num_threads)
   {
