@@ -78,6 +78,17 @@ def test_decode_over_a_narrow_cache_matches_fp32_reference(dtype: torch.dtype) -
     torch.testing.assert_close(kernel, full, atol=tol, rtol=tol)
 
 
+def test_long_prefill_and_extend_chunks_match_reference_across_query_tiles() -> None:
+    """Chunks longer than maskless_prefill.TILE, fresh and over cached context: each tile's
+    keys-before and diagonal parts are merged by their log-sum-exps."""
+    lens, q_lens = [300, 530, 129], [300, 330, 1 + 128]
+    q, kv, meta = _case(3, lens, q_lens, 9, 3, 64, 16)
+    expected = paged_prefill_attention_ref(q, kv, meta.query_start_loc, meta.seq_lens,
+                                           meta.block_tables, 0.125)
+    ours = TorchAttentionBackend().prefill(q, kv, meta, 0.125)
+    torch.testing.assert_close(ours, expected, atol=1e-5, rtol=1e-5)
+
+
 def test_prefill_over_an_fp16_cache_matches_reference() -> None:
     lens, q_lens = [40, 23], [40, 7]
     q, kv, meta = _case(3, lens, q_lens, 9, 3, 64, 16)

@@ -73,11 +73,14 @@ class SdpaAttentionBackend(AttentionBackend):
         if group > 1:
             k = k.repeat_interleave(group, dim=0)
             v = v.repeat_interleave(group, dim=0)
-        context = seq_len - q_len
+        return self.attend_causal(qh, k, v, seq_len - q_len, scale).transpose(0, 1)
+
+    def attend_causal(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context: int,
+                      scale: float) -> torch.Tensor:
+        """q [H, n, d] at positions context.. against k, v [H, context + n, d], causally."""
         if context == 0:
-            o = F.scaled_dot_product_attention(qh, k, v, is_causal=True, scale=scale)
-        else:
-            rows = torch.arange(q_len, device=q.device)[:, None] + context
-            mask = torch.arange(seq_len, device=q.device)[None, :] <= rows
-            o = F.scaled_dot_product_attention(qh, k, v, attn_mask=mask, scale=scale)
-        return o.transpose(0, 1)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+        n, seq_len = q.shape[1], k.shape[1]
+        rows = torch.arange(n, device=q.device)[:, None] + context
+        mask = torch.arange(seq_len, device=q.device)[None, :] <= rows
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)

@@ -3,7 +3,8 @@
 Decodes go to a C++ kernel that reads K/V in place through the block tables, and RoPE +
 the K/V cache write are one C++ pass (cpu_kernels/paged_attention.py); where they are not
 built (no compiler, PAGODE_CPU_KERNEL=0, a CPU below AVX2) or do not apply (CUDA, fp32
-queries only), the pure-torch paths of SdpaAttentionBackend run. Prefill is SDPA.
+queries only), the pure-torch paths of SdpaAttentionBackend run. Prefill and extend chunks
+attend without an explicit mask (maskless_prefill.py) on the CPU.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from engine import native
+from engine.attention import maskless_prefill
 from engine.attention.metadata import AttentionMetadata
 from engine.attention.sdpa_backend import SdpaAttentionBackend
 
@@ -27,6 +29,12 @@ class TorchAttentionBackend(SdpaAttentionBackend):
             nd = meta.num_decodes
             return self.kernel.decode(query, kv_cache, meta.block_tables[:nd], meta.seq_lens[:nd], scale)
         return self.decode_gathered(query, kv_cache, meta, scale)
+
+    def attend_causal(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context: int,
+                      scale: float) -> torch.Tensor:
+        if maskless_prefill.supported(q):
+            return maskless_prefill.attend_causal(q, k, v, context, scale)
+        return super().attend_causal(q, k, v, context, scale)
 
     def rotate_and_write_kv(self, qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
                             sin: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
