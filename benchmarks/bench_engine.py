@@ -1,12 +1,16 @@
 """Offline throughput of the engine against the bare model forward, in one run.
 
     python -m benchmarks.bench_engine [--num-prompts 256] [--input-len 16:128] [--output-len 32:384]
+                                      [--quantization none] [--no-transformers]
 
 The engine serves every request at once (ignore_eos, so each generates exactly its
 drawn length). Every step's batch shape and time are recorded. Then the bare
 model forward (input packing, model, logits; no scheduler, sampler or
 detokenizer) is timed on decode batches of the same sizes and context lengths,
-on the same cache, and the two rates are compared.
+on the same cache, and the two rates are compared. Last, transformers' own forward over
+64 tokens per pass on the same weights and dtype is timed (benchmarks/transformers_reference.py)
+and the engine's output rate is given as a ratio of it (`engine_vs_transformers_64`; issue 19
+asks >= 1.2 with `--quantization none`, fp32 weights).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from typing import Any
 
 import torch
 
+from benchmarks import transformers_reference
 from benchmarks.decode_probe import bare_forward_rate
 from engine.config import BATCHING_MODES, QUANTIZATION_MODES, EngineConfig
 from engine.llm import LLM
@@ -85,6 +90,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--json", default=None, help="write the results here")
+    ap.add_argument("--no-transformers", dest="transformers", action="store_false",
+                    help="skip timing transformers' forward (64 tokens per pass) for the ratio")
     ap.add_argument("--plot", default=None, help="write a PNG of engine vs bare rate by batch size")
     args = ap.parse_args(argv)
     torch.manual_seed(args.seed)
@@ -103,6 +110,11 @@ def main(argv: list[str] | None = None) -> None:
     records, wall, generated = run_engine(llm, prompts, outputs)
     summary = summarize(llm, records, wall, generated, args.reps)
     summary["config"] = vars(args)
+    if args.transformers:
+        del llm
+        rate = transformers_reference.forward_rate(args.model)
+        summary["transformers_forward_64_tok_s"] = round(rate, 1)
+        summary["engine_vs_transformers_64"] = round(summary["output_tok_s"] / rate, 3)
     print(json.dumps({k: v for k, v in summary.items() if k != "buckets"}, indent=2))
     print_buckets(summary["buckets"])
     for path in (args.json, args.plot):

@@ -100,10 +100,10 @@ ATTENTION_BACKEND: EnvVar[str | None] = EnvVar(
     "torch, sdpa or triton; overrides the device's default (torch on CPU, triton on CUDA) when "
     "--attention-backend is not given.")
 QUANT_GEMM: EnvVar[str] = EnvVar(
-    "PAGODE_QUANT_GEMM", _choice("auto", "fp32", "bf16", "fbgemm"), "auto",
-    "The many-tokens path of quantized layers: auto (fp32 BLAS or bf16 on oneDNN, raced at "
-    "load where the CPU has bf16 dot products), fp32, bf16, or fbgemm (int8; to measure it "
-    "only, it fails the quality gate).")
+    "PAGODE_QUANT_GEMM", _choice("auto", "fp32", "onednn", "bf16", "fbgemm"), "auto",
+    "The many-tokens path of quantized layers: auto (fp32 BLAS, fp32 on oneDNN, and bf16 on "
+    "oneDNN where the CPU has bf16 dot products, raced at load), fp32, onednn, bf16, or "
+    "fbgemm (int8; to measure it only, it fails the quality gate).")
 QUANT_CROSSOVER: EnvVar[int | None] = EnvVar(
     "PAGODE_QUANT_CROSSOVER", _optional_int, None,
     "Pins the block kernel's crossover to N tokens per call instead of measuring it at load "

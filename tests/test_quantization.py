@@ -21,12 +21,13 @@ from engine.config import EngineConfig
 from engine.llm import LLM
 from engine.model.gguf_file import GGUFModel
 from engine.outputs import RequestTimes
-from engine.quant import apply, dispatch, formats, gemm_choice, quality
+from engine.quant import apply, dispatch, formats, gemm_choice, onednn_gemm, quality
 from engine.quant.bf16_gemm import Bf16Gemm
 from engine.quant.dense_gemm import DenseGemm
 from engine.quant.int8_gemm import Int8Gemm
 from engine.quant.linear import QuantLinear
 from engine.quant.modes import resolve_mode
+from engine.quant.onednn_gemm import OnednnGemm
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledSeq
 from engine.sequence import Sequence
@@ -159,19 +160,35 @@ def test_the_big_step_gemm_race_picks_the_faster_candidate() -> None:
     assert gemm_choice.race({"fp32": lambda x: x, "bf16": slow}, 8) == "fp32"
 
 
-@pytest.mark.parametrize(("pinned", "kind"), [("fp32", DenseGemm), ("bf16", Bf16Gemm), ("fbgemm", Int8Gemm)])
+def test_onednn_gemm_is_fp32_on_a_packed_weight() -> None:
+    torch.manual_seed(0)
+    w, bias = torch.randn(96, 64), torch.randn(96)
+    gemm = OnednnGemm(w, bias)
+    for m in (1, 7, 64, 300):  # packed for 64 tokens, right at any count
+        x = torch.randn(m, 64)
+        torch.testing.assert_close(gemm(x), F.linear(x, w, bias), rtol=1e-5, atol=1e-5)
+    assert gemm.nbytes == w.numel() * 4 and gemm.name == "onednn"
+
+
+@pytest.mark.parametrize(("pinned", "kind"), [("fp32", DenseGemm), ("onednn", OnednnGemm), ("bf16", Bf16Gemm),
+                                              ("fbgemm", Int8Gemm)])
 def test_a_pinned_big_step_gemm_is_used(monkeypatch: pytest.MonkeyPatch, pinned: str, kind: type) -> None:
     monkeypatch.setenv("PAGODE_QUANT_GEMM", pinned)
     assert isinstance(gemm_choice.choose_gemm(torch.randn(64, 64), None), kind)
 
 
-def test_without_bf16_dot_products_fp32_is_kept_untimed(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_bf16_dot_products_only_fp32_gemms_race(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PAGODE_QUANT_GEMM", "auto")
     monkeypatch.setenv("PAGODE_CPU_ISA", "avx2")  # below AVX512-BF16 on any CPU
     monkeypatch.setattr(gemm_choice, "_winners", {})
     assert not gemm_choice.bf16_can_win()
-    assert isinstance(gemm_choice.choose_gemm(torch.randn(64, 64), None), DenseGemm)
-    assert gemm_choice.winners() == {}  # no race was run
+    assert "bf16" not in gemm_choice.candidates()
+    chosen = gemm_choice.choose_gemm(torch.randn(64, 64), None)
+    assert isinstance(chosen, (DenseGemm, OnednnGemm))
+    if onednn_gemm.available():  # fp32 BLAS against fp32 oneDNN: the winner is the one kept
+        assert gemm_choice.winners() == {(64, 64): chosen.name}
+    else:
+        assert gemm_choice.winners() == {}  # a single candidate is not timed
 
 
 def test_modes_resolve_per_device() -> None:

@@ -17,6 +17,7 @@ from engine.model.gguf_file import GGUFModel
 from engine.model.llama import LlamaForCausalLM
 from engine.model.weights import iter_safetensors, load_weights, read_hf_config
 from engine.quant import quantize_model, resolve_mode
+from engine.quant.dense_linear import speed_up_fp32_linears
 
 log = logging.getLogger("pagode")
 
@@ -93,7 +94,10 @@ def apply_quantization(model: LlamaForCausalLM, source: ModelSource, requested: 
     """Resolve --quantization for this device, swap the linear layers, log what was picked."""
     mode, why = resolve_mode(requested, device, dtype)
     if mode == "none":
-        log.info("quantization: none (%s): linear layers in %s", why, dtype)
+        gemms = speed_up_fp32_linears(model) if device.type == "cpu" else {}
+        counts = {g: list(gemms.values()).count(g) for g in sorted(set(gemms.values()))}
+        on = "; ".join(f"{n} on {g}" for g, n in counts.items())
+        log.info("quantization: none (%s): linear layers in %s%s", why, dtype, f" ({on})" if on else "")
         return mode
     raw = GGUFModel(source.path).raw_blocks() if source.is_gguf else None
     report = quantize_model(model, mode, raw, max_tokens)

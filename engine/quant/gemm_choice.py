@@ -1,14 +1,16 @@
-"""Which dense GEMM a quantized layer runs for big steps: fp32 BLAS or bf16 on oneDNN,
-chosen by a race at load on this CPU.
+"""Which dense GEMM a quantized layer runs for big steps: fp32 BLAS, fp32 on oneDNN or
+bf16 on oneDNN, chosen by a race at load on this CPU.
 
-Candidates are the GEMMs that hold the quality gate: fp32 (exact on the block weights) and
-bf16. int8 W8A8 does not hold it on this model, with per-tensor (fbgemm) or per-token
-activation scales alike (docs/quantization.md), so it is a measuring option only
-(PAGODE_QUANT_GEMM=fbgemm). bf16 enters the race only where the CPU has bf16 dot products
-(AVX512-BF16 or AMX-BF16, within PAGODE_CPU_ISA's cap): elsewhere oneDNN emulates it and it
-never wins, and timing it would only slow the load. The race times both on RACE_TOKENS
-tokens, one thread, best of a few runs, once per weight shape; the loser's copy is never
-built, so the fp32 copy of the weights stays only where fp32 wins.
+Candidates are the GEMMs that hold the quality gate: fp32 (exact on the block weights),
+through torch's BLAS or through oneDNN on a prepacked weight (onednn_gemm.py: the same
+arithmetic, 2.6x faster than MKL on a Zen 5), and bf16. int8 W8A8 does not hold the gate
+on this model, with per-tensor (fbgemm) or per-token activation scales alike
+(docs/quantization.md), so it is a measuring option only (PAGODE_QUANT_GEMM=fbgemm). bf16
+enters the race only where the CPU has bf16 dot products (AVX512-BF16 or AMX-BF16, within
+PAGODE_CPU_ISA's cap): elsewhere oneDNN emulates it and it never wins, and timing it would
+only slow the load. The race times the candidates on RACE_TOKENS tokens, one thread, best
+of a few runs, once per weight shape; the losers' copies are dropped, so an fp32 copy of
+the weights stays only where an fp32 GEMM wins.
 """
 
 from __future__ import annotations
@@ -23,14 +25,18 @@ from engine import envs, native
 from engine.quant.bf16_gemm import Bf16Gemm
 from engine.quant.dense_gemm import DenseGemm
 from engine.quant.int8_gemm import Int8Gemm
+from engine.quant.onednn_gemm import OnednnGemm
+from engine.quant.onednn_gemm import available as onednn_available
 
 log = logging.getLogger("pagode")
 
-Gemm = DenseGemm | Bf16Gemm | Int8Gemm
+Gemm = DenseGemm | OnednnGemm | Bf16Gemm | Int8Gemm
 RACE_TOKENS = 64  # a serving step's size, where big-step GEMMs take over from the block kernel
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 
-_winners: dict[tuple[int, int], str] = {}  # (N, K) -> "fp32" | "bf16"
+FP32_ONLY = ("fp32", "onednn")  # what an unquantized (--quantization none) layer may run
+
+_winners: dict[tuple[int, int, tuple[str, ...]], str] = {}  # (N, K, candidates) -> the winner's name
 
 
 def bf16_can_win() -> bool:
@@ -39,23 +45,39 @@ def bf16_can_win() -> bool:
     return target.target in ("avx512", "amx") and any(f in target.flags for f in BF16_FLAGS)
 
 
-def choose_gemm(weight: torch.Tensor, bias: torch.Tensor | None, shared: bool = False) -> Gemm:
-    """The big-step GEMM for this fp32 weight (PAGODE_QUANT_GEMM pins one)."""
-    pinned = envs.QUANT_GEMM.get()
-    if pinned == "fbgemm":
-        return Int8Gemm(weight, bias)
-    if pinned == "bf16":
+def candidates(allowed: tuple[str, ...] | None = None) -> list[str]:
+    """The GEMMs that may win on this CPU, among `allowed` (default: all): fp32 BLAS always,
+    oneDNN fp32 where torch has it, bf16 where the CPU has bf16 dot products."""
+    names = ["fp32", *(["onednn"] if onednn_available() else []), *(["bf16"] if bf16_can_win() else [])]
+    return [n for n in names if allowed is None or n in allowed]
+
+
+def build(name: str, weight: torch.Tensor, bias: torch.Tensor | None, shared: bool) -> Gemm:
+    if name == "fp32":
+        return DenseGemm(weight, bias, shared)
+    if name == "onednn":
+        return OnednnGemm(weight, bias)
+    if name == "bf16":
         return Bf16Gemm(weight, bias)
-    fp32 = DenseGemm(weight, bias, shared)
-    if pinned == "fp32" or not bf16_can_win():
-        return fp32
-    key = (fp32.out_features, fp32.in_features)
-    if key not in _winners:
-        bf16 = Bf16Gemm(weight, bias)
-        _winners[key] = race({"fp32": fp32, "bf16": bf16}, fp32.in_features)
-        log.info("big-step GEMM %dx%d: %s", key[0], key[1], _winners[key])
-        return fp32 if _winners[key] == "fp32" else bf16
-    return fp32 if _winners[key] == "fp32" else Bf16Gemm(weight, bias)
+    return Int8Gemm(weight, bias)
+
+
+def choose_gemm(weight: torch.Tensor, bias: torch.Tensor | None, shared: bool = False,
+                allowed: tuple[str, ...] | None = None) -> Gemm:
+    """The big-step GEMM for this fp32 weight, among `allowed` (PAGODE_QUANT_GEMM pins one)."""
+    pinned = envs.QUANT_GEMM.get()
+    if pinned != "auto" and (allowed is None or pinned in allowed):
+        return build(pinned, weight, bias, shared)
+    names = candidates(allowed)
+    if len(names) == 1:
+        return build(names[0], weight, bias, shared)
+    key = (weight.shape[0], weight.shape[1], tuple(names))
+    if key in _winners:
+        return build(_winners[key], weight, bias, shared)
+    built = {name: build(name, weight, bias, shared) for name in names}
+    _winners[key] = race(built, weight.shape[1])  # type: ignore[arg-type]
+    log.info("big-step GEMM %dx%d: %s (of %s)", key[0], key[1], _winners[key], ", ".join(names))
+    return built[_winners[key]]
 
 
 def race(candidates: dict[str, Callable[[torch.Tensor], torch.Tensor]], in_features: int) -> str:
@@ -76,4 +98,5 @@ def race(candidates: dict[str, Callable[[torch.Tensor], torch.Tensor]], in_featu
 
 
 def winners() -> dict[tuple[int, int], str]:
-    return dict(_winners)
+    """(N, K) -> the GEMM that won for that shape (the last race run for it)."""
+    return {(n, k): name for (n, k, _), name in _winners.items()}

@@ -2,7 +2,7 @@
 
 It holds the copies its kernels need, and no others: the block-quantized weight for the
 C++ block kernel (few tokens; cpu_kernels/quant_linear.py) and/or a dense weight for big
-steps (fp32 for BLAS or bf16 for oneDNN, engine/quant/gemm_choice.py). Each call picks by
+steps (fp32 for BLAS or oneDNN, or bf16 for oneDNN: engine/quant/gemm_choice.py). Each call picks by
 its number of tokens against the layer's measured crossover.
 """
 
@@ -14,16 +14,14 @@ import torch
 from torch import nn
 
 from engine import native
-from engine.quant.bf16_gemm import Bf16Gemm
-from engine.quant.dense_gemm import DenseGemm
 from engine.quant.formats import BlockWeights
-from engine.quant.int8_gemm import Int8Gemm
+from engine.quant.gemm_choice import Gemm
 
 Path = Literal["kernel", "gemm"]
 
 
 class QuantLinear(nn.Module):
-    def __init__(self, blocks: BlockWeights | None, gemm: DenseGemm | Bf16Gemm | Int8Gemm | None,
+    def __init__(self, blocks: BlockWeights | None, gemm: Gemm | None,
                  bias: torch.Tensor | None, max_kernel_tokens: int) -> None:
         super().__init__()
         if blocks is None and gemm is None:
