@@ -63,8 +63,10 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup
     group.add_argument("--max-model-len", type=int, default=None,
                        help="longest prompt + output in tokens "
                             "(default: the model's context, capped at 2048)")
-    group.add_argument("--max-num-seqs", type=int, default=engine_default("max_num_seqs"),
-                       help="most requests in one running batch")
+    group.add_argument("--max-num-seqs", type=int, default=None,
+                       help="most requests in one running batch (default: pagode serve sizes it from "
+                            "this machine's step cost where `pagode plan --calibrate` has measured it; "
+                            f"else {engine_default('max_num_seqs')})")
     group.add_argument("--max-num-batched-tokens", type=int, default=None,
                        help="token budget of one engine step; long prefills are chunked "
                             "(default: 512 on CPU, 2048 on CUDA)")
@@ -108,4 +110,7 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup
 
 def engine_config(args: argparse.Namespace, **fields: Any) -> EngineConfig:
     """The EngineConfig of parsed engine flags; `fields` sets the rest (e.g. request_caps)."""
-    return EngineConfig(**{name: getattr(args, name) for name in FLAG_FIELDS}, **fields)
+    given = {name: getattr(args, name) for name in FLAG_FIELDS}
+    if given["max_num_seqs"] is None:  # not given: the engine's default (pagode serve may size it)
+        given["max_num_seqs"] = engine_default("max_num_seqs")
+    return EngineConfig(**given, **fields)

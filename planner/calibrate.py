@@ -39,8 +39,9 @@ class Grid:
     def for_device(cls, device: str) -> Grid:
         if device == "cuda":
             return cls((1, 8, 32, 128, 256), (128, 1024), (128, 512, 2048), 4)
-        # both pieces of the step model: fused decode steps (up to 16 here) and layer by layer
-        return cls((1, 4, 12, 24, 48, 96), (32, 192), (64, 256, 512), 3)
+        # both pieces of the step model: fused decode steps (up to 16 here) and layer by layer,
+        # and batches big enough to see where a bigger one stops paying (planner/batch_cap.py)
+        return cls((1, 4, 12, 24, 48, 96, 192), (32, 192), (64, 256, 512), 3)
 
     @classmethod
     def quick(cls) -> Grid:
@@ -68,6 +69,23 @@ class StepRecorder:
             return
         self.works.append(work_of(step.chunks))
         self.times.append(step.step_time)
+
+
+def decode_rates(works: list[StepWork], times: list[float], contexts: tuple[int, ...]) -> dict[str, dict[str, float]]:
+    """Measured decode tokens/s of the decode-only steps, per grid context and batch size:
+    {context: {batch: batch / median step seconds}}, each step filed under the grid context
+    nearest its mean context."""
+    seconds: dict[tuple[int, int], list[float]] = {}
+    for work, t in zip(works, times, strict=True):
+        if work.prefill_tokens or not work.decode_seqs:
+            continue
+        mean = work.decode_context / work.decode_seqs
+        context = min(contexts, key=lambda c: abs(c - mean))
+        seconds.setdefault((context, work.decode_seqs), []).append(t)
+    rates: dict[str, dict[str, float]] = {}
+    for (context, batch), ts in sorted(seconds.items()):
+        rates.setdefault(str(context), {})[str(batch)] = round(batch / float(np.median(ts)), 1)
+    return rates
 
 
 def kv_memory_for(grid: Grid, kv_bytes_per_token: int, block_size: int) -> int:
@@ -136,6 +154,7 @@ class Calibration:
         model = fit(self.recorder.works, self.recorder.times, str(self.engine.runner.device.type),
                     step.max_tokens if step is not None else 0)
         model.meta.update(self.describe(time.monotonic() - started))
+        model.meta["decode_tok_s"] = decode_rates(self.recorder.works, self.recorder.times, self.grid.contexts)
         return model
 
     def describe(self, seconds: float) -> dict[str, object]:

@@ -18,6 +18,7 @@ from typing import Any
 from engine.arg_utils import add_engine_flags, engine_config
 from engine.config import parse_bytes
 from loadgen.datasets import parse_range
+from planner import batch_cap
 from planner.calibrate import calibrate, default_fit_path
 from planner.memory import default_contexts, device_dtypes, plan_memory
 from planner.predict import SLO, advise, attainment, capacity, parse_slo, simulate, summarize
@@ -90,8 +91,10 @@ def build_plan(args: argparse.Namespace) -> dict[str, Any]:
         return plan
     model = dataclasses.replace(StepTimeModel.load(fit_path), overhead_s=args.serving_overhead[0],
                                 overhead_per_seq_s=args.serving_overhead[1])
+    # the batch cap that `pagode serve` would pick from the same calibration
+    max_seqs = args.max_num_seqs if args.max_num_seqs is not None else batch_cap.choose(config).max_num_seqs
     sim = SimConfig(num_blocks=mem.num_blocks, block_size=args.block_size, max_model_len=max_len,
-                    max_num_seqs=args.max_num_seqs, max_num_batched_tokens=config.token_budget,
+                    max_num_seqs=max_seqs, max_num_batched_tokens=config.token_budget,
                     watermark=args.watermark, batching=config.batching,
                     enable_prefix_caching=config.enable_prefix_caching)
     workload = Workload(args.input_len, args.output_len, args.num_prompts, args.burstiness, args.seed)

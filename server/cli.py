@@ -19,6 +19,7 @@ from engine import envs
 from engine.arg_utils import default_of
 from engine.config import EngineConfig
 from engine.request_limits import RequestCaps
+from planner import batch_cap
 from planner.cli import add_plan_flags, run_plan
 from server.app import create_app
 from server.middleware.cors import add_cors_flags, cors_settings
@@ -26,6 +27,8 @@ from server.middleware.http_limits import timed_h11_protocol
 from server.runtime.shutdown import DrainingServer
 from server.runtime.state import EngineFactory
 from server.settings import ServerSettings
+
+log = logging.getLogger("pagode.server")
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
@@ -163,6 +166,7 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser,
         config, settings = engine_config(args), server_settings(args)
     except ValueError as exc:
         parser.error(str(exc))
+    size_batch(config, args)
     app = create_app(settings, engine_config=config, engine_factory=engine_factory)
     state = app.state.server
     uv_config = uvicorn.Config(app, host=args.host, port=args.port, log_config=None,
@@ -179,6 +183,16 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser,
     state.on_fatal = server.request_exit
     server.run()
     return 1 if state.load_error else 0
+
+
+def size_batch(config: EngineConfig, args: argparse.Namespace) -> None:
+    """Say what max_num_seqs is and why; unless the user set it, size it from the step fit."""
+    if args.max_num_seqs is not None:
+        log.info("max_num_seqs %d: set by --max-num-seqs", config.max_num_seqs)
+        return
+    cap = batch_cap.choose(config)
+    config.max_num_seqs = cap.max_num_seqs
+    log.info("max_num_seqs %d: %s", cap.max_num_seqs, cap.reason)
 
 
 def main(argv: Sequence[str] | None = None, engine_factory: EngineFactory | None = None) -> int:

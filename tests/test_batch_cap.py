@@ -1,0 +1,83 @@
+"""The default max_num_seqs from the calibrated decode throughput (planner/batch_cap.py)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from engine import envs
+from planner import batch_cap
+from planner.calibrate import decode_rates
+from planner.step_model import FEATURES, StepTimeModel, StepWork
+from server.cli import build_parser, engine_config, size_batch
+
+
+def test_the_cap_is_the_last_batch_before_doubling_stops_paying() -> None:
+    rates = {1: 150.0, 4: 300.0, 12: 450.0, 24: 600.0, 48: 640.0, 96: 700.0}
+    assert batch_cap.knee(rates, ceiling=256) == 24  # 48 adds under 10%
+    assert batch_cap.knee(rates, ceiling=256, min_gain=0.05) is None  # each doubling gains >= 5%
+    assert batch_cap.knee({1: 100.0, 8: 400.0, 64: 900.0}, ceiling=256) is None  # still paying
+    assert batch_cap.knee(rates, ceiling=12) is None  # only batches the engine may run count
+
+
+def test_decode_rates_come_from_the_decode_only_steps() -> None:
+    works = [StepWork(decode_seqs=4, decode_context=4 * 30), StepWork(decode_seqs=4, decode_context=4 * 34),
+             StepWork(decode_seqs=4, decode_context=4 * 190, prefill_tokens=64),  # mixed: left out
+             StepWork(decode_seqs=8, decode_context=8 * 200), StepWork(decode_seqs=8, decode_context=8 * 180)]
+    rates = decode_rates(works, [0.010, 0.030, 0.5, 0.040, 0.040], (32, 192))
+    assert rates == {"32": {"4": 200.0}, "192": {"8": 200.0}}  # 4 / median(10, 30 ms); 8 / 40 ms
+
+
+@pytest.fixture()
+def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty pagode cache, but for the compiled kernels (resolving `auto` loads them)."""
+    kernels = envs.CACHE_DIR.get() / "kernels"
+    kernels.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "kernels").symlink_to(kernels)
+    monkeypatch.setenv("PAGODE_CACHE_DIR", str(tmp_path))
+    return tmp_path
+
+
+def save_calibration(decode_tok_s: dict[str, dict[str, float]]) -> Path:
+    path = batch_cap.fit_path_for(engine_config(build_parser().parse_args(["serve"])))
+    model = StepTimeModel([0.01] * len(FEATURES), "cpu")
+    model.meta["decode_tok_s"] = decode_tok_s
+    model.save(path)
+    return path
+
+
+def serve_log(argv: list[str], caplog: pytest.LogCaptureFixture) -> tuple[int, str]:
+    args = build_parser().parse_args(["serve", *argv])
+    config = engine_config(args)
+    with caplog.at_level(logging.INFO, logger="pagode.server"):
+        size_batch(config, args)
+    return config.max_num_seqs, caplog.text
+
+
+def test_serve_caps_the_batch_where_the_longest_context_stops_paying(cache_dir: Path,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    path = save_calibration({"32": {"24": 900.0, "48": 1500.0, "96": 2500.0},
+                             "192": {"24": 600.0, "48": 640.0, "96": 700.0}})
+    cap, text = serve_log([], caplog)
+    assert cap == 24 and "max_num_seqs 24: measured at context 192" in text and str(path) in text
+
+
+def test_serve_keeps_the_default_while_bigger_batches_still_pay(cache_dir: Path,
+                                                                caplog: pytest.LogCaptureFixture) -> None:
+    save_calibration({"192": {"24": 400.0, "48": 600.0, "96": 800.0}})
+    cap, text = serve_log([], caplog)
+    assert cap == 256 and "still gained" in text
+
+
+def test_the_users_flag_wins_over_the_calibration(cache_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    save_calibration({"192": {"24": 600.0, "48": 610.0}})
+    cap, text = serve_log(["--max-num-seqs", "300"], caplog)
+    assert cap == 300 and "max_num_seqs 300: set by --max-num-seqs" in text
+
+
+def test_without_a_calibration_the_default_stays_and_says_how_to_get_one(
+        cache_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    cap, text = serve_log([], caplog)
+    assert cap == 256 and "pagode plan --calibrate" in text
