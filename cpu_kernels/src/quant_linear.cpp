@@ -168,6 +168,38 @@ inline __m512 block_dot512(__m512i w, const int16_t* x) {
     return _mm512_cvtepi32_ps(_mm512_dpwssd_epi32(_mm512_setzero_si512(), w, _mm512_loadu_si512(x)));
 }
 #endif
+
+// The vector body of dot_row: a block's weights, their dot product with a token's block,
+// scaled into an accumulator, and the accumulators' final sum.
+struct Avx2Body {
+    using Acc = __m256;
+    struct Block { __m256i lo, hi; };
+    template <typename Unpack> static Block unpack(const uint8_t* qs, int64_t b) {
+        Block w;
+        Unpack::get(qs, b, w.lo, w.hi);
+        return w;
+    }
+    static Acc zero() { return _mm256_setzero_ps(); }
+    static Acc fma(const Block& w, const int16_t* x, const float& scale, Acc acc) {
+        return _mm256_fmadd_ps(block_dot(w.lo, w.hi, x), _mm256_broadcast_ss(&scale), acc);
+    }
+    static float sum(Acc a, Acc b) { return hsum(_mm256_add_ps(a, b)); }
+};
+
+#ifdef PAGODE_AVX512
+struct Avx512Body {
+    using Acc = __m512;
+    template <typename Unpack> static __m512i unpack(const uint8_t* qs, int64_t b) { return Unpack::wide(qs, b); }
+    static Acc zero() { return _mm512_setzero_ps(); }
+    static Acc fma(__m512i w, const int16_t* x, const float& scale, Acc acc) {
+        return _mm512_fmadd_ps(block_dot512(w, x), _mm512_set1_ps(scale), acc);
+    }
+    static float sum(Acc a, Acc b) { return _mm512_reduce_add_ps(_mm512_add_ps(a, b)); }
+};
+using Body = Avx512Body;
+#else
+using Body = Avx2Body;
+#endif
 #endif
 
 // One output row against T (<= MAX_TOKENS) quantized tokens; qs is the row's quants (Q4_1 nibbles or
@@ -178,57 +210,28 @@ void dot_row(const uint8_t* qs, const uint16_t* wd, const uint16_t* wm, const in
     const int64_t nb = K / QK;
     float comb[T][CHUNK];
     float mins[T] = {};
-#if defined(PAGODE_AVX512)
-    __m512 acc0[T], acc1[T];
-    for (int t = 0; t < T; ++t) acc0[t] = acc1[t] = _mm512_setzero_ps();
+#ifdef PAGODE_AVX2
+    typename Body::Acc acc0[T], acc1[T];
+    for (int t = 0; t < T; ++t) acc0[t] = acc1[t] = Body::zero();
     for (int64_t b0 = 0; b0 < nb; b0 += CHUNK) {
         const int64_t n = std::min(CHUNK, nb - b0);
         prepare_scales<T>(wd, wm, dx, xs, nb, b0, n, comb, mins);
         int64_t j = 0;
         for (; j + 1 < n; j += 2) {
-            const __m512i w = Unpack::wide(qs, b0 + j), v = Unpack::wide(qs, b0 + j + 1);
+            const auto w = Body::template unpack<Unpack>(qs, b0 + j);
+            const auto v = Body::template unpack<Unpack>(qs, b0 + j + 1);
             for (int t = 0; t < T; ++t) {
                 const int16_t* x = xq + t * K + (b0 + j) * QK;
-                acc0[t] = _mm512_fmadd_ps(block_dot512(w, x), _mm512_set1_ps(comb[t][j]), acc0[t]);
-                acc1[t] = _mm512_fmadd_ps(block_dot512(v, x + QK), _mm512_set1_ps(comb[t][j + 1]), acc1[t]);
+                acc0[t] = Body::fma(w, x, comb[t][j], acc0[t]);
+                acc1[t] = Body::fma(v, x + QK, comb[t][j + 1], acc1[t]);
             }
         }
         if (j < n) {
-            const __m512i w = Unpack::wide(qs, b0 + j);
-            for (int t = 0; t < T; ++t) {
-                const int16_t* x = xq + t * K + (b0 + j) * QK;
-                acc0[t] = _mm512_fmadd_ps(block_dot512(w, x), _mm512_set1_ps(comb[t][j]), acc0[t]);
-            }
+            const auto w = Body::template unpack<Unpack>(qs, b0 + j);
+            for (int t = 0; t < T; ++t) acc0[t] = Body::fma(w, xq + t * K + (b0 + j) * QK, comb[t][j], acc0[t]);
         }
     }
-    for (int t = 0; t < T; ++t) out[t] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[t], acc1[t])) + mins[t];
-#elif defined(PAGODE_AVX2)
-    __m256 acc0[T], acc1[T];
-    for (int t = 0; t < T; ++t) acc0[t] = acc1[t] = _mm256_setzero_ps();
-    for (int64_t b0 = 0; b0 < nb; b0 += CHUNK) {
-        const int64_t n = std::min(CHUNK, nb - b0);
-        prepare_scales<T>(wd, wm, dx, xs, nb, b0, n, comb, mins);
-        int64_t j = 0;
-        for (; j + 1 < n; j += 2) {
-            __m256i w0, w1, v0, v1;
-            Unpack::get(qs, b0 + j, w0, w1);
-            Unpack::get(qs, b0 + j + 1, v0, v1);
-            for (int t = 0; t < T; ++t) {
-                const int16_t* x = xq + t * K + (b0 + j) * QK;
-                acc0[t] = _mm256_fmadd_ps(block_dot(w0, w1, x), _mm256_broadcast_ss(&comb[t][j]), acc0[t]);
-                acc1[t] = _mm256_fmadd_ps(block_dot(v0, v1, x + QK), _mm256_broadcast_ss(&comb[t][j + 1]), acc1[t]);
-            }
-        }
-        if (j < n) {
-            __m256i w0, w1;
-            Unpack::get(qs, b0 + j, w0, w1);
-            for (int t = 0; t < T; ++t) {
-                const int16_t* x = xq + t * K + (b0 + j) * QK;
-                acc0[t] = _mm256_fmadd_ps(block_dot(w0, w1, x), _mm256_broadcast_ss(&comb[t][j]), acc0[t]);
-            }
-        }
-    }
-    for (int t = 0; t < T; ++t) out[t] = hsum(_mm256_add_ps(acc0[t], acc1[t])) + mins[t];
+    for (int t = 0; t < T; ++t) out[t] = Body::sum(acc0[t], acc1[t]) + mins[t];
 #else
     float total[T] = {};
     for (int64_t b0 = 0; b0 < nb; b0 += CHUNK) {
