@@ -31,9 +31,13 @@ OVERLOAD = 10.0
 MAX_IN_FLIGHT = 64
 WARM_UP = 8  # requests at once: the batch (4) and part of the queue (11)
 # A timed bound in a test only catches a refusal that waits for work (tokenizing, the engine):
-# the 50 ms p99 target itself is a measured figure (the test prints it; docs/reliability.md has it),
-# since two cores shared by the client, the server and the engine make ~50 ms a coin toss.
-P99_429_LIMIT_S = float(os.environ.get("PAGODE_FLOOD_P99_MS", "250")) / 1000
+# under a sustained flood the queue never drains, so such a refusal waits for the rest of the
+# flood, seconds to tens of seconds. The 50 ms p99 target itself is a measured figure (the test
+# prints it; docs/reliability.md has it): the offered rate is 10x the engine's capacity, which
+# on a Zen 5 is 210-330 req/s of HTTP for the client and the event loop to handle on the two
+# cores the engine also computes on, and there the p99 was 390-630 ms (p50 5-60 ms), before and
+# after the same server code alike. So the bound is 1 s.
+P99_429_LIMIT_S = float(os.environ.get("PAGODE_FLOOD_P99_MS", "1000")) / 1000
 TIMEOUTS = ["--header-timeout", "2", "--body-timeout", "2", "--sse-send-timeout", "2"]
 FLOOD_ARGS = ["--kv-cache-memory", "64MiB", "--kv-cache-dtype", "fp32", "--max-model-len", "256", "--max-num-seqs", "4",
               "--disable-access-log", *TIMEOUTS]
