@@ -7,7 +7,7 @@ import os
 # region before it sleeps on a futex. libgomp's default, 300,000, is shorter than the gap a
 # server leaves between two decode steps while its event loop writes the SSE events: the
 # workers fell asleep at every step and paid a wake-up per region. One stream over HTTP on a
-# 2-core Zen 5 went from 160-170 to 190-210 tok/s (in process 233 -> 244). A user's value wins.
+# 2-core Zen 5 went from 160-170 to 180-210 tok/s. A user's value wins.
 os.environ.setdefault("GOMP_SPINCOUNT", "10000000")
 
 from engine.config import EngineConfig

@@ -56,11 +56,15 @@ def fit_path_for(config: EngineConfig) -> Path:
 def choose(config: EngineConfig) -> BatchCap:
     """max_num_seqs for `config` from its cached calibration; the engine's default where there is none."""
     path = fit_path_for(config)
-    default = config.max_num_seqs
     if not path.exists():
-        return BatchCap(default, f"the default: no calibration at {path} (`pagode plan --calibrate` "
-                                 "measures this machine, and later starts size the batch from it)")
-    measured = StepTimeModel.load(path).meta.get("decode_tok_s") or {}
+        return BatchCap(config.max_num_seqs, f"the default: no calibration at {path} (`pagode plan --calibrate` "
+                                              "measures this machine, and later starts size the batch from it)")
+    return from_calibration(StepTimeModel.load(path), path, config.max_num_seqs)
+
+
+def from_calibration(model: StepTimeModel, path: Path, default: int) -> BatchCap:
+    """The cap that the decode rates measured in `model` (read from `path`) give, at most `default`."""
+    measured = model.meta.get("decode_tok_s") or {}
     if not measured:
         return BatchCap(default, f"the default: the calibration at {path} has no decode rates "
                                  "(rerun `pagode plan --calibrate`)")

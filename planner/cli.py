@@ -92,7 +92,8 @@ def build_plan(args: argparse.Namespace) -> dict[str, Any]:
     model = dataclasses.replace(StepTimeModel.load(fit_path), overhead_s=args.serving_overhead[0],
                                 overhead_per_seq_s=args.serving_overhead[1])
     # the batch cap that `pagode serve` would pick from the same calibration
-    max_seqs = args.max_num_seqs if args.max_num_seqs is not None else batch_cap.choose(config).max_num_seqs
+    max_seqs = (args.max_num_seqs if args.max_num_seqs is not None
+                else batch_cap.from_calibration(model, fit_path, config.max_num_seqs).max_num_seqs)
     sim = SimConfig(num_blocks=mem.num_blocks, block_size=args.block_size, max_model_len=max_len,
                     max_num_seqs=max_seqs, max_num_batched_tokens=config.token_budget,
                     watermark=args.watermark, batching=config.batching,

@@ -72,6 +72,13 @@ inline void from_float(const float* src, BF16* dst, int64_t n) {
 }
 
 // ---- decode attention ------------------------------------------------------
+// Position t's row of a KV head in a paged cache [blocks, BS, KVH, D]: the block the
+// sequence's table names, the slot in it, the head's offset kv (row = KVH * D).
+template <typename T>
+inline const T* cache_row(const T* cache, const int32_t* table, int64_t t, int64_t BS, int64_t row, int64_t kv) {
+  return cache + (static_cast<int64_t>(table[t / BS]) * BS + t % BS) * row + kv;
+}
+
 inline float dot(const float* __restrict a, const float* __restrict b, int64_t n) {
   float acc = 0.f;
 #pragma omp simd reduction(+ : acc)
@@ -120,7 +127,7 @@ void scores512(const float* q, int64_t D, int64_t g_count, const T* k_cache, con
   for (int64_t g = 0; g < g_count; ++g)
     for (int c = 0; c < NV; ++c) qv[g][c] = _mm512_loadu_ps(q + g * D + 16 * c);
   for (int64_t t = 0; t < L; ++t) {
-    const T* k = k_cache + (static_cast<int64_t>(table[t / BS]) * BS + t % BS) * row + kv;
+    const T* k = cache_row(k_cache, table, t, BS, row, kv);
     __m512 kc[NV];
     for (int c = 0; c < NV; ++c) kc[c] = load16(k + 16 * c);
     for (int64_t g = 0; g < g_count; ++g) {
@@ -139,7 +146,7 @@ void values512(const float* probs, int64_t g_count, const T* v_cache, const int3
   for (int64_t g = 0; g < g_count; ++g)
     for (int c = 0; c < NV; ++c) acc[g][c] = _mm512_setzero_ps();
   for (int64_t t = 0; t < L; ++t) {
-    const T* v = v_cache + (static_cast<int64_t>(table[t / BS]) * BS + t % BS) * row + kv;
+    const T* v = cache_row(v_cache, table, t, BS, row, kv);
     __m512 vc[NV];
     for (int c = 0; c < NV; ++c) vc[c] = load16(v + 16 * c);
     for (int64_t g = 0; g < g_count; ++g) {
@@ -223,13 +230,13 @@ void decode(const float* query, const T* k_cache, const T* v_cache, const int32_
       const int32_t* table = block_tables + b * MB;
       scores.resize(G * L);
       for (int64_t t = 0; t < L; ++t) {
-        to_float(k_cache + (static_cast<int64_t>(table[t / BS]) * BS + t % BS) * row + kv, buf.data(), D);
+        to_float(cache_row(k_cache, table, t, BS, row, kv), buf.data(), D);
         for (int64_t g = 0; g < G; ++g) scores[g * L + t] = dot(q + g * D, buf.data(), D) * scale;
       }
       for (int64_t g = 0; g < G; ++g) softmax(scores.data() + g * L, L);
       std::fill(o, o + G * D, 0.f);
       for (int64_t t = 0; t < L; ++t) {
-        to_float(v_cache + (static_cast<int64_t>(table[t / BS]) * BS + t % BS) * row + kv, buf.data(), D);
+        to_float(cache_row(v_cache, table, t, BS, row, kv), buf.data(), D);
         for (int64_t g = 0; g < G; ++g) axpy(scores[g * L + t], buf.data(), o + g * D, D);
       }
     }

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import logging
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -95,8 +96,7 @@ def apply_quantization(model: LlamaForCausalLM, source: ModelSource, requested: 
     mode, why = resolve_mode(requested, device, dtype)
     if mode == "none":
         gemms = speed_up_fp32_linears(model) if device.type == "cpu" else {}
-        counts = {g: list(gemms.values()).count(g) for g in sorted(set(gemms.values()))}
-        on = "; ".join(f"{n} on {g}" for g, n in counts.items())
+        on = "; ".join(f"{n} on {g}" for g, n in sorted(Counter(gemms.values()).items()))
         log.info("quantization: none (%s): linear layers in %s%s", why, dtype, f" ({on})" if on else "")
         return mode
     raw = GGUFModel(source.path).raw_blocks() if source.is_gguf else None

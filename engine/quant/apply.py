@@ -68,7 +68,7 @@ def quantize_model(model: nn.Module, mode: str, raw: RawBlocks | None = None, ma
             dense = choose_gemm(formats.dequantize(blocks), linear.bias)
         report.gemms[f"{dense.out_features}x{dense.in_features}"] = dense.name
         layer = build_layer(blocks, dense, linear.bias, max_tokens, report)
-        _set_module(model, name, layer)
+        set_module(model, name, layer)
         report.layers += 1
         report.block_bytes += 0 if layer.blocks is None else layer.blocks.nbytes
         report.dense_bytes += 0 if layer.gemm is None else layer.gemm.nbytes
@@ -109,7 +109,8 @@ def shard_names(name: str, tied: bool) -> list[str]:
     return [f"model.{prefix}.{s}.weight" for s in SHARDS.get(leaf, (leaf,))]
 
 
-def _set_module(model: nn.Module, name: str, module: nn.Module) -> None:
+def set_module(model: nn.Module, name: str, module: nn.Module) -> None:
+    """Put `module` at the dotted path `name` of `model`."""
     parent_name, _, leaf = name.rpartition(".")
     parent = model.get_submodule(parent_name) if parent_name else model
     setattr(parent, leaf, module)

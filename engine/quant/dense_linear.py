@@ -10,14 +10,11 @@ packed copy, the others stay nn.Linear. The arithmetic stays fp32 either way.
 
 from __future__ import annotations
 
-import logging
-
 import torch
 from torch import nn
 
+from engine.quant.apply import set_module
 from engine.quant.gemm_choice import FP32_ONLY, Gemm, choose_gemm
-
-log = logging.getLogger("pagode")
 
 
 class DenseLinear(nn.Module):
@@ -45,6 +42,5 @@ def speed_up_fp32_linears(model: nn.Module) -> dict[str, str]:
         gemm = choose_gemm(linear.weight, linear.bias, allowed=FP32_ONLY)
         picked[name] = gemm.name
         if gemm.name != "fp32":
-            parent_name, _, leaf = name.rpartition(".")
-            setattr(model.get_submodule(parent_name) if parent_name else model, leaf, DenseLinear(gemm))
+            set_module(model, name, DenseLinear(gemm))
     return picked
