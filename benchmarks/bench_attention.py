@@ -3,7 +3,7 @@
     python -m benchmarks.bench_attention [--batch 64] [--context 256] [--reps 5] [--kv-cache-dtype fp32 fp16]
 
 It times whole decode steps of the real model (packing, forward, logits) and, inside
-them, the paged attention calls (the step profiler's forward hooks, engine/profiler.py),
+them, the paged attention calls (the step profiler's forward hooks, engine/io/profiler.py),
 for each KV cache dtype: with the `torch` attention backend (the CPU default: the C++
 kernels where they build), and for fp32 also with `sdpa` (pure torch, never C++: it
 gathers the batch's blocks).
@@ -16,8 +16,8 @@ import argparse
 import torch
 
 from benchmarks.decode_probe import forward_seconds, held_decode_batch
+from engine.io.profiler import StepProfiler
 from engine.llm import LLM
-from engine.profiler import StepProfiler
 
 BACKENDS = {"torch": "torch backend (C++ kernels where they build)",
             "sdpa": "sdpa backend (pure torch, gathers blocks)"}

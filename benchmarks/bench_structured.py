@@ -18,9 +18,9 @@ import json
 import statistics
 from typing import Any
 
+from engine.io.stats import StepStats
 from engine.llm import LLM
 from engine.sampling_params import SamplingParams
-from engine.stats import StepStats
 from engine.structured_output import StructuredOutputSpec
 
 NEVER_ENDING = StructuredOutputSpec.regex(r"[a-z ,.]+!!!QQQ")

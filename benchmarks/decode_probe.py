@@ -13,11 +13,11 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from engine.core.scheduler import ScheduledSeq
+from engine.core.sequence import Sequence
+from engine.io.outputs import RequestTimes
 from engine.llm import LLM
-from engine.outputs import RequestTimes
 from engine.sampling_params import SamplingParams
-from engine.scheduler import ScheduledSeq
-from engine.sequence import Sequence
 
 
 @contextmanager

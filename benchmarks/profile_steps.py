@@ -4,7 +4,7 @@
 
 For each batch size, that many greedy requests of `context` prompt tokens run with
 ignore_eos; once all have their first token, N pure decode steps are profiled
-(engine/profiler.py) and the table is printed. The serving path's own share (SSE and
+(engine/io/profiler.py) and the table is printed. The serving path's own share (SSE and
 JSON encoding) is added by `pagode serve --profile-steps N`.
 """
 

@@ -11,7 +11,7 @@ import os
 os.environ.setdefault("GOMP_SPINCOUNT", "10000000")
 
 from engine.config import EngineConfig
-from engine.outputs import CompletionOutput, RequestOutput, StreamDelta
+from engine.io.outputs import CompletionOutput, RequestOutput, StreamDelta
 from engine.sampling_params import SamplingParams
 
 __all__ = ["LLM", "AsyncEngine", "CompletionOutput", "EngineConfig", "RequestOutput",

@@ -19,12 +19,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from engine.config import EngineConfig
-from engine.errors import EngineDeadError, InvalidRequestError
-from engine.info import EngineInfo
+from engine.io.errors import EngineDeadError, InvalidRequestError
+from engine.io.info import EngineInfo
+from engine.io.outputs import StreamDelta
+from engine.io.stats import EngineStats, StepStats
 from engine.llm_engine import LLMEngine
-from engine.outputs import StreamDelta
 from engine.sampling_params import SamplingParams
-from engine.stats import EngineStats, StepStats
 from engine.structured_output import StructuredOutputSpec
 
 log = logging.getLogger("pagode")

@@ -8,7 +8,7 @@ from typing import Literal
 
 import torch
 
-from engine.request_limits import RequestCaps
+from engine.io.request_limits import RequestCaps
 
 # How requests share the batch and the KV cache (the source article's three ways of serving).
 Batching = Literal["paged", "continuous", "static"]
@@ -68,7 +68,7 @@ def dtype_name(dtype: torch.dtype) -> str:
 @dataclass
 class EngineConfig:
     model: str | None = None  # None: the default SmolLM2-135M-Instruct GGUF
-    batching: Batching = "paged"  # paged | continuous | static (engine/scheduler.py)
+    batching: Batching = "paged"  # paged | continuous | static (engine/core/scheduler.py)
     kv_cache_memory: str | int = "1GiB"
     block_size: int = 16
     max_model_len: int | None = None  # None: the model's context, capped at 2048

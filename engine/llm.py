@@ -8,9 +8,9 @@ from collections.abc import Iterator
 from collections.abc import Sequence as Seq
 
 from engine.config import EngineConfig
+from engine.io.outputs import CompletionOutput, RequestOutput, StreamDelta, TokenLogprob
+from engine.io.progress import progress
 from engine.llm_engine import LLMEngine
-from engine.outputs import CompletionOutput, RequestOutput, StreamDelta, TokenLogprob
-from engine.progress import progress
 from engine.sampling_params import SamplingParams, expand_choices
 
 Prompt = str | list[int]

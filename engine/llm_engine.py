@@ -10,26 +10,27 @@ from typing import Any
 
 import torch
 
-from engine import native, prompt_logprobs
-from engine.block_manager import BlockManager
+from engine import native
 from engine.config import EngineConfig, dtype_name
-from engine.detokenizer import IncrementalDetokenizer
-from engine.errors import InvalidRequestError
-from engine.info import EngineInfo
-from engine.kv_cache import bytes_per_block
-from engine.logprob_values import finite_logprob
+from engine.core.block_manager import BlockManager
+from engine.core.request_state import RequestState
+from engine.core.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
+from engine.core.sequence import Sequence
+from engine.io.detokenizer import IncrementalDetokenizer
+from engine.io.errors import InvalidRequestError
+from engine.io.info import EngineInfo
+from engine.io.outputs import RequestTimes, StreamDelta, TokenLogprob
+from engine.io.profiler import StepProfiler
+from engine.io.request_limits import RequestLimits, check_request
+from engine.io.stats import EngineStats, FinishedRequestStats, StepStats
 from engine.model.loader import load_tokenizer, read_config, resolve_model
-from engine.model_runner import ModelRunner
-from engine.outputs import RequestTimes, StreamDelta, TokenLogprob
-from engine.profiler import StepProfiler
-from engine.prompt_logprobs import PromptRows
-from engine.request_limits import RequestLimits, check_request
-from engine.request_state import RequestState
-from engine.sampler import RawLogprob, SampleResult, SamplingRow
+from engine.runner import prompt_logprobs
+from engine.runner.kv_cache import bytes_per_block
+from engine.runner.logprob_values import finite_logprob
+from engine.runner.model_runner import ModelRunner
+from engine.runner.prompt_logprobs import PromptRows
+from engine.runner.sampler import RawLogprob, SampleResult, SamplingRow
 from engine.sampling_params import SamplingParams
-from engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
-from engine.sequence import Sequence
-from engine.stats import EngineStats, FinishedRequestStats, StepStats
 from engine.structured_output import StructuredOutputManager
 from engine.tokenizer import Tokenizer
 
@@ -102,7 +103,7 @@ class LLMEngine:
         detok = IncrementalDetokenizer(self.tokenizer, token_ids, params.stop, params.skip_special_tokens)
         state = self.requests[request_id] = RequestState(seq, detok, generator, max_tokens,
                                                          self.eos_ids, grammar)
-        if params.prompt_logprobs is not None:  # see engine/prompt_logprobs.py
+        if params.prompt_logprobs is not None:  # see engine/runner/prompt_logprobs.py
             state.prompt_logprobs, seq.skip_prefix_cache = [None], True
         self.scheduler.add(seq)
         return seq

@@ -1,6 +1,6 @@
 """KV-cache and weight memory from a model's config alone (no weights are loaded).
 
-The KV bytes per token are the engine's own (engine/kv_cache.py: 2 x layers x kv_heads x
+The KV bytes per token are the engine's own (engine/runner/kv_cache.py: 2 x layers x kv_heads x
 head_dim x bytes_per_value, the seed article's formula), in the dtypes the engine takes and
 resolves for the config (`device_dtypes`). The cache holds whole blocks of `block_size`
 positions, so the token capacity is rounded down to blocks, and a sequence of C
@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.config import DTYPES, EngineConfig, dtype_name, parse_dtype
-from engine.kv_cache import bytes_per_token, kv_cache_dtype, num_blocks_for, resolve_kv_cache_dtype
 from engine.model.config import ModelConfig
+from engine.runner.kv_cache import bytes_per_token, kv_cache_dtype, num_blocks_for, resolve_kv_cache_dtype
 
 # Bytes per weight of the block-quantized modes (engine/quant/modes.py), scales left out.
 QUANTIZED_WEIGHT_BYTES = {"int8": 1.0, "int4": 0.5}

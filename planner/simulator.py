@@ -15,14 +15,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engine.block_manager import BlockManager
 from engine.config import Batching, EngineConfig
-from engine.errors import InvalidRequestError
-from engine.outputs import RequestTimes
-from engine.request_limits import check_context
+from engine.core.block_manager import BlockManager
+from engine.core.scheduler import Scheduler
+from engine.core.sequence import Sequence
+from engine.io.errors import InvalidRequestError
+from engine.io.outputs import RequestTimes
+from engine.io.request_limits import check_context
 from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
-from engine.sequence import Sequence
 from planner.step_model import StepTimeModel, work_of
 from planner.workload import PlannedRequest
 

@@ -18,7 +18,7 @@ from engine import arg_utils as engine_args
 from engine import envs
 from engine.arg_utils import default_of
 from engine.config import EngineConfig
-from engine.request_limits import RequestCaps
+from engine.io.request_limits import RequestCaps
 from planner import batch_cap
 from planner.cli import add_plan_flags, run_plan
 from server.app import create_app
@@ -46,7 +46,7 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def add_limit_flags(parser: argparse.ArgumentParser) -> None:
-    """Per-request caps (engine.request_limits) and connection limits (server.middleware.http_limits)."""
+    """Per-request caps (engine.io.request_limits) and connection limits (server.middleware.http_limits)."""
     group = parser.add_argument_group("limits")
     caps = RequestCaps()
     for name, help_text in [

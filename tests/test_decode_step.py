@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from engine import native
+from engine.io.outputs import RequestOutput
 from engine.llm import LLM
 from engine.model import decode_step
 from engine.model.decode_step import FusedDecodeStep
-from engine.outputs import RequestOutput
 from engine.quant import quality
 from engine.sampling_params import SamplingParams
 from loadgen.prose import prose_token_ids

@@ -12,9 +12,9 @@ import math
 import pytest
 
 from engine import LLM, SamplingParams
-from engine.errors import InvalidRequestError
-from engine.logprob_values import finite_logprob
-from engine.outputs import StreamDelta
+from engine.io.errors import InvalidRequestError
+from engine.io.outputs import StreamDelta
+from engine.runner.logprob_values import finite_logprob
 
 STREAM = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 

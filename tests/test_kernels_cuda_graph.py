@@ -7,7 +7,7 @@ import torch
 
 import cuda_kernels
 from engine.attention.metadata import AttentionMetadata
-from engine.cuda_graph import CudaGraphRunner, capture_sizes, use_cuda_graphs
+from engine.runner.cuda_graph import CudaGraphRunner, capture_sizes, use_cuda_graphs
 
 gpu = [pytest.mark.gpu,
        pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),

@@ -16,10 +16,10 @@ import torch
 from server_fixtures import ServerProcess, metric_value
 
 from engine import LLM
-from engine.outputs import RequestTimes
+from engine.core.scheduler import ScheduledSeq
+from engine.core.sequence import Sequence
+from engine.io.outputs import RequestTimes
 from engine.sampling_params import SamplingParams
-from engine.scheduler import ScheduledSeq
-from engine.sequence import Sequence
 
 WINDOWS, WINDOW, CHUNK = 4, 512, 128
 

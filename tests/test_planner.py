@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.kv_cache import num_blocks_for
 from engine.model.config import ModelConfig
 from engine.model.loader import read_config, resolve_model
+from engine.runner.kv_cache import num_blocks_for
 from planner.memory import count_parameters, kv_bytes_per_token, plan_memory, weight_bytes
 from planner.predict import SLO, attainment, bisect_rate, parse_slo, summarize
 from planner.simulator import SimConfig, Simulator

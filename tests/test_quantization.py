@@ -18,9 +18,11 @@ from tiny_models import save_tiny_model
 from cpu_kernels.quant_linear import BlockLinear
 from engine import native
 from engine.config import EngineConfig
+from engine.core.scheduler import ScheduledSeq
+from engine.core.sequence import Sequence
+from engine.io.outputs import RequestTimes
 from engine.llm import LLM
 from engine.model.gguf_file import GGUFModel
-from engine.outputs import RequestTimes
 from engine.quant import apply, dispatch, formats, gemm_choice, onednn_gemm, quality
 from engine.quant.bf16_gemm import Bf16Gemm
 from engine.quant.dense_gemm import DenseGemm
@@ -29,8 +31,6 @@ from engine.quant.linear import QuantLinear
 from engine.quant.modes import resolve_mode
 from engine.quant.onednn_gemm import OnednnGemm
 from engine.sampling_params import SamplingParams
-from engine.scheduler import ScheduledSeq
-from engine.sequence import Sequence
 from server.cli import build_parser, engine_config
 
 KINDS = ("q4_1", "q8_0")

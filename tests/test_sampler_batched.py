@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.sampler import SamplingRow, apply_processors, filter_probs, sample
+from engine.runner.sampler import SamplingRow, apply_processors, filter_probs, sample
 from engine.sampling_params import SamplingParams
 
 VOCAB = 300

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from engine.outputs import StreamDelta
-from engine.sampler import SamplingRow, sample
+from engine.io.outputs import StreamDelta
+from engine.runner.sampler import SamplingRow, sample
 
 CHAT = "<|im_start|>user\nSay hello in one word.<|im_end|>\n<|im_start|>assistant\n"
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import torch
 
+from engine.io.progress import progress
 from engine.model.config import ModelConfig
 from engine.model.llama import LlamaForCausalLM
-from engine.progress import progress
 
 
 def iter_safetensors(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:

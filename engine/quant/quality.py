@@ -16,13 +16,13 @@ from pathlib import Path
 
 import torch
 
+from engine.core.scheduler import ScheduledSeq
+from engine.core.sequence import Sequence
+from engine.io.outputs import RequestTimes
 from engine.llm import LLM
-from engine.outputs import RequestTimes
 from engine.quant.linear import Path as KernelPath
 from engine.quant.linear import QuantLinear
 from engine.sampling_params import SamplingParams
-from engine.scheduler import ScheduledSeq
-from engine.sequence import Sequence
 
 DEFAULT_TEXT = Path(__file__).resolve().parents[2] / "tests" / "data" / "prose.txt"
 

@@ -13,7 +13,7 @@ import threading
 from collections import OrderedDict
 from typing import Any
 
-from engine.errors import InvalidRequestError
+from engine.io.errors import InvalidRequestError
 from engine.structured_output.spec import StructuredOutputSpec
 
 DEFAULT_CACHE_SIZE = 256

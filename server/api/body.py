@@ -23,7 +23,7 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect
 
-from engine.request_limits import clip
+from engine.io.request_limits import clip
 from server.api.errors import APIError
 from server.runtime.worker_pool import run_blocking
 from server.settings import ServerSettings

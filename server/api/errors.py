@@ -15,7 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from engine.errors import EngineDeadError, InvalidRequestError, RequestFailedError
+from engine.io.errors import EngineDeadError, InvalidRequestError, RequestFailedError
 
 logger = logging.getLogger("pagode.server")
 

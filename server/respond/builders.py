@@ -7,7 +7,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.outputs import TokenLogprob
+from engine.io.outputs import TokenLogprob
 from server.api.protocol import (
     ChatChoice,
     ChatCompletionChunk,

@@ -11,11 +11,11 @@ from collections.abc import AsyncGenerator, Callable
 from typing import Protocol
 
 from engine.config import EngineConfig
-from engine.info import EngineInfo
-from engine.outputs import StreamDelta
-from engine.request_limits import RequestLimits
+from engine.io.info import EngineInfo
+from engine.io.outputs import StreamDelta
+from engine.io.request_limits import RequestLimits
+from engine.io.stats import EngineStats, StepStats
 from engine.sampling_params import SamplingParams
-from engine.stats import EngineStats, StepStats
 from engine.structured_output import StructuredOutputSpec
 from engine.tokenizer import Tokenizer
 

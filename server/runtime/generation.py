@@ -16,8 +16,8 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
-from engine.errors import RequestFailedError
-from engine.outputs import StreamDelta
+from engine.io.errors import RequestFailedError
+from engine.io.outputs import StreamDelta
 from engine.sampling_params import SamplingParams
 from server.api.errors import APIError, api_error_from
 from server.runtime.admission import QueueSlot

@@ -1,6 +1,6 @@
 """Prometheus metrics under the `pagode:` prefix, with vLLM's names and meanings.
 
-Gauges and engine-wide token counters are read from engine.stats() at scrape time, so
+Gauges and engine-wide token counters are read from engine.io.stats() at scrape time, so
 they cannot drift from the engine. Per-request histograms are fed by the server when a
 request finishes (it sees every request end, aborts included), ITL from each delta, and
 iteration sizes from the engine's step listener.
@@ -23,8 +23,8 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from engine.info import EngineInfo
-from engine.stats import EngineStats, StepStats
+from engine.io.info import EngineInfo
+from engine.io.stats import EngineStats, StepStats
 
 PREFIX = "pagode:"
 CONTENT_TYPE = CONTENT_TYPE_LATEST

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from fastapi import Request
 
 from engine.config import EngineConfig
-from engine.stats import EngineStats
+from engine.io.stats import EngineStats
 from server.api.errors import APIError, error_type
 from server.runtime.admission import Admission, QueueSlot, default_queue_bound
 from server.runtime.engine_client import EngineClient

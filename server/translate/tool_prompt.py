@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from partial_json_parser import Allow
 
-from engine.request_limits import RequestLimits
+from engine.io.request_limits import RequestLimits
 from engine.structured_output import StructuredOutputSpec
 from engine.tokenizer import Tokenizer
 from server.api.protocol import (

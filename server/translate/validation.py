@@ -1,5 +1,5 @@
 """The one validation layer at the HTTP boundary: everything a generation request asks is
-checked here, with the engine's own limits (engine/request_limits.py), before any response
+checked here, with the engine's own limits (engine/io/request_limits.py), before any response
 starts, so that a stream never begins with a 200 and then fails on a check.
 
 - fields pagode does not implement (`suffix`, `best_of > 1`, ...) get a 400 naming the field;
@@ -18,8 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from engine.errors import InvalidRequestError
-from engine.request_limits import (
+from engine.io.errors import InvalidRequestError
+from engine.io.request_limits import (
     RequestLimits,
     check_fan_out,
     check_prompt,

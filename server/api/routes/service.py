@@ -9,8 +9,8 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from engine.errors import InvalidRequestError
-from engine.request_limits import check_prompt_chars, check_token_ids
+from engine.io.errors import InvalidRequestError
+from engine.io.request_limits import check_prompt_chars, check_token_ids
 from server.api.body import openapi_body, parse_body
 from server.api.errors import bad_request, error_response
 from server.api.protocol import DetokenizeRequest, TokenizeRequest, now

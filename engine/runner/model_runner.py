@@ -14,14 +14,14 @@ from torch import nn
 
 from engine.attention import AttentionMetadata, select_backend
 from engine.config import EngineConfig, parse_dtype
-from engine.cuda_graph import CudaGraphRunner, use_cuda_graphs
-from engine.kv_cache import allocate_kv_cache, num_blocks_for, resolve_kv_cache_dtype
+from engine.core.scheduler import ScheduledSeq
 from engine.model import decode_step
 from engine.model.config import ModelConfig
 from engine.model.llama import LlamaForCausalLM
 from engine.model.loader import ModelSource, load_model
-from engine.sampler import SampleResult, SamplingRow, sample
-from engine.scheduler import ScheduledSeq
+from engine.runner.cuda_graph import CudaGraphRunner, use_cuda_graphs
+from engine.runner.kv_cache import allocate_kv_cache, num_blocks_for, resolve_kv_cache_dtype
+from engine.runner.sampler import SampleResult, SamplingRow, sample
 
 log = logging.getLogger("pagode")
 

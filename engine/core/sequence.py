@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from engine.outputs import RequestTimes
+from engine.io.outputs import RequestTimes
 from engine.sampling_params import SamplingParams
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.errors import InvalidRequestError
+from engine.io.errors import InvalidRequestError
 from engine.sampling_params import SamplingParams
 
 REFLECT_CHARS = 100  # reflected user input is cut to this many characters

@@ -23,9 +23,9 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from engine.block_manager import BlockManager
 from engine.config import EngineConfig
-from engine.sequence import Sequence, SequenceStatus
+from engine.core.block_manager import BlockManager
+from engine.core.sequence import Sequence, SequenceStatus
 
 
 @dataclass

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.outputs import RequestTimes
+from engine.io.outputs import RequestTimes
 
 
 @dataclass
@@ -51,7 +51,7 @@ class StepStats:
     num_decodes: int = 0
     num_prefill_tokens: int = 0
     mean_decode_context: float = 0.0
-    # Where the step's time went, in seconds (see engine/profiler.py for the forward's split).
+    # Where the step's time went, in seconds (see engine/io/profiler.py for the forward's split).
     schedule_time: float = 0.0
     prepare_time: float = 0.0  # packing the step's inputs
     forward_time: float = 0.0  # model forward + logits

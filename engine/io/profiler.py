@@ -19,12 +19,12 @@ from typing import TYPE_CHECKING
 
 from torch import nn
 
+from engine.io.stats import StepStats
 from engine.model.decode_step import FusedDecodeStep
 from engine.model.layers import PagedAttention, RMSNorm, RotaryCacheWrite, SiluAndMul
-from engine.stats import StepStats
 
 if TYPE_CHECKING:
-    from engine.model_runner import ModelRunner
+    from engine.runner.model_runner import ModelRunner
 
 FORWARD_CLASSES = ("linears", "attention", "norms/rope/act + KV write", "all layers in one C++ call", "lm_head")
 

@@ -6,10 +6,10 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.detokenizer import IncrementalDetokenizer
-from engine.outputs import StreamDelta, TokenLogprob
-from engine.sampler import SamplingRow
-from engine.sequence import Sequence
+from engine.core.sequence import Sequence
+from engine.io.detokenizer import IncrementalDetokenizer
+from engine.io.outputs import StreamDelta, TokenLogprob
+from engine.runner.sampler import SamplingRow
 from engine.structured_output import GrammarState, StructuredOutputError
 
 

@@ -16,7 +16,7 @@ from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from engine.sequence import Sequence
+from engine.core.sequence import Sequence
 
 
 @dataclass

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.outputs import TokenLogprob
-from engine.scheduler import ScheduledSeq
-from engine.sequence import Sequence
+from engine.core.scheduler import ScheduledSeq
+from engine.core.sequence import Sequence
+from engine.io.outputs import TokenLogprob
 
 
 @dataclass

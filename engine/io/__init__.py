@@ -1,0 +1,2 @@
+"""What crosses the engine's edge: outputs and deltas, incremental detokenizing, the
+per-request limits, errors, statistics, the engine's description and its step profile."""
