@@ -21,6 +21,7 @@ from engine.config import (
     SCHEDULING_POLICIES,
     EngineConfig,
 )
+from engine.io.request_limits import RequestCaps
 
 # EngineConfig fields that the flags set, each from the flag of the same name.
 FLAG_FIELDS = ("model", "batching", "kv_cache_memory", "block_size", "max_model_len", "max_num_seqs",
@@ -44,8 +45,22 @@ def engine_default(name: str) -> object:
     return default_of(EngineConfig, name)
 
 
+# The per-request caps (RequestCaps), each the flag of the same name.
+REQUEST_CAP_HELP = {
+    "max_n": "most choices (n) in one request",
+    "max_seqs_per_request": "most sequences one request creates (prompts x n)",
+    "max_stop": "most stop strings in one request",
+    "max_stop_chars": "longest stop string, in characters",
+    "max_stop_token_ids": "most stop_token_ids in one request",
+    "max_logit_bias": "most logit_bias entries in one request",
+    "max_prompt_chars": "longest text prompt in characters, checked before tokenizing "
+                        "(default: 0, meaning 32 x max_model_len)",
+}
+
+
 def add_engine_flags(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
-    """The "engine" group of flags; returned, so that a command may add its own to it."""
+    """The "engine" group of flags, then the request caps; the engine group is returned, so
+    that a command may add its own to it."""
     group = parser.add_argument_group("engine")
     group.add_argument("--model", default=None,
                        help="a .gguf file or a Hugging Face model directory "
@@ -105,12 +120,21 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup
     group.add_argument("--fused-decode-limit", type=int, default=engine_default("fused_decode_limit"),
                        metavar="N", help="most decodes per step that run as one fused C++ call on a "
                                          "block-quantized CPU model (default: measured at load; 0: off)")
+    add_request_cap_flags(parser)
     return group
 
 
+def add_request_cap_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("request limits")
+    for name, help_text in REQUEST_CAP_HELP.items():
+        group.add_argument("--" + name.replace("_", "-"), type=int, default=default_of(RequestCaps, name),
+                           help=help_text)
+
+
 def engine_config(args: argparse.Namespace, **fields: Any) -> EngineConfig:
-    """The EngineConfig of parsed engine flags; `fields` sets the rest (e.g. request_caps)."""
+    """The EngineConfig of parsed engine flags and request caps; `fields` sets the rest."""
     given = {name: getattr(args, name) for name in FLAG_FIELDS}
     if given["max_num_seqs"] is None:  # not given: the engine's default (pagode serve may size it)
         given["max_num_seqs"] = engine_default("max_num_seqs")
-    return EngineConfig(**given, **fields)
+    caps = RequestCaps(**{name: getattr(args, name) for name in REQUEST_CAP_HELP})
+    return EngineConfig(**given, request_caps=caps, **fields)

@@ -12,6 +12,7 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
+from engine.io.errors import InvalidRequestError
 from engine.structured_output.spec import StructuredOutputSpec
 
 MAX_LOGPROBS = 20
@@ -65,47 +66,50 @@ class SamplingParams:
                            for k, v in self.logit_bias.items()}
 
     def validate(self) -> None:
-        """Raise ValueError with a message a user can act on; it begins with the field."""
+        """Raise InvalidRequestError (a ValueError) naming the field, with a message a user
+        can act on that begins with it: a server answers it as a 400 as it comes."""
         self._check_finite()
         if self.n < 1:
-            raise ValueError(f"n must be at least 1, got {self.n}")
+            raise InvalidRequestError(f"n must be at least 1, got {self.n}", "n")
         if not 0.0 <= self.temperature <= 2.0:
-            raise ValueError(f"temperature must be in [0, 2], got {self.temperature}")
+            raise InvalidRequestError(f"temperature must be in [0, 2], got {self.temperature}", "temperature")
         if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+            raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p}", "top_p")
         if self.top_k < 0:
-            raise ValueError(f"top_k must be 0 or -1 (off) or positive, got {self.top_k}")
+            raise InvalidRequestError(f"top_k must be 0 or -1 (off) or positive, got {self.top_k}", "top_k")
         if not 0.0 <= self.min_p <= 1.0:
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+            raise InvalidRequestError(f"min_p must be in [0, 1], got {self.min_p}", "min_p")
         if self.max_tokens is not None and self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
+            raise InvalidRequestError(f"max_tokens must be at least 1, got {self.max_tokens}", "max_tokens")
         if self.min_tokens < 0:
-            raise ValueError(f"min_tokens must be non-negative, got {self.min_tokens}")
+            raise InvalidRequestError(f"min_tokens must be non-negative, got {self.min_tokens}", "min_tokens")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
-            raise ValueError(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
+            raise InvalidRequestError(f"min_tokens ({self.min_tokens}) must not exceed max_tokens "
+                                      f"({self.max_tokens})", "min_tokens")
         if any(not s for s in self.stop):
-            raise ValueError("stop strings must not be empty")
+            raise InvalidRequestError("stop strings must not be empty", "stop")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
-            raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
+            raise InvalidRequestError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}", "logprobs")
         if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= MAX_LOGPROBS:
-            raise ValueError(f"prompt_logprobs must be in [0, {MAX_LOGPROBS}], got {self.prompt_logprobs}")
+            raise InvalidRequestError(f"prompt_logprobs must be in [0, {MAX_LOGPROBS}], "
+                                      f"got {self.prompt_logprobs}", "prompt_logprobs")
         for name in ("presence_penalty", "frequency_penalty"):
             if not -2.0 <= getattr(self, name) <= 2.0:
-                raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+                raise InvalidRequestError(f"{name} must be in [-2, 2], got {getattr(self, name)}", name)
         low, high = REPETITION_PENALTY_RANGE
         if not low <= self.repetition_penalty <= high:
-            raise ValueError(f"repetition_penalty must be in [{low}, {high}], "
-                             f"got {self.repetition_penalty}")
+            raise InvalidRequestError(f"repetition_penalty must be in [{low}, {high}], "
+                                      f"got {self.repetition_penalty}", "repetition_penalty")
         if self.seed is not None and not -(2**63) <= self.seed < 2**64:
-            raise ValueError("seed must be in [-2**63, 2**64)")
+            raise InvalidRequestError("seed must be in [-2**63, 2**64)", "seed")
 
     def _check_finite(self) -> None:
         for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
                      "repetition_penalty"):
             if not math.isfinite(getattr(self, name)):
-                raise ValueError(f"{name} must be a finite number, got {getattr(self, name)}")
+                raise InvalidRequestError(f"{name} must be a finite number, got {getattr(self, name)}", name)
         if any(not math.isfinite(v) for v in self.logit_bias.values()):
-            raise ValueError("logit_bias values must be finite numbers")
+            raise InvalidRequestError("logit_bias values must be finite numbers", "logit_bias")
 
     @property
     def greedy(self) -> bool:

@@ -1,5 +1,5 @@
-"""The FastAPI application: routes, error handlers, authentication, and the engine's
-lifetime (loaded in the background so that /health answers 503 until it is ready)."""
+"""The FastAPI application: routes, error handlers, middleware, and the engine's lifetime
+(loaded in the background so that /health answers 503 until it is ready)."""
 
 from __future__ import annotations
 
@@ -21,30 +21,36 @@ from server.api.protocol import (
     DetokenizeRequest,
     TokenizeRequest,
 )
-from server.api.routes import chat, completions, service
 from server.middleware.auth import APIKeyMiddleware
 from server.middleware.content_type import JSONContentTypeMiddleware
 from server.middleware.cors import install_cors
 from server.middleware.http_limits import HeaderLimitMiddleware
 from server.middleware.response_metrics import ResponseCountMiddleware
+from server.routes import chat, completions, health, metrics, models, tokenize
 from server.runtime.engine_client import EngineClient
-from server.runtime.state import EngineFactory, ServerState
+from server.runtime.state import ServerState
 from server.settings import ServerSettings
+from server.translate.user_text import plain_text_encoder
 
 logger = logging.getLogger("pagode.server")
 
-ROUTE_MODULES = (completions, chat, service)
+ROUTE_MODULES = (completions, chat, tokenize, models, health, metrics)
 
 # sse-starlette would cancel every stream on SIGTERM; our drain ends them instead.
 AppStatus.disable_automatic_graceful_drain()
 
 
+def prepare_serving(engine: EngineClient) -> None:
+    """Build, while the engine loads, what the first chat request would otherwise wait for:
+    the tokenizer's plain-text copy (server/translate/user_text.py)."""
+    plain_text_encoder(engine.tokenizer)
+
+
 def create_app(settings: ServerSettings, engine: EngineClient | None = None,
-               engine_config: EngineConfig | None = None,
-               engine_factory: EngineFactory | None = None) -> FastAPI:
-    """Serve `engine` (started here if it is not running) or build one from
-    `engine_config` once the server is up, with `engine_factory` (AsyncEngine by default)."""
-    state = ServerState(settings, engine, engine_config, engine_factory)
+               engine_config: EngineConfig | None = None) -> FastAPI:
+    """Serve `engine` (started here if it is not running), or build one from `engine_config`
+    once the server is up (with settings.engine_factory; AsyncEngine by default)."""
+    state = ServerState(settings, engine, engine_config, prepare=prepare_serving)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -58,7 +64,7 @@ def create_app(settings: ServerSettings, engine: EngineClient | None = None,
 
     app = FastAPI(title="pagode", summary="OpenAI-compatible LLM server", lifespan=lifespan)
     app.state.server = state
-    install_error_handlers(app)
+    install_error_handlers(app, state.responses.count)
     for module in ROUTE_MODULES:
         app.include_router(module.router)
     install_openapi(app, [CompletionRequest, ChatCompletionRequest, TokenizeRequest,
@@ -70,6 +76,6 @@ def create_app(settings: ServerSettings, engine: EngineClient | None = None,
         app.add_middleware(APIKeyMiddleware, api_key=settings.api_key)
     # Added last, so outermost: oversized headers are refused and every response counted.
     app.add_middleware(HeaderLimitMiddleware, max_header_bytes=settings.max_header_bytes)
-    app.add_middleware(ResponseCountMiddleware, state=state)
+    app.add_middleware(ResponseCountMiddleware, count=state.responses.count)
     install_cors(app, settings.cors)  # outermost: preflights skip the API key and limits
     return app

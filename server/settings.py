@@ -1,38 +1,132 @@
 """Server-side options (the engine's own knobs, per-request caps included, live in
-engine.config.EngineConfig)."""
+engine.config.EngineConfig).
+
+Each option that `pagode serve` takes says so in its field's metadata (`option`): its help
+text, its flag's group, whether it must be positive or non-negative, and where its default
+comes from when that is not the field's own. The flags (`add_flags`) and the validation
+(`__post_init__`) are both read from that metadata, so an option is described once.
+A flag is the field's name with dashes, less a trailing `_s` (seconds): `header_timeout_s`
+is `--header-timeout`.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import argparse
+import re
+import typing
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from engine import envs
+
+POSITIVE = "positive"
+NON_NEGATIVE = "non-negative"
+FACTORY_SPEC = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
+
+
+def option(default: Any, help: str, *, group: str = "server", bound: str | None = None,
+           metavar: str | None = None, env: envs.EnvVar[Any] | None = None) -> Any:
+    """A field that is also a `pagode serve` flag; `env` gives the flag's default."""
+    return field(default=default, metadata={"help": help, "group": group, "bound": bound,
+                                            "metavar": metavar, "env": env})
 
 
 @dataclass
 class ServerSettings:
-    served_model_name: str | None = None  # None: the engine's model name
-    api_key: str | None = None  # None: no authentication
-    # None: derived from the KV capacity once the engine is loaded (admission.default_queue_bound)
-    max_num_queued_reqs: int | None = None
-    shutdown_timeout: float = 30.0  # seconds to drain in-flight requests on SIGTERM
-    log_requests_text: bool = False  # log prompt and output text in the request log
+    served_model_name: str | None = option(
+        None, "the model name clients send and /v1/models lists (default: the engine's model name)")
+    api_key: str | None = option(
+        None, "require 'Authorization: Bearer KEY' on /v1/*, /tokenize and /detokenize; /health "
+        "and /metrics stay open (default: $PAGODE_API_KEY, else no authentication)",
+        env=envs.API_KEY)
+    max_num_queued_reqs: int | None = option(
+        None, "most requests waiting for their first token; past it the server answers 429 with "
+        "Retry-After at once (default: the KV capacity in requests of 128 tokens, at least 8)",
+        bound=NON_NEGATIVE)
+    shutdown_timeout: float = option(
+        30.0, "on SIGTERM, seconds to let in-flight requests finish before aborting them "
+        "(finish_reason 'abort')", bound=NON_NEGATIVE)
+    log_requests_text: bool = option(
+        False, "also log prompt and output text in each request's log line (off: only ids, token "
+        "counts and timings are logged)")
+    profile_steps: int = option(
+        0, "log a table of where the time of N engine steps goes (packing, forward by op class, "
+        "sampling, detokenize, streaming), then every N", metavar="N")
+    engine_factory: str | None = option(
+        None, "build the engine with MODULE:CALLABLE, called with the EngineConfig, instead of "
+        "engine.async_engine:AsyncEngine (a custom engine, or a test double)",
+        metavar="MODULE:CALLABLE")
+    # Slow and hostile clients (server/middleware/http_limits.py, server/api/body.py)
+    max_body_bytes: int = option(4 * 2**20, "largest request body; past it 413",
+                                 group="connection limits", bound=POSITIVE)
+    max_header_bytes: int = option(16 * 2**10, "largest request header block; past it 431",
+                                   group="connection limits", bound=POSITIVE)
+    header_timeout_s: float = option(10.0, "seconds a connection has to send a whole request head",
+                                     group="connection limits", bound=POSITIVE)
+    body_timeout_s: float = option(30.0, "seconds a request has to send its whole body (408)",
+                                   group="connection limits", bound=POSITIVE)
+    sse_send_timeout_s: float = option(
+        30.0, "seconds a stream may wait for a client that stopped reading; then it is cut and its "
+        "request aborted", group="connection limits", bound=POSITIVE)
+    limit_concurrency: int = option(1024, "most open connections and tasks; past it 503",
+                                    group="connection limits", bound=POSITIVE)
+    timeout_keep_alive_s: float = option(5.0, "seconds an idle keep-alive connection stays open",
+                                         group="connection limits", bound=POSITIVE)
     retry_after_s: int = 1  # Retry-After on 429 and 503
     url: str | None = None  # where it listens, for the startup log line
-    # Slow and hostile clients (server/middleware/http_limits.py, server/api/body.py)
-    max_body_bytes: int = 4 * 2**20  # larger bodies get 413
-    max_header_bytes: int = 16 * 2**10  # larger header blocks get 431
-    header_timeout_s: float = 10.0  # a connection must send a whole request head within this
-    body_timeout_s: float = 30.0  # and then its whole body within this (408)
-    sse_send_timeout_s: float = 30.0  # a stream whose client stops reading is cut and aborted
-    limit_concurrency: int = 1024  # open connections + tasks; past it uvicorn answers 503
-    timeout_keep_alive_s: float = 5.0  # idle keep-alive connections are closed after this
-    profile_steps: int = 0  # log where the time of every N engine steps goes (0: off)
     cors: dict[str, object] = field(default_factory=dict)  # CORSMiddleware's arguments; {}: off
 
     def __post_init__(self) -> None:
-        if self.max_num_queued_reqs is not None and self.max_num_queued_reqs < 0:
-            raise ValueError("max_num_queued_reqs must be non-negative")
-        if self.shutdown_timeout < 0:
-            raise ValueError("shutdown_timeout must be non-negative")
-        for name in ("max_body_bytes", "max_header_bytes", "header_timeout_s", "body_timeout_s",
-                     "sse_send_timeout_s", "limit_concurrency", "timeout_keep_alive_s"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive")
+        self.api_key = self.api_key or None
+        for item in fields(self):
+            check_bound(item.name, getattr(self, item.name), item.metadata.get("bound"))
+        if self.engine_factory is not None and not FACTORY_SPEC.fullmatch(self.engine_factory):
+            raise ValueError(f"engine_factory must be MODULE:CALLABLE, got {self.engine_factory!r}")
+
+
+def check_bound(name: str, value: Any, bound: str | None) -> None:
+    if bound is None or value is None:
+        return
+    if (bound == POSITIVE and value <= 0) or (bound == NON_NEGATIVE and value < 0):
+        raise ValueError(f"{name} must be {bound}")
+
+
+def flag_fields() -> list[Any]:
+    """The fields that are flags, in their order."""
+    return [item for item in fields(ServerSettings) if "help" in item.metadata]
+
+
+def flag_name(name: str) -> str:
+    return "--" + name.removesuffix("_s").replace("_", "-")
+
+
+def value_type(name: str) -> type:
+    """The field's type, without its `| None`."""
+    hint = typing.get_type_hints(ServerSettings)[name]
+    kinds = [kind for kind in typing.get_args(hint) if kind is not type(None)] or [hint]
+    return typing.cast(type, kinds[0])
+
+
+def add_flags(parser: argparse.ArgumentParser) -> dict[str, argparse._ArgumentGroup]:
+    """One flag per option, in its group; returns the groups, by title, so that a command
+    may add its own flags to them."""
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    for item in flag_fields():
+        meta = item.metadata
+        if meta["group"] not in groups:
+            groups[meta["group"]] = parser.add_argument_group(meta["group"])
+        group = groups[meta["group"]]
+        if value_type(item.name) is bool:
+            group.add_argument(flag_name(item.name), dest=item.name, action="store_true",
+                               help=meta["help"])
+            continue
+        default = meta["env"].get() if meta["env"] is not None else item.default
+        group.add_argument(flag_name(item.name), dest=item.name, type=value_type(item.name),
+                           default=default, metavar=meta["metavar"], help=meta["help"])
+    return groups
+
+
+def from_args(args: argparse.Namespace, **rest: Any) -> ServerSettings:
+    """The settings of parsed flags; `rest` sets the options that are no flags."""
+    return ServerSettings(**{item.name: getattr(args, item.name) for item in flag_fields()},
+                          **rest)

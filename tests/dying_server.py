@@ -1,15 +1,14 @@
-"""`pagode serve` with a fault-injection double of the engine: its loop dies, as an internal
-fault would kill it, when the process gets SIGUSR1. tests/test_server_ops.py starts it to
-see how the server behaves with a dead engine; production has no such hook."""
+"""A fault-injection double of the engine: its loop dies, as an internal fault would kill
+it, when the process gets SIGUSR1. tests/test_server_ops.py serves it through the plugin
+point a user has too, `pagode serve --engine-factory tests.dying_server:DyingEngine`, to see
+how the server behaves with a dead engine; production has no such hook."""
 
 from __future__ import annotations
 
 import asyncio
 import signal
-import sys
 
 from engine.async_engine import AsyncEngine
-from server import cli
 
 
 class DyingEngine(AsyncEngine):
@@ -32,7 +31,3 @@ class DyingEngine(AsyncEngine):
         if self.dying:
             raise RuntimeError("the engine loop was killed (tests/dying_server.py)")
         return super()._step()
-
-
-if __name__ == "__main__":
-    sys.exit(cli.main(sys.argv[1:], engine_factory=DyingEngine))

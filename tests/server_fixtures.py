@@ -14,7 +14,6 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
@@ -93,14 +92,11 @@ def wait_all_healthy(servers: list[ServerProcess], timeout: float = STARTUP_TIME
 
 
 def launch_server(args: list[str], log_dir: Path, env: dict[str, str] | None = None,
-                  name: str = "server", script: Path | None = None) -> ServerProcess:
-    """Start `python -m server.cli serve` (or `python SCRIPT serve`, a test double's
-    launcher) on a free port; do not wait for it."""
+                  name: str = "server") -> ServerProcess:
+    """Start `python -m server.cli serve` on a free port; do not wait for it."""
     port = free_port()
     log_path = log_dir / f"{name}-{port}.log"
     command = serve_command(port, args)
-    if script is not None:
-        command = [sys.executable, str(script), *command[3:]]  # in place of `-m server.cli`
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     with open(log_path, "wb") as log_file:
         proc = subprocess.Popen(command, cwd=REPO_ROOT, env=full_env, stdout=log_file,

@@ -1,6 +1,7 @@
 """The house's dependency rules, read from the code's own imports: server -> planner ->
 engine; loadgen stays a client that imports no engine or server; nothing imports the
-benchmarks (tests included)."""
+benchmarks (tests included); inside server/, each stage of a request imports only the
+stages below it."""
 
 from __future__ import annotations
 
@@ -50,3 +51,55 @@ def test_the_kernel_packages_import_no_other_part_of_pagode() -> None:
     for folder in ("cpu_kernels", "cuda_kernels"):
         offenders = {f: names & ours for f, names in imported_packages(folder).items() if names & ours}
         assert not offenders
+
+
+# Inside server/: one folder per stage of a request, each importing only the stages below it.
+# A part is a folder of server/ or a module at its top; an import of `server.X...` uses part X.
+SERVER_PARTS_ALLOWED: dict[str, set[str]] = {
+    "settings": set(),  # the options, read from their own metadata
+    "worker_pool": set(),  # the threads that CPU-bound request work runs in
+    "api": {"settings", "worker_pool"},  # the floor: OpenAI models, errors, body parsing
+    "middleware": {"api"},
+    "translate": {"api"},  # pure functions: a body and the engine's facts -> engine requests
+    "runtime": {"api", "settings"},  # the engine, admission, running choices, metrics, drain
+    "respond": {"api", "runtime"},  # deltas -> response bodies and SSE
+    "routes": {"api", "translate", "runtime", "respond", "worker_pool"},  # the stages composed
+    "app": {"api", "middleware", "routes", "runtime", "settings", "translate"},
+    "cli": {"app", "middleware", "runtime", "settings"},
+    "__main__": {"cli"},
+}
+
+
+def server_part(path: str) -> str:
+    """`server/api/body.py` -> "api"; `server/app.py` -> "app"."""
+    parts = Path(path).relative_to("server").parts
+    return parts[0] if len(parts) > 1 else Path(parts[0]).stem
+
+
+def server_parts_imported(path: Path) -> set[str]:
+    used: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            used |= {alias.name.split(".")[1] for alias in node.names
+                     if alias.name.startswith("server.")}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            if node.module == "server":
+                used |= {alias.name for alias in node.names}
+            elif node.module.startswith("server."):
+                used.add(node.module.split(".")[1])
+    return used
+
+
+def test_each_server_stage_imports_only_the_stages_below_it() -> None:
+    offenders: dict[str, set[str]] = {}
+    for path in sorted((ROOT / "server").rglob("*.py")):
+        rel = str(path.relative_to(ROOT))
+        part = server_part(rel)
+        if part == "__init__":
+            continue
+        assert part in SERVER_PARTS_ALLOWED, f"{rel}: a new part of server/ needs its rule here"
+        extra = server_parts_imported(path) - SERVER_PARTS_ALLOWED[part] - {part}
+        if extra:
+            offenders[rel] = extra
+    assert not offenders, offenders
+

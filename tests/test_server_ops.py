@@ -9,7 +9,6 @@ import json
 import signal
 import time
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -42,8 +41,9 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Serv
                          "--max-num-seqs", "1",
                          "--max-num-queued-reqs", "2", "--shutdown-timeout",
                          str(SHUTDOWN_TIMEOUT_S)], log_dir, name="ops")
-    dying = launch_server([*SMALL_ARGS, "--log-requests-text"], log_dir, name="dying",
-                          script=Path(__file__).with_name("dying_server.py"))
+    dying = launch_server([*SMALL_ARGS, "--log-requests-text",
+                           "--engine-factory", "tests.dying_server:DyingEngine"], log_dir,
+                          name="dying")
     try:
         wait_all_healthy([ops, dying])
         yield {"ops": ops, "dying": dying}

@@ -15,28 +15,28 @@ from server.translate.prompts import split_prompts
 
 def test_admission_bounds_the_queue_and_releases_once() -> None:
     admission = Admission(max_queued=2, retry_after_s=3)
-    first = admission.admit(2)
+    first = admission.take_slots(2)
     with pytest.raises(APIError) as refused:
-        admission.admit(1)
+        admission.take_slots(1)
     assert refused.value.status == 429
     assert refused.value.headers == {"Retry-After": "3"}
     first[0].release()
     first[0].release()  # idempotent: a slot is given back once
     assert admission.queued == 1
-    admission.admit(1)
+    admission.take_slots(1)
     assert admission.queued == 2
 
 
 def test_admission_lets_a_wide_request_in_only_when_nothing_waits() -> None:
     admission = Admission(max_queued=2)
-    slots = admission.admit(5)  # n=5 is wider than the bound: delayed, not refused forever
+    slots = admission.take_slots(5)  # n=5 is wider than the bound: delayed, not refused forever
     assert admission.queued == 5
     with pytest.raises(APIError):
-        admission.admit(5)
+        admission.take_slots(5)
     for slot in slots:
         slot.release()
     assert admission.queued == 0
-    assert Admission(max_queued=None).admit(1000)
+    assert Admission(max_queued=None).take_slots(1000)
 
 
 def test_bearer_check() -> None:

@@ -20,6 +20,7 @@ import torch
 from engine.core.scheduler import ScheduledSeq
 from engine.core.sequence import Sequence
 from engine.io.outputs import TokenLogprob
+from engine.runner.logprob_values import finite_logprob
 
 
 @dataclass
@@ -58,7 +59,8 @@ def split_logits(logits: torch.Tensor, plans: list[PromptRows]) -> tuple[torch.T
 
 def score(prompt_logits: torch.Tensor, plans: list[PromptRows], num_top: dict[str, int],
           decode: Callable[[int], str]) -> dict[str, list[TokenLogprob]]:
-    """Each plan's new prompt logprobs, with top alternatives and the token's rank."""
+    """Each plan's new prompt logprobs, with top alternatives and the token's rank; every
+    value JSON can carry (finite_logprob), as the sampled tokens' are."""
     if not plans:
         return {}
     logprobs = torch.log_softmax(prompt_logits.float(), dim=-1)
@@ -76,9 +78,9 @@ def score(prompt_logits: torch.Tensor, plans: list[PromptRows], num_top: dict[st
         out = []
         for i, token in enumerate(ids):
             top = [] if tops is None else [
-                (t, decode(t), v) for t, v in zip(tops.indices[i].tolist(),
-                                                  tops.values[i].tolist(), strict=True)]
-            out.append(TokenLogprob(token, decode(token), float(chosen[i]), top,
+                (t, decode(t), finite_logprob(v))
+                for t, v in zip(tops.indices[i].tolist(), tops.values[i].tolist(), strict=True)]
+            out.append(TokenLogprob(token, decode(token), finite_logprob(float(chosen[i])), top,
                                     int(ranks[i])))
         result[seq.request_id] = out
     return result

@@ -25,8 +25,8 @@ from starlette.requests import ClientDisconnect
 
 from engine.io.request_limits import clip
 from server.api.errors import APIError
-from server.runtime.worker_pool import run_blocking
 from server.settings import ServerSettings
+from server.worker_pool import run_blocking
 
 M = TypeVar("M", bound=BaseModel)
 OFFLOAD_BYTES = 64 * 2**10  # bodies above this are parsed in the worker pool

@@ -7,6 +7,7 @@ Every error body is {"error": {"message", "type", "param", "code"}}. Validation 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from http import HTTPStatus
 from typing import Any
 
@@ -33,12 +34,6 @@ ERROR_TYPES = {
     500: "InternalServerError",
     503: "ServiceUnavailableError",
 }
-
-
-SAMPLING_FIELDS = frozenset({
-    "n", "temperature", "top_p", "top_k", "min_p", "max_tokens", "min_tokens", "stop", "logprobs",
-    "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "seed",
-})
 
 
 class APIError(Exception):
@@ -100,12 +95,6 @@ def api_error_from(exc: BaseException, request_id: str | None = None) -> APIErro
     return APIError(500, f"Internal server error{where}.")
 
 
-def guess_param(message: str) -> str | None:
-    """SamplingParams' messages begin with the field name ("top_k must be ...")."""
-    first = message.split(" ", 1)[0]
-    return first if first in SAMPLING_FIELDS else None
-
-
 def describe_validation_error(exc: RequestValidationError) -> tuple[str, str | None]:
     """One readable message and the offending field, from pydantic's error list."""
     errors = exc.errors()
@@ -141,6 +130,8 @@ async def handle_api_error(request: Request, exc: Exception) -> JSONResponse:
 
 
 async def handle_invalid_request(request: Request, exc: Exception) -> JSONResponse:
+    """The engine's checks (limits, sampling parameters, grammars) raise this wherever the
+    server calls them: one 400 here, no wrapper at each call."""
     assert isinstance(exc, InvalidRequestError)
     return error_response(400, str(exc), exc.param)
 
@@ -153,17 +144,19 @@ async def handle_http_exception(request: Request, exc: Exception) -> JSONRespons
     return error_response(exc.status_code, message, None, dict(exc.headers or {}))
 
 
-async def handle_unexpected(request: Request, exc: Exception) -> JSONResponse:
-    error = api_error_from(exc)
-    state = getattr(request.app.state, "server", None)
-    if state is not None:  # sent outside the counting middleware, so count it here
-        state.count_response(error.status)
-    return error_response(error.status, error.message, error.param)
+def unexpected_handler(count_response: Callable[[int], None]) -> Any:
+    """The last resort. Starlette sends its answer outside every middleware, the counting
+    one included, so it counts the response itself."""
+    async def handle_unexpected(request: Request, exc: Exception) -> JSONResponse:
+        error = api_error_from(exc)
+        count_response(error.status)
+        return error_response(error.status, error.message, error.param)
+    return handle_unexpected
 
 
-def install_error_handlers(app: FastAPI) -> None:
+def install_error_handlers(app: FastAPI, count_response: Callable[[int], None]) -> None:
     app.add_exception_handler(RequestValidationError, handle_validation_error)
     app.add_exception_handler(APIError, handle_api_error)
     app.add_exception_handler(InvalidRequestError, handle_invalid_request)
     app.add_exception_handler(StarletteHTTPException, handle_http_exception)
-    app.add_exception_handler(Exception, handle_unexpected)
+    app.add_exception_handler(Exception, unexpected_handler(count_response))

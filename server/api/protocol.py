@@ -1,8 +1,8 @@
 """Request and response bodies of the OpenAI-compatible API, with vLLM's field names.
 
 Unknown fields are kept (extra="allow") so that clients written for other servers still
-work; server/translate/validation.py refuses the ones whose meaning pagode does not implement and logs
-the rest once. NaN and Infinity (JSON literals Python accepts) are refused everywhere, and
+work; server/translate/fields.py refuses the ones whose meaning pagode does not implement and
+logs the rest once. NaN and Infinity (JSON literals Python accepts) are refused everywhere, and
 lists fail fast so that a body of a million wrong items builds one error, not a million.
 """
 
@@ -21,6 +21,7 @@ from pydantic import (
 )
 
 from engine.sampling_params import MAX_LOGPROBS
+from server.api.tool_markup import Mode
 
 # Strict: "5", 5.0 and true are not token counts (vLLM and OpenAI reject them too).
 StrictInt = Annotated[int, Field(strict=True)]
@@ -99,7 +100,7 @@ class SamplingFields(OpenAIModel):
         return bool(self.stream_options and self.stream_options.include_usage)
 
 
-# ---- structured outputs, tools and priority (issue 11) ------------------------------------
+# ---- structured outputs, tools and priority ------------------------------------------------
 # Request fields that real clients send: OpenAI's response_format and tools, vLLM's
 # structured_outputs object and its older guided_* aliases, and vLLM's priority.
 
@@ -210,6 +211,15 @@ class ToolFields(OpenAIModel):
         if self.tool_choice is not None:
             return self.tool_choice
         return "auto" if self.tools else "none"
+
+    def tool_mode(self) -> tuple[Mode, str | None] | None:
+        """(mode, function name) when the output is parsed for calls; None for plain content."""
+        choice = self.effective_tool_choice()
+        if isinstance(choice, NamedToolChoice):
+            return "named", choice.function.name
+        if choice in ("auto", "required") and self.tools:
+            return choice, None  # type: ignore[return-value]
+        return None
 
 
 Prompt = (str | Annotated[list[str], Field(fail_fast=True)] | TokenIds

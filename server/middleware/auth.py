@@ -9,7 +9,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from server.api.errors import error_response
 
-PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize", "/debug/")
+PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize")
 
 
 def is_protected(path: str) -> bool:

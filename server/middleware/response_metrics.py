@@ -1,17 +1,17 @@
-"""Counting every HTTP response by status code and error type (pure ASGI, so streams and
-disconnects pass untouched); ServerMetrics exposes the counts as pagode:http_responses_total."""
+"""Counting every HTTP response by its status (pure ASGI, so streams and disconnects pass
+untouched); the runtime keeps the counts and serves them as pagode:http_responses_total."""
 
 from __future__ import annotations
 
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from collections.abc import Callable
 
-from server.runtime.state import ServerState
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 
 class ResponseCountMiddleware:
-    def __init__(self, app: ASGIApp, state: ServerState) -> None:
+    def __init__(self, app: ASGIApp, count: Callable[[int], None]) -> None:
         self.app = app
-        self.state = state
+        self.count = count
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -20,7 +20,7 @@ class ResponseCountMiddleware:
 
         async def counting_send(message: Message) -> None:
             if message["type"] == "http.response.start":
-                self.state.count_response(int(message["status"]))
+                self.count(int(message["status"]))
             await send(message)
 
         await self.app(scope, receive, counting_send)

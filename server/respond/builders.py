@@ -4,13 +4,15 @@ and whole responses by accumulating the same deltas."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from engine.io.outputs import TokenLogprob
 from server.api.protocol import (
     ChatChoice,
     ChatCompletionChunk,
+    ChatCompletionRequest,
     ChatCompletionResponse,
     ChatLogprobs,
     ChatResponseMessage,
@@ -18,6 +20,7 @@ from server.api.protocol import (
     ChatTokenLogprob,
     CompletionChoice,
     CompletionLogprobs,
+    CompletionRequest,
     CompletionResponse,
     DeltaMessage,
     PromptTokensDetails,
@@ -28,14 +31,23 @@ from server.api.protocol import (
 )
 from server.respond.tool_calls import ToolCallStream
 from server.runtime.generation import ChoiceEvent
-from server.translate.prompts import PromptInput
-from server.translate.tool_prompt import Mode
+
+
+class Prompt(Protocol):
+    """A prompt as a response shows it: its tokens (usage, prompt logprobs) and its text
+    (echo)."""
+
+    @property
+    def token_ids(self) -> list[int]: ...
+
+    @property
+    def text(self) -> str: ...
 
 
 @dataclass
 class ChoiceState:
     index: int
-    prompt: PromptInput
+    prompt: Prompt
     text: list[str] = field(default_factory=list)
     num_tokens: int = 0
     num_cached_tokens: int = 0  # of the prompt, from the prefix cache
@@ -48,11 +60,10 @@ class ChoiceState:
     prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
-LOGPROB_FLOOR = -9999.0  # -inf is not JSON; vLLM clamps it to this
-
-
-def prompt_completion_logprobs(choice: ChoiceState, token_text: Any) -> CompletionLogprobs:
-    """The prompt's tokens in the legacy format: the first token has no logprob (null)."""
+def prompt_completion_logprobs(choice: ChoiceState,
+                               token_text: Callable[[int], str]) -> CompletionLogprobs:
+    """The prompt's tokens in the legacy format: the first token has no logprob (null).
+    The engine gives every value already finite (engine/runner/logprob_values.py)."""
     assert choice.prompt_logprobs is not None
     out = CompletionLogprobs()
     offset = 0
@@ -65,9 +76,9 @@ def prompt_completion_logprobs(choice: ChoiceState, token_text: Any) -> Completi
             out.token_logprobs.append(None)
             out.top_logprobs.append(None)
             continue
-        top = {text: max(value, LOGPROB_FLOOR) for _, text, value in lp.top}
-        top.setdefault(lp.token, max(lp.logprob, LOGPROB_FLOOR))
-        out.token_logprobs.append(max(lp.logprob, LOGPROB_FLOOR))
+        top = {text: value for _, text, value in lp.top}
+        top.setdefault(lp.token, lp.logprob)
+        out.token_logprobs.append(lp.logprob)
         out.top_logprobs.append(top)
     return out
 
@@ -87,9 +98,9 @@ def vllm_prompt_logprobs(lps: list[TokenLogprob | None] | None
         if lp is None:
             out.append(None)
             continue
-        entry = {str(t): {"logprob": max(v, LOGPROB_FLOOR), "rank": r + 1, "decoded_token": text}
+        entry = {str(t): {"logprob": v, "rank": r + 1, "decoded_token": text}
                  for r, (t, text, v) in enumerate(lp.top)}
-        entry[str(lp.token_id)] = {"logprob": max(lp.logprob, LOGPROB_FLOOR), "rank": lp.rank,
+        entry[str(lp.token_id)] = {"logprob": lp.logprob, "rank": lp.rank,
                                    "decoded_token": lp.token}
         out.append(entry)
     return out
@@ -122,7 +133,7 @@ def chat_logprobs(logprobs: list[TokenLogprob], num_top: int) -> list[ChatTokenL
 class ResponseBuilder(ABC):
     """Shared bookkeeping: choices by index, usage over all of them."""
 
-    def __init__(self, request_id: str, model: str, prompts: list[PromptInput], n: int) -> None:
+    def __init__(self, request_id: str, model: str, prompts: Sequence[Prompt], n: int) -> None:
         self.request_id = request_id
         self.model = model
         self.created = now()
@@ -174,20 +185,17 @@ class ResponseBuilder(ABC):
 
 
 class CompletionBuilder(ResponseBuilder):
-    def __init__(self, request_id: str, model: str, prompts: list[PromptInput], n: int,
-                 echo: bool, logprobs: int | None) -> None:
-        super().__init__(request_id, model, prompts, n)
-        self.echo = echo
-        self.logprobs = logprobs
-        self.prompt_only = False  # max_tokens 0 with echo: the prompt and its logprobs only
-        self.vllm_prompt_logprobs = False  # the request set prompt_logprobs
-        self.token_text: Any = None
+    def __init__(self, request_id: str, model: str, prompts: Sequence[Prompt],
+                 body: CompletionRequest, token_text: Callable[[int], str]) -> None:
+        """`token_text` shows a prompt token that has no logprob (the first)."""
+        super().__init__(request_id, model, prompts, body.n)
+        self.echo = body.echo
+        self.logprobs = body.logprobs
+        self.prompt_only = body.max_tokens == 0  # with echo: the prompt and its logprobs only
+        self.vllm_prompt_logprobs = body.prompt_logprobs is not None  # vLLM's own format
+        self.token_text = token_text
         for choice in self.choices.values():
-            choice.text_offset = len(choice.prompt.text) if echo else 0
-
-    def score_prompt(self, prompt_only: bool, vllm_format: bool, token_text: Any) -> None:
-        self.prompt_only, self.vllm_prompt_logprobs, self.token_text = (prompt_only, vllm_format,
-                                                                        token_text)
+            choice.text_offset = len(choice.prompt.text) if self.echo else 0
 
     def update(self, event: ChoiceEvent) -> tuple[ChoiceState, str]:
         choice, text = super().update(event)
@@ -262,13 +270,13 @@ class CompletionBuilder(ResponseBuilder):
 
 
 class ChatBuilder(ResponseBuilder):
-    def __init__(self, request_id: str, model: str, prompt: PromptInput, n: int,
-                 logprobs: bool, top_logprobs: int,
-                 tools: tuple[Mode, str | None] | None = None) -> None:
-        super().__init__(request_id, model, [prompt], n)
-        self.logprobs = logprobs
-        self.top_logprobs = top_logprobs
-        # Tool calling: each choice's output is parsed for calls (server/translate/tool_prompt.py).
+    def __init__(self, request_id: str, model: str, prompt: Prompt,
+                 body: ChatCompletionRequest) -> None:
+        super().__init__(request_id, model, [prompt], body.n)
+        self.logprobs = body.logprobs
+        self.top_logprobs = body.top_logprobs or 0
+        # Tool calling: each choice's output is parsed for calls (respond/tool_calls.py).
+        tools = body.tool_mode()
         self.tool_streams = {index: ToolCallStream(*tools) for index in self.choices} if tools \
             else {}
 

@@ -4,7 +4,8 @@ Streaming: one `data: {json}` event per engine delta, a usage chunk when asked, 
 `data: [DONE]`. An error after the stream has started is sent as `data: {"error": ...}`
 followed by `[DONE]`. When the client disconnects, sse-starlette cancels the body
 generator at once; closing the ChoiceStream then cancels the pumps, which abort their
-engine requests. Non-streaming requests watch for the disconnect themselves.
+engine requests. Non-streaming requests watch for the disconnect themselves. However a
+response ends, its ChoiceStream is closed (once), which ends the request.
 """
 
 from __future__ import annotations
@@ -24,26 +25,9 @@ from server.api.protocol import SamplingFields
 from server.api.request_ids import echo_request_id
 from server.respond.builders import ResponseBuilder, consume_event
 from server.runtime.generation import ChoiceStream
-from server.runtime.state import ServerState
-from server.translate.engine_requests import EngineRequests
+from server.runtime.response_stats import ResponseStats
 
 DISCONNECT_POLL_S = 0.2
-
-
-class RequestGuard:
-    """Ends one HTTP generation request exactly once, however it ends."""
-
-    def __init__(self, state: ServerState, stream: ChoiceStream) -> None:
-        self.state = state
-        self.stream = stream
-        self.closed = False
-        state.begin_request()
-
-    def close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            self.stream.close()
-            self.state.end_request()
 
 
 def to_json(data: dict[str, Any]) -> str:
@@ -51,12 +35,12 @@ def to_json(data: dict[str, Any]) -> str:
 
 
 async def sse_events(stream: ChoiceStream, builder: ResponseBuilder, include_usage: bool,
-                     guard: RequestGuard) -> AsyncIterator[str]:
+                     stats: ResponseStats) -> AsyncIterator[str]:
     try:
         failed = False
         async for event in stream:
             if event.error is not None:
-                guard.state.count_response(event.error.status)
+                stats.count(event.error.status)
                 yield to_json(event.error.body())
                 failed = True
                 break
@@ -65,24 +49,23 @@ async def sse_events(stream: ChoiceStream, builder: ResponseBuilder, include_usa
             if chunk is not None and builder.continuous_usage:  # stream_options.continuous_usage_stats
                 chunk["usage"] = builder.usage().model_dump(mode="json")
             data = None if chunk is None else to_json(chunk)
-            guard.state.encode_seconds += time.perf_counter() - start
+            stats.add_encode_time(time.perf_counter() - start)
             if data is not None:
                 yield data
         if include_usage and not failed:
             yield to_json(builder.usage_chunk())
         yield "[DONE]"
     finally:
-        guard.close()  # synchronous: this may run inside a cancelled scope
+        stream.close()  # synchronous: this may run inside a cancelled scope
 
 
-def stream_response(state: ServerState, stream: ChoiceStream, builder: ResponseBuilder,
-                    include_usage: bool) -> EventSourceResponse:
-    guard = RequestGuard(state, stream)
+def stream_response(stream: ChoiceStream, builder: ResponseBuilder, include_usage: bool,
+                    send_timeout_s: float, stats: ResponseStats) -> EventSourceResponse:
     # sep="\n": frames are "data: ...\n\n", byte for byte what OpenAI and vLLM send.
-    # send_timeout: a client that stops reading is cut, and its request aborted (guard).
-    return EventSourceResponse(sse_events(stream, builder, include_usage, guard), sep="\n",
-                               background=BackgroundTask(guard.close),
-                               send_timeout=state.settings.sse_send_timeout_s)
+    # send_timeout: a client that stops reading is cut, and its request aborted (close).
+    return EventSourceResponse(sse_events(stream, builder, include_usage, stats), sep="\n",
+                               background=BackgroundTask(stream.close),
+                               send_timeout=send_timeout_s)
 
 
 async def wait_for_disconnect(request: Request) -> None:
@@ -96,10 +79,9 @@ async def collect(stream: ChoiceStream, builder: ResponseBuilder) -> dict[str, A
     return builder.response()
 
 
-async def full_response(state: ServerState, request: Request, stream: ChoiceStream,
+async def full_response(request: Request, stream: ChoiceStream,
                         builder: ResponseBuilder) -> Response:
     """Wait for every choice; abort them all if the client goes away first."""
-    guard = RequestGuard(state, stream)
     collector = asyncio.create_task(collect(stream, builder))
     watcher = asyncio.create_task(wait_for_disconnect(request))
     try:
@@ -111,19 +93,19 @@ async def full_response(state: ServerState, request: Request, stream: ChoiceStre
     finally:
         watcher.cancel()
         collector.cancel()
-        guard.close()
+        stream.close()
 
 
-async def respond(state: ServerState, request: Request, body: SamplingFields,
-                  requests: EngineRequests, builder: ResponseBuilder) -> Response:
-    """Start the engine requests (429 if the queue filled meanwhile), then stream their
-    deltas or send one body, with the request id echoed."""
-    stream = state.start_generation(requests.subs)
+async def respond(request: Request, body: SamplingFields, stream: ChoiceStream,
+                  builder: ResponseBuilder, client_id: str, send_timeout_s: float,
+                  stats: ResponseStats) -> Response:
+    """Stream the running request's deltas or send one body, with the client's request id
+    (`client_id`) echoed."""
     builder.continuous_usage = bool(body.stream_options
                                     and body.stream_options.continuous_usage_stats)
     response: Response
     if body.stream:
-        response = stream_response(state, stream, builder, body.include_usage())
+        response = stream_response(stream, builder, body.include_usage(), send_timeout_s, stats)
     else:
-        response = await full_response(state, request, stream, builder)
-    return echo_request_id(response, requests.client_id)
+        response = await full_response(request, stream, builder)
+    return echo_request_id(response, client_id)

@@ -18,7 +18,7 @@ import partial_json_parser
 from partial_json_parser import Allow
 
 from server.api.protocol import DeltaFunctionCall, DeltaToolCall, FunctionCall, ToolCall
-from server.translate.tool_prompt import CALL_END, CALL_START, Mode
+from server.api.tool_markup import CALL_END, CALL_START, Mode
 
 PARTIAL = Allow.OBJ | Allow.ARR  # containers may be open; strings, numbers, literals complete
 

@@ -31,26 +31,33 @@ MIN_QUEUE_BOUND = 8
 
 def default_queue_bound(kv_tokens: int) -> int:
     """Without --max-num-queued-reqs, queue about as many requests as the KV cache could
-    admit at 128 tokens each (182 with 1 GiB for the default model): a deeper queue only
-    adds waiting time and memory, a shallower one refuses work the cache could take."""
+    admit at 128 tokens each: a deeper queue only adds waiting time and memory, a shallower
+    one refuses work the cache could take."""
     return max(MIN_QUEUE_BOUND, kv_tokens // QUEUE_TOKENS_PER_REQUEST)
 
 
 class Admission:
-    def __init__(self, max_queued: int | None, retry_after_s: int = 1) -> None:
+    def __init__(self, max_queued: int | None, retry_after_s: int = 1,
+                 on_refuse: Callable[[], None] = lambda: None) -> None:
         self.max_queued = max_queued
         self.retry_after_s = retry_after_s
+        self.on_refuse = on_refuse  # counts the refusal (pagode:request_rejected_total)
         self.queued = 0
 
-    def admit(self, count: int) -> list[QueueSlot]:
-        """Take `count` slots or raise a 429 APIError carrying Retry-After."""
+    def refuse_if_full(self, count: int) -> None:
+        """The 429, carrying Retry-After, when `count` more would not fit."""
         if self.is_full(count):
+            self.on_refuse()
             raise APIError(
                 429,
                 f"The server is overloaded: {self.queued} requests are already waiting "
                 f"(--max-num-queued-reqs {self.max_queued}). Retry later.",
                 headers={"Retry-After": str(self.retry_after_s)},
             )
+
+    def take_slots(self, count: int) -> list[QueueSlot]:
+        """Take `count` slots, or raise the 429 (no await between the check and the take)."""
+        self.refuse_if_full(count)
         self.queued += count
         return [QueueSlot(self._release_one) for _ in range(count)]
 

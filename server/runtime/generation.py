@@ -1,10 +1,12 @@
-"""Running one HTTP request's sub-requests on the engine and merging their deltas.
+"""Running one HTTP request's choices on the engine and merging their deltas.
 
-A request with several prompts or n > 1 fans out into sub-requests (one per choice), each
-pumped by its own task into a shared queue. Cancelling a pump (client gone, shutdown) aborts
-its engine request at once, so its KV blocks are freed within one engine step, and ends the
-choice with finish_reason "abort". Every sub-request, however it ends, is accounted exactly
-once: one request-log line and one set of metric observations.
+A request with several prompts or n > 1 fans out into choices (translate/engine_requests.py
+builds them), each pumped by its own task into a shared queue. Cancelling a pump (client
+gone, shutdown) aborts its engine request at once, so its KV blocks are freed within one
+engine step, and ends the choice with finish_reason "abort". Every choice, however it ends,
+is accounted exactly once: one request-log line and one set of metric observations. A
+request is in flight from its start until its ChoiceStream is closed; the shutdown drain
+waits for none to be.
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from engine.io.errors import RequestFailedError
 from engine.io.outputs import StreamDelta
@@ -27,13 +30,23 @@ from server.runtime.metrics import ServerMetrics
 request_logger = logging.getLogger("pagode.requests")
 
 
-@dataclass
-class SubRequest:
-    index: int  # the choice index in the response
-    request_id: str
-    prompt_ids: list[int]
-    params: SamplingParams
-    prompt_text: str | None = None  # for the request log, only with --log-requests-text
+class Choice(Protocol):
+    """One choice of a request, as it runs on the engine."""
+
+    @property
+    def index(self) -> int: ...  # the choice index in the response
+
+    @property
+    def request_id(self) -> str: ...  # the engine's request id
+
+    @property
+    def prompt_ids(self) -> list[int]: ...
+
+    @property
+    def params(self) -> SamplingParams: ...
+
+    @property
+    def prompt_text(self) -> str: ...  # for the request log, with --log-requests-text
 
 
 @dataclass
@@ -49,9 +62,9 @@ class ChoiceEvent:
 
 @dataclass
 class RequestRecord:
-    """What the server saw of one sub-request, for the request log and the metrics."""
+    """What the server saw of one choice, for the request log and the metrics."""
 
-    sub: SubRequest
+    sub: Choice
     arrival: float = field(default_factory=time.monotonic)
     first_token: float | None = None
     last_token: float | None = None
@@ -89,7 +102,7 @@ class RequestRecord:
         return queue_time, ttft, e2e
 
 
-def abort_delta(sub: SubRequest, record: RequestRecord) -> StreamDelta:
+def abort_delta(sub: Choice, record: RequestRecord) -> StreamDelta:
     return StreamDelta(request_id=sub.request_id, text="", token_ids=[], finished=True,
                        finish_reason="abort", prompt_token_ids=sub.prompt_ids,
                        num_output_tokens=record.num_output_tokens,
@@ -101,7 +114,7 @@ def format_seconds(value: float | None) -> str:
 
 
 class GenerationService:
-    """Starts sub-requests on the engine and keeps the live ones, for shutdown."""
+    """Starts choices on the engine and keeps the live ones, for shutdown."""
 
     def __init__(self, engine: EngineClient, metrics: ServerMetrics,
                  log_text: bool = False) -> None:
@@ -109,18 +122,28 @@ class GenerationService:
         self.metrics = metrics
         self.log_text = log_text
         self.active: dict[str, asyncio.Task[None]] = {}
+        self.in_flight = 0  # requests whose response is not complete yet
+        self.idle = asyncio.Event()
+        self.idle.set()
 
-    def start(self, subs: list[SubRequest], slots: list[QueueSlot]) -> ChoiceStream:
-        return ChoiceStream(self, subs, slots)
+    def start(self, choices: Sequence[Choice], slots: list[QueueSlot]) -> ChoiceStream:
+        self.in_flight += 1
+        self.idle.clear()
+        return ChoiceStream(self, choices, slots)
+
+    def end_request(self) -> None:
+        self.in_flight -= 1
+        if self.in_flight == 0:
+            self.idle.set()
 
     def abort_all(self) -> int:
-        """Cancel every live sub-request (each ends with finish_reason "abort")."""
+        """Cancel every live choice (each ends with finish_reason "abort")."""
         tasks = list(self.active.values())
         for task in tasks:
             task.cancel()
         return len(tasks)
 
-    async def pump(self, sub: SubRequest, slot: QueueSlot,
+    async def pump(self, sub: Choice, slot: QueueSlot,
                    queue: asyncio.Queue[ChoiceEvent]) -> None:
         record = RequestRecord(sub)
         final: ChoiceEvent | None = None  # the choice's last event, sent after accounting
@@ -185,21 +208,23 @@ class GenerationService:
 
 
 class ChoiceStream:
-    """The merged deltas of one HTTP request's sub-requests, in arrival order."""
+    """The merged deltas of one HTTP request's choices, in arrival order."""
 
-    def __init__(self, service: GenerationService, subs: list[SubRequest],
+    def __init__(self, service: GenerationService, choices: Sequence[Choice],
                  slots: list[QueueSlot]) -> None:
+        self.service = service
         self.queue: asyncio.Queue[ChoiceEvent] = asyncio.Queue()
-        self.remaining = len(subs)
+        self.remaining = len(choices)
+        self.closed = False
         self.tasks: list[asyncio.Task[None]] = []
-        for sub, slot in zip(subs, slots, strict=True):
+        for sub, slot in zip(choices, slots, strict=True):
             task = asyncio.create_task(service.pump(sub, slot, self.queue),
                                        name=f"pump-{sub.request_id}")
             task.add_done_callback(self.make_cleanup(service, sub, slot))
             service.active[sub.request_id] = task
             self.tasks.append(task)
 
-    def make_cleanup(self, service: GenerationService, sub: SubRequest,
+    def make_cleanup(self, service: GenerationService, sub: Choice,
                      slot: QueueSlot) -> Callable[[asyncio.Task[None]], None]:
         def cleanup(task: asyncio.Task[None]) -> None:
             # A pump cancelled before its first step never ran its own `finally`.
@@ -223,7 +248,12 @@ class ChoiceStream:
         return event
 
     def close(self) -> None:
-        """Abort whatever still runs. Synchronous: it is called from cancelled scopes."""
+        """End the request, once however it ends: abort whatever still runs. Synchronous:
+        it is called from cancelled scopes."""
+        if self.closed:
+            return
+        self.closed = True
         for task in self.tasks:
             if not task.done():
                 task.cancel()
+        self.service.end_request()

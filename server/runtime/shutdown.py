@@ -58,12 +58,12 @@ class DrainingServer(uvicorn.Server):
         logger.info("signal %d: draining %d in-flight request(s) for up to %.1fs", sig,
                     state.in_flight, self.shutdown_timeout)
         try:
-            await asyncio.wait_for(state.idle.wait(), self.shutdown_timeout)
+            await asyncio.wait_for(state.wait_idle(), self.shutdown_timeout)
         except asyncio.TimeoutError:
             aborted = state.generation.abort_all() if state.generation else 0
             logger.warning("shutdown timeout: aborting %d request(s) still running", aborted)
             try:
-                await asyncio.wait_for(state.idle.wait(), ABORT_GRACE_S)
+                await asyncio.wait_for(state.wait_idle(), ABORT_GRACE_S)
             except asyncio.TimeoutError:
                 logger.error("%d request(s) did not end after abort", state.in_flight)
         logger.info("drained; shutting down")

@@ -1,61 +1,53 @@
-"""What the app holds: the engine (once loaded), the queue bound, metrics, and the
-lifecycle flags that /health and the shutdown drain read."""
+"""What the app holds: the engine (once loaded), the queue bound, metrics, response counts,
+and the lifecycle flags that /health and the shutdown drain read. Its `admit` is the one
+door of a generation request: every refusal that comes before tokenizing, in order."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections import Counter
 from collections.abc import Callable
 
 from fastapi import Request
 
 from engine.config import EngineConfig
+from engine.io.request_limits import clip
 from engine.io.stats import EngineStats
-from server.api.errors import APIError, error_type
-from server.runtime.admission import Admission, QueueSlot, default_queue_bound
+from server.api.errors import APIError
+from server.runtime.admission import Admission, default_queue_bound
+from server.runtime.admitted import Admitted, P
 from server.runtime.engine_client import EngineClient
-from server.runtime.generation import ChoiceStream, GenerationService, SubRequest
+from server.runtime.engine_factory import load_engine_factory
+from server.runtime.generation import GenerationService
 from server.runtime.metrics import ServerMetrics
+from server.runtime.response_stats import ResponseStats
 from server.settings import ServerSettings
-from server.translate.user_text import PlainTextEncoder
 
 logger = logging.getLogger("pagode.server")
-
-EngineFactory = Callable[[EngineConfig], EngineClient]
-
-
-def default_engine_factory() -> EngineFactory:
-    """AsyncEngine, imported when first needed: importing it loads torch."""
-    from engine.async_engine import AsyncEngine
-
-    return AsyncEngine
 
 
 class ServerState:
     def __init__(self, settings: ServerSettings, engine: EngineClient | None = None,
                  engine_config: EngineConfig | None = None,
-                 engine_factory: EngineFactory | None = None) -> None:
+                 prepare: Callable[[EngineClient], None] = lambda engine: None) -> None:
+        """`prepare` runs in the loading thread once the engine is built, before the server
+        says it is ready (the app warms what serving will need of the engine)."""
         if engine is None and engine_config is None:
             raise ValueError("give an engine or an engine config")
         self.settings = settings
         self.engine: EngineClient | None = engine
         self.engine_config = engine_config
-        self.engine_factory = engine_factory
+        self.prepare = prepare
         self.ready = False  # the engine is loaded and its loop started
         self.load_error: str | None = None
         self.draining = False
-        self.in_flight = 0  # generation requests whose response is not complete yet
-        self.idle = asyncio.Event()
-        self.idle.set()
-        self.admission = Admission(settings.max_num_queued_reqs, settings.retry_after_s)
+        self.admission = Admission(settings.max_num_queued_reqs, settings.retry_after_s,
+                                   on_refuse=lambda: self.reject("queue_full"))
         self.metrics: ServerMetrics | None = None
         self.generation: GenerationService | None = None
         self.on_fatal: Callable[[], None] | None = None  # the engine failed to load
-        self._text_encoder: PlainTextEncoder | None = None
-        # HTTP responses by (status, error type), counted by server/middleware/response_metrics.py
-        self.responses: Counter[tuple[str, str]] = Counter()
-        self.encode_seconds = 0.0  # spent building and JSON-encoding stream chunks (profiling)
+        # HTTP responses, counted by server/middleware/response_metrics.py and the streams
+        self.responses = ResponseStats()
 
     # ---- lifecycle ----
 
@@ -67,9 +59,8 @@ class ServerState:
             if engine is None:
                 logger.info("loading the engine (/health answers 503 until it is ready)")
                 assert self.engine_config is not None
-                factory = self.engine_factory or default_engine_factory()
-                built: EngineClient = await asyncio.to_thread(factory, self.engine_config)
-                self.engine = engine = built
+                self.engine = engine = await asyncio.to_thread(self.build_engine, self.engine_config)
+            await asyncio.to_thread(self.prepare, engine)
             if not engine.is_running:
                 await engine.start()
             self.wire_engine(engine)
@@ -79,21 +70,22 @@ class ServerState:
             if self.on_fatal is not None:
                 self.on_fatal()
 
+    def build_engine(self, config: EngineConfig) -> EngineClient:
+        return load_engine_factory(self.settings.engine_factory)(config)
+
     def wire_engine(self, engine: EngineClient) -> None:
         config = self.engine_config or engine.config
-        max_batched = config.token_budget
-        self._text_encoder = PlainTextEncoder(engine.tokenizer)
         if self.settings.max_num_queued_reqs is None:
             self.admission.max_queued = default_queue_bound(engine.num_blocks * engine.block_size)
-        self.metrics = ServerMetrics(self.served_model_name, engine.max_model_len, max_batched,
-                                     read_stats=self.read_stats,
+        self.metrics = ServerMetrics(self.served_model_name, engine.max_model_len,
+                                     config.token_budget, read_stats=self.read_stats,
                                      read_queued=lambda: self.admission.queued,
-                                     read_responses=lambda: self.responses,
+                                     read_responses=lambda: self.responses.responses,
                                      cache_info=engine.describe())
         engine.add_step_listener(self.metrics.observe_step)
         if self.settings.profile_steps > 0:
             engine.enable_step_profile(self.settings.profile_steps, logger.info,
-                                       {"SSE/JSON encoding": lambda: self.encode_seconds})
+                                       {"SSE/JSON encoding": lambda: self.responses.encode_seconds})
         self.generation = GenerationService(engine, self.metrics,
                                             self.settings.log_requests_text)
         self.ready = True
@@ -111,14 +103,17 @@ class ServerState:
         if self.engine is not None and self.ready:
             await self.engine.stop()
 
-    @property
-    def text_encoder(self) -> PlainTextEncoder:
-        """Encodes chat message content as plain text (set once the engine is loaded)."""
-        assert self._text_encoder is not None, "the engine is not loaded"
-        return self._text_encoder
-
     def read_stats(self) -> EngineStats | None:
         return self.engine.stats() if self.engine is not None else None
+
+    @property
+    def in_flight(self) -> int:
+        """Generation requests whose response is not complete yet."""
+        return self.generation.in_flight if self.generation is not None else 0
+
+    async def wait_idle(self) -> None:
+        if self.generation is not None:
+            await self.generation.idle.wait()
 
     # ---- what requests ask ----
 
@@ -149,42 +144,34 @@ class ServerState:
         """The engine, or a 503 saying why generation cannot happen now."""
         problem = self.health_problem()
         if problem is not None:
-            if self.metrics is not None:
-                self.metrics.reject("draining" if self.draining else "not_ready")
+            self.reject("draining" if self.draining else "not_ready")
             raise APIError(503, problem, headers={"Retry-After": str(self.settings.retry_after_s)})
         assert self.engine is not None
         return self.engine
 
-    def refuse_if_full(self, num_seqs: int) -> None:
-        """A 429 before tokenizing, when the queue is already full: under a flood the
-        refusal costs a parse, not a trip through the worker pool. start_generation takes
-        the slots for real (no await between its check and its take)."""
-        if self.admission.is_full(num_seqs):
-            assert self.metrics is not None
-            self.metrics.reject("queue_full")
-            self.admission.admit(num_seqs)  # raises the 429 with Retry-After
+    def engine_for(self, model: str | None) -> EngineClient:
+        """The engine (503 without one) if it serves `model`: the served name or the
+        engine's own; any other name is a 404."""
+        engine = self.require_engine()
+        if model is not None and model not in {self.served_model_name, str(engine.model_name)}:
+            raise APIError(404, f"The model `{clip(model)}` does not exist.", "model")
+        return engine
 
-    def start_generation(self, subs: list[SubRequest]) -> ChoiceStream:
-        """Admit the sub-requests (429 when the queue is full) and start them."""
-        assert self.generation is not None and self.metrics is not None
-        try:
-            slots: list[QueueSlot] = self.admission.admit(len(subs))
-        except APIError:
-            self.metrics.reject("queue_full")
-            raise
-        return self.generation.start(subs, slots)
+    def admit(self, model: str | None, check: Callable[[EngineClient], P]) -> Admitted[P]:
+        """Let a generation request in, refusing it in the order clients expect: 503 (no
+        engine), 404 (model), the request's own 400s (`check`, against the engine's limits),
+        then 429 when the queue is full already. All before tokenizing: under a flood a
+        refusal costs a parse, not a trip through the worker pool."""
+        engine = self.engine_for(model)
+        plan = check(engine)
+        self.admission.refuse_if_full(plan.num_seqs)
+        assert self.generation is not None
+        return Admitted(engine, plan, self.admission, self.generation)
 
-    def count_response(self, status: int) -> None:
-        self.responses[(str(status), error_type(status) if status >= 400 else "none")] += 1
-
-    def begin_request(self) -> None:
-        self.in_flight += 1
-        self.idle.clear()
-
-    def end_request(self) -> None:
-        self.in_flight -= 1
-        if self.in_flight == 0:
-            self.idle.set()
+    def reject(self, reason: str) -> None:
+        """Count a refused request (pagode:request_rejected_total)."""
+        if self.metrics is not None:
+            self.metrics.reject(reason)
 
 
 def get_state(request: Request) -> ServerState:

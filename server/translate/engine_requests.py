@@ -1,22 +1,30 @@
-"""From a parsed request body to engine requests, in one place and in the order clients
-expect: 503 (no engine), 404 (model), 400 (fields, fan-out, prompt characters), then 429
-before tokenizing (a full queue is refused after the cheap checks), then the prompt is
-tokenized or rendered, its structured-output grammar compiled, and the choices fanned out
-with their sampling parameters and seeds. The routes then only build and send the response.
+"""From a parsed request body to engine requests, in two steps that the route runs in order.
+
+- `check_completion` / `check_chat`: the cheap 400s, before tokenizing (unsupported fields,
+  priority, prompt shapes, fan-out, prompt characters and vocabulary), against the engine's
+  limits. ServerState.admit runs them between the 404 and the 429, and the plan they return
+  says how many sequences the request will run.
+- `completion_requests` / `chat_requests`: the prompts tokenized or rendered with the chat
+  template, the structured-output grammar compiled by the engine, and one sub-request per
+  choice with its sampling parameters and seed. CPU-bound: the route runs them in the worker
+  pool.
+
+All of them are functions of their arguments: the body, the engine's limits, its tokenizer
+and its grammar compiler.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
-from fastapi import Request
-
+from engine.config import EngineConfig
+from engine.io.request_limits import RequestLimits, check_fan_out
+from engine.structured_output import StructuredOutputSpec
+from engine.tokenizer import Tokenizer
 from server.api.protocol import ChatCompletionRequest, CompletionRequest
-from server.api.request_ids import request_id_for
-from server.runtime.engine_client import EngineClient
-from server.runtime.generation import SubRequest
-from server.runtime.state import ServerState
-from server.runtime.worker_pool import run_blocking
+from server.translate.choices import Constraints, SubRequest, fan_out
+from server.translate.fields import check_fields, check_priority
 from server.translate.prompts import (
     PromptInput,
     check_prompt_items,
@@ -24,77 +32,77 @@ from server.translate.prompts import (
     render_chat,
     split_prompts,
 )
-from server.translate.structured import compile_spec, spec_from_request
+from server.translate.structured import spec_from_request
 from server.translate.tool_prompt import render_chat_with_tools, tool_spec, uses_tools
-from server.translate.validation import (
-    Constraints,
-    check_fields,
-    check_model,
-    check_priority,
-    checked_fan_out,
-    fan_out,
-)
+from server.translate.user_text import plain_text_encoder
+
+CompileGrammar = Callable[[StructuredOutputSpec], None]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the checks before tokenizing found: the completion prompts (none for a chat),
+    and how many sequences the request runs (prompts x n)."""
+
+    num_seqs: int
+    prompts: list[str | list[int]] = field(default_factory=list)
 
 
 @dataclass
 class EngineRequests:
     """One HTTP request's choices, ready for the engine."""
 
-    request_id: str
-    client_id: str  # echoed back in the X-Request-Id header
     prompts: list[PromptInput]
     subs: list[SubRequest]
 
 
-def checked_request(state: ServerState, request: Request, body: CompletionRequest | ChatCompletionRequest,
-                    id_prefix: str) -> tuple[EngineClient, str, str]:
-    """The checks both routes run first, in order: 503, 404, then the 400s of the fields;
-    returns the engine, the request id and the id to echo."""
-    engine = state.require_engine()
-    check_model(state, body.model)
-    request_id, client_id = request_id_for(request, id_prefix)
+def check_completion(request_id: str, body: CompletionRequest, limits: RequestLimits,
+                     config: EngineConfig) -> Plan:
     check_fields(request_id, body)
-    check_priority(engine, body.priority)
-    return engine, request_id, client_id
-
-
-async def completion_requests(state: ServerState, request: Request,
-                              body: CompletionRequest) -> EngineRequests:
-    engine, request_id, client_id = checked_request(state, request, body, "cmpl")
+    check_priority(body.priority, config.scheduling_policy)
     items = split_prompts(body.prompt)
-    checked_fan_out(len(items), body.n, engine.limits)
-    check_prompt_items(items, engine.limits)
-    state.refuse_if_full(len(items) * body.n)
-    prompts = await run_blocking(encode_prompts, engine.tokenizer, items)
+    check_fan_out(len(items), body.n, limits)
+    check_prompt_items(items, limits)
+    return Plan(len(items) * body.n, items)
+
+
+def check_chat(request_id: str, body: ChatCompletionRequest, limits: RequestLimits,
+               config: EngineConfig) -> Plan:
+    check_fields(request_id, body)
+    check_priority(body.priority, config.scheduling_policy)
+    check_fan_out(1, body.n, limits)
+    return Plan(body.n)
+
+
+def completion_requests(request_id: str, body: CompletionRequest, plan: Plan,
+                        tokenizer: Tokenizer, limits: RequestLimits,
+                        compile_grammar: CompileGrammar) -> EngineRequests:
+    prompts = encode_prompts(tokenizer, plan.prompts)
     spec = spec_from_request(body)
-    await compile_spec(engine, spec)
+    if spec is not None:
+        compile_grammar(spec)
     # An explicit null means "up to the context" (check_prompt resolves it); 0 (echo): one
     # token is computed, none is returned.
     max_tokens = None if body.max_tokens is None else body.max_tokens or 1
     constraints = Constraints(spec, body.priority, body.wanted_prompt_logprobs())
-    subs = fan_out(request_id, prompts, body, max_tokens, body.logprobs, constraints,
-                   state.settings.log_requests_text, engine.limits)
-    return EngineRequests(request_id, client_id, prompts, subs)
+    subs = fan_out(request_id, prompts, body, max_tokens, body.logprobs, constraints, limits)
+    return EngineRequests(prompts, subs)
 
 
-async def chat_requests(state: ServerState, request: Request,
-                        body: ChatCompletionRequest) -> EngineRequests:
-    engine, request_id, client_id = checked_request(state, request, body, "chatcmpl")
-    checked_fan_out(1, body.n, engine.limits)
-    state.refuse_if_full(body.n)
+def chat_requests(request_id: str, body: ChatCompletionRequest, tokenizer: Tokenizer,
+                  limits: RequestLimits, compile_grammar: CompileGrammar) -> EngineRequests:
+    encoder = plain_text_encoder(tokenizer)
     if uses_tools(body):
-        prompt = await run_blocking(render_chat_with_tools, engine.tokenizer, state.text_encoder,
-                                    body, engine.limits)
+        prompt = render_chat_with_tools(tokenizer, encoder, body, limits)
     else:
-        prompt = await run_blocking(render_chat, engine.tokenizer, state.text_encoder,
-                                    body.messages, engine.limits, body.add_generation_prompt,
-                                    body.continue_final_message)
+        prompt = render_chat(tokenizer, encoder, body.messages, limits,
+                             body.add_generation_prompt, body.continue_final_message)
     spec = tool_spec(body) or spec_from_request(body)
-    await compile_spec(engine, spec)
+    if spec is not None:
+        compile_grammar(spec)
     # Neither given: whatever the context leaves (check_prompt resolves None).
     max_tokens = body.max_completion_tokens or body.max_tokens
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     subs = fan_out(request_id, [prompt], body, max_tokens, logprobs,
-                   Constraints(spec, body.priority), state.settings.log_requests_text,
-                   engine.limits)
-    return EngineRequests(request_id, client_id, [prompt], subs)
+                   Constraints(spec, body.priority), limits)
+    return EngineRequests([prompt], subs)

@@ -1,21 +1,18 @@
-"""From a request's constraint fields to the engine's StructuredOutputSpec, compiled before
-the request reaches the engine.
+"""From a request's constraint fields to the engine's StructuredOutputSpec.
 
 Precedence, as vLLM: `response_format` (when not "text") wins over `structured_outputs`,
 which wins over the older `guided_*` aliases. Within one of them exactly one kind may be
-given. Compilation runs in a worker thread (a large schema can take a while), fills the
-engine's grammar cache, and turns an uncompilable spec into a 400 that says why.
+given. The engine compiles the spec before the request reaches it (engine_requests.py):
+that fills its grammar cache, and an uncompilable spec is a 400 that says why.
 """
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
-from engine.structured_output import StructuredOutputError, StructuredOutputSpec
+from engine.structured_output import StructuredOutputSpec
 from server.api.errors import bad_request
 from server.api.protocol import ResponseFormat, StructuredFields, StructuredOutputsParams
-from server.runtime.engine_client import EngineClient
 
 
 def spec_from_request(body: StructuredFields) -> StructuredOutputSpec | None:
@@ -116,12 +113,3 @@ def close_objects(schema: dict[str, Any]) -> dict[str, Any]:
         return node
     return dict(visit(schema))
 
-
-async def compile_spec(engine: EngineClient, spec: StructuredOutputSpec | None) -> None:
-    """Compile in a worker thread; 400 with the compiler's reason if it cannot."""
-    if spec is None:
-        return
-    try:
-        await asyncio.to_thread(engine.compile_grammar, spec)
-    except StructuredOutputError as exc:
-        raise bad_request(str(exc), exc.param) from exc

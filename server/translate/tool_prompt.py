@@ -16,25 +16,20 @@ server/respond/tool_calls.py.
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
-
-from partial_json_parser import Allow
+from typing import Any
 
 from engine.io.request_limits import RequestLimits
 from engine.structured_output import StructuredOutputSpec
 from engine.tokenizer import Tokenizer
 from server.api.protocol import (
     ChatCompletionRequest,
-    NamedToolChoice,
     ToolCall,
     ToolDefinition,
 )
+from server.api.tool_markup import CALL_END, CALL_START
 from server.translate.prompts import PromptInput, message_dicts, render_message_dicts
 from server.translate.user_text import PlainTextEncoder
 
-CALL_START, CALL_END = "<tool_call>", "</tool_call>"
-PARTIAL = Allow.OBJ | Allow.ARR  # containers may be open; strings, numbers, literals complete
-Mode = Literal["auto", "required", "named"]
 EMPTY_OBJECT_SCHEMA: dict[str, Any] = {"type": "object"}
 
 
@@ -119,19 +114,9 @@ def loads_or_text(arguments: str) -> Any:
 
 # ---- forcing calls -----------------------------------------------------------------------
 
-def tool_mode(body: ChatCompletionRequest) -> tuple[Mode, str | None] | None:
-    """(mode, function name) when the output is parsed for calls; None for plain content."""
-    choice = body.effective_tool_choice()
-    if isinstance(choice, NamedToolChoice):
-        return "named", choice.function.name
-    if choice in ("auto", "required") and body.tools:
-        return choice, None  # type: ignore[return-value]
-    return None
-
-
 def tool_spec(body: ChatCompletionRequest) -> StructuredOutputSpec | None:
     """The grammar that forces "required" and named tool choices."""
-    mode = tool_mode(body)
+    mode = body.tool_mode()
     if mode is None or mode[0] == "auto":
         return None
     tools = {t.function.name: t.function.parameters or EMPTY_OBJECT_SCHEMA

@@ -7,14 +7,20 @@ markup between markers is encoded with special tokens recognised, each content w
 of the tokenizer that never matches them (`encode_special_tokens`). A template that copies
 or transforms content so that the markers do not come back once each, in order, falls back
 to refusing content that holds a special-token string. Content without one is encoded with
-the whole text, as before, so ordinary chats tokenize exactly as the tokenizer would.
+the whole text, so ordinary chats tokenize exactly as the tokenizer would.
+
+The plain-text copy of a tokenizer takes a while to build (it is a whole tokenizer), so
+there is one per tokenizer (`plain_text_encoder`), built once; the app builds it while the
+engine loads.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 import secrets
-from typing import Any
+from collections.abc import Hashable
+from typing import Any, cast
 
 from engine.tokenizer import Tokenizer
 from server.api.errors import bad_request
@@ -45,6 +51,16 @@ class PlainTextEncoder:
                 raise bad_request("message content must not contain special tokens", "messages")
             return list(self.tokenizer.encode(text, add_special_tokens=False))
         return list(self.plain.encode(text, add_special_tokens=False).ids)
+
+
+def plain_text_encoder(tokenizer: Tokenizer) -> PlainTextEncoder:
+    """The tokenizer's PlainTextEncoder, built on first use and kept."""
+    return _encoder_of(cast(Hashable, tokenizer))
+
+
+@functools.cache
+def _encoder_of(tokenizer: Hashable) -> PlainTextEncoder:
+    return PlainTextEncoder(cast(Tokenizer, tokenizer))
 
 
 def render_with_markers(tokenizer: Tokenizer, messages: list[dict[str, Any]],
