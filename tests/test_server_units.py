@@ -76,3 +76,47 @@ def test_prompt_shapes() -> None:
     assert split_prompts([[1], [2, 3]]) == [[1], [2, 3]]
     with pytest.raises(APIError):
         split_prompts([])
+
+
+def test_prompt_logprobs_leave_the_engine_finite() -> None:
+    """The server sends prompt logprobs as the engine gives them, so the engine makes every
+    value JSON can carry: -inf and NaN become the floor (vLLM's -9999.0)."""
+    import math
+    from types import SimpleNamespace
+
+    import torch
+
+    from engine.runner import prompt_logprobs
+
+    logits = torch.tensor([[0.0, float("nan"), 1.0], [float("-inf"), 0.0, 0.0]])
+    seq = SimpleNamespace(request_id="r", token_ids=[2, 1, 0])
+    plan = prompt_logprobs.PromptRows(seq, first_token=1, num_rows=2)  # type: ignore[arg-type]
+    scored = prompt_logprobs.score(logits, [plan], {"r": 2}, str)["r"]
+    values = [lp.logprob for lp in scored] + [v for lp in scored for _, _, v in lp.top]
+    assert all(math.isfinite(v) and v <= 0.0 for v in values), values
+    assert scored[1].logprob == -9999.0  # token 0 after a row whose logit for it is -inf
+
+
+def test_settings_make_their_flags_and_check_them() -> None:
+    """Each ServerSettings option is a `pagode serve` flag, and a bad value is refused."""
+    from server import settings
+    from server.cli import build_parser
+
+    args = build_parser().parse_args(["serve", "--body-timeout", "7", "--max-body-bytes", "9",
+                                      "--engine-factory", "tests.dying_server:DyingEngine"])
+    made = settings.from_args(args)
+    assert (made.body_timeout_s, made.max_body_bytes) == (7.0, 9)
+    assert made.engine_factory == "tests.dying_server:DyingEngine"
+    assert settings.from_args(build_parser().parse_args(["serve"])) == settings.ServerSettings()
+    for bad in ({"header_timeout_s": 0}, {"limit_concurrency": -1}, {"shutdown_timeout": -1},
+                {"engine_factory": "no-colon"}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            settings.ServerSettings(**bad)  # type: ignore[arg-type]
+
+
+def test_engine_factory_names_a_callable() -> None:
+    from server.runtime.engine_factory import load_engine_factory
+
+    assert load_engine_factory("collections:OrderedDict") is __import__("collections").OrderedDict
+    with pytest.raises(TypeError):
+        load_engine_factory("math:pi")

@@ -33,7 +33,7 @@ from server.respond.tool_calls import ToolCallStream
 from server.runtime.generation import ChoiceEvent
 
 
-class Prompt(Protocol):
+class TokenizedPrompt(Protocol):
     """A prompt as a response shows it: its tokens (usage, prompt logprobs) and its text
     (echo)."""
 
@@ -47,7 +47,7 @@ class Prompt(Protocol):
 @dataclass
 class ChoiceState:
     index: int
-    prompt: Prompt
+    prompt: TokenizedPrompt
     text: list[str] = field(default_factory=list)
     num_tokens: int = 0
     num_cached_tokens: int = 0  # of the prompt, from the prefix cache
@@ -133,7 +133,7 @@ def chat_logprobs(logprobs: list[TokenLogprob], num_top: int) -> list[ChatTokenL
 class ResponseBuilder(ABC):
     """Shared bookkeeping: choices by index, usage over all of them."""
 
-    def __init__(self, request_id: str, model: str, prompts: Sequence[Prompt], n: int) -> None:
+    def __init__(self, request_id: str, model: str, prompts: Sequence[TokenizedPrompt], n: int) -> None:
         self.request_id = request_id
         self.model = model
         self.created = now()
@@ -185,7 +185,7 @@ class ResponseBuilder(ABC):
 
 
 class CompletionBuilder(ResponseBuilder):
-    def __init__(self, request_id: str, model: str, prompts: Sequence[Prompt],
+    def __init__(self, request_id: str, model: str, prompts: Sequence[TokenizedPrompt],
                  body: CompletionRequest, token_text: Callable[[int], str]) -> None:
         """`token_text` shows a prompt token that has no logprob (the first)."""
         super().__init__(request_id, model, prompts, body.n)
@@ -270,7 +270,7 @@ class CompletionBuilder(ResponseBuilder):
 
 
 class ChatBuilder(ResponseBuilder):
-    def __init__(self, request_id: str, model: str, prompt: Prompt,
+    def __init__(self, request_id: str, model: str, prompt: TokenizedPrompt,
                  body: ChatCompletionRequest) -> None:
         super().__init__(request_id, model, [prompt], body.n)
         self.logprobs = body.logprobs

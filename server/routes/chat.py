@@ -29,6 +29,6 @@ async def create_chat_completion(request: Request) -> Response:
     requests = await run_blocking(chat_requests, request_id, body, engine.tokenizer,
                                   engine.limits, engine.compile_grammar)
     builder = ChatBuilder(request_id, state.served_model_name, requests.prompts[0], body)
-    stream = admitted.start(requests.subs)
+    stream = admitted.start_choices(requests.subs)
     return await respond(request, body, stream, builder, client_id,
                          state.settings.sse_send_timeout_s, state.responses)

@@ -29,6 +29,6 @@ async def create_completion(request: Request) -> Response:
                                   engine.tokenizer, engine.limits, engine.compile_grammar)
     builder = CompletionBuilder(request_id, state.served_model_name, requests.prompts, body,
                                 lambda token: str(engine.tokenizer.decode([token])))
-    stream = admitted.start(requests.subs)
+    stream = admitted.start_choices(requests.subs)
     return await respond(request, body, stream, builder, client_id,
                          state.settings.sse_send_timeout_s, state.responses)

@@ -30,7 +30,7 @@ class Admitted(Generic[P]):
     queue: Admission
     generation: GenerationService
 
-    def start(self, choices: Sequence[Choice]) -> ChoiceStream:
+    def start_choices(self, choices: Sequence[Choice]) -> ChoiceStream:
         """Take the queue slots (429 if the queue filled while this request was tokenized)
         and run the choices."""
         slots = self.queue.take_slots(len(choices))
