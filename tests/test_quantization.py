@@ -16,7 +16,7 @@ from conftest import allowed_isa_caps
 from tiny_models import save_tiny_model
 
 from cpu_kernels.quant_linear import BlockLinear
-from engine import native
+from engine import autotune, native
 from engine.config import EngineConfig
 from engine.core.scheduler import ScheduledSeq
 from engine.core.sequence import Sequence
@@ -98,14 +98,14 @@ def test_gguf_blocks_are_used_as_they_are(default_model_path: str) -> None:
 
 
 def test_crossover_is_the_last_win_before_two_losses() -> None:
-    c = dispatch.Crossover(0, {1: (1.0, 2.0), 2: (1.0, 2.0), 4: (3.0, 2.0), 8: (1.0, 2.0), 16: (3.0, 2.0),
+    c = autotune.Crossover(0, {1: (1.0, 2.0), 2: (1.0, 2.0), 4: (3.0, 2.0), 8: (1.0, 2.0), 16: (3.0, 2.0),
                                32: (3.0, 2.0), 64: (1.0, 2.0)})
     c.decide()
     assert c.max_kernel_tokens == 8
-    everywhere = dispatch.Crossover(0, {1: (1.0, 2.0), 2: (1.0, 2.0)})
+    everywhere = autotune.Crossover(0, {1: (1.0, 2.0), 2: (1.0, 2.0)})
     everywhere.decide()
-    assert everywhere.max_kernel_tokens == dispatch.NO_LIMIT
-    never = dispatch.Crossover(5, {1: (3.0, 2.0), 2: (3.0, 2.0)})
+    assert everywhere.max_kernel_tokens == autotune.NO_LIMIT
+    never = autotune.Crossover(5, {1: (3.0, 2.0), 2: (3.0, 2.0)})
     never.decide()
     assert never.max_kernel_tokens == 0
 
@@ -114,7 +114,7 @@ def test_measured_crossover_follows_its_own_timings() -> None:
     w = formats.quantize(torch.randn(96, 64), "q4_1")
     measured = dispatch.measure(w, DenseGemm(formats.dequantize(w)))
     assert measured.timings_ms and min(measured.timings_ms) == 1
-    again = dispatch.Crossover(0, dict(measured.timings_ms))
+    again = autotune.Crossover(0, dict(measured.timings_ms))
     again.decide()
     assert again.max_kernel_tokens == measured.max_kernel_tokens
     assert dispatch.measure(w, DenseGemm(formats.dequantize(w))) is measured  # cached per shape
@@ -136,8 +136,8 @@ def test_each_call_runs_the_kernel_its_token_count_picks() -> None:
 def test_a_layer_keeps_the_dense_copy_only_if_its_crossover_can_pick_it(monkeypatch: pytest.MonkeyPatch) -> None:
     w = formats.quantize(torch.randn(40, 64), "q4_1")
     report = apply.QuantReport("int4")
-    for crossover, has_blocks, has_dense in ((4, True, True), (dispatch.NO_LIMIT, True, False), (0, True, True)):
-        monkeypatch.setattr(dispatch, "_cache", {("q4_1", 40, 64): dispatch.Crossover(crossover)})
+    for crossover, has_blocks, has_dense in ((4, True, True), (autotune.NO_LIMIT, True, False), (0, True, True)):
+        monkeypatch.setattr(dispatch, "_cache", {("q4_1", 40, 64): autotune.Crossover(crossover)})
         layer = apply.build_layer(w, DenseGemm(formats.dequantize(w)), None, 512, report)
         assert (layer.blocks is not None, layer.gemm is not None) == (has_blocks, has_dense)
 
