@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cpu_kernels.decode_step import CACHE_TYPES, KINDS, PROJECTIONS, DecodeStep
+from cpu_kernels.decode_step_kernel import CACHE_TYPES, KINDS, PROJECTIONS, DecodeStepKernel
 from engine import autotune, envs, native
 from engine.attention import AttentionBackend, AttentionMetadata
 from engine.autotune import Crossover
@@ -40,7 +40,7 @@ log = logging.getLogger("pagode")
 class FusedDecodeStep(nn.Module):
     """The C++ step over one model and its K/V caches; holds pointers, not tensors of its own."""
 
-    def __init__(self, model: LlamaForCausalLM, kv_caches: list[torch.Tensor], kernel: DecodeStep) -> None:
+    def __init__(self, model: LlamaForCausalLM, kv_caches: list[torch.Tensor], kernel: DecodeStepKernel) -> None:
         super().__init__()
         cfg = model.config
         self.kernel = kernel
