@@ -33,12 +33,9 @@ class QuantLinear(nn.Module):
         self.in_features, self.out_features = ref.in_features, ref.out_features
         self.bias = None if bias is None else nn.Parameter(bias.detach().float().contiguous(), requires_grad=False)
         self.max_kernel_tokens = max_kernel_tokens if blocks is not None else 0
-        self.force: Path | None = None  # tests and benchmarks pin one path
         self.kernel = native.block_linear() if blocks is not None else None
 
     def path_for(self, tokens: int) -> Path:
-        if self.force is not None:
-            return self.force
         return "kernel" if tokens <= self.max_kernel_tokens or self.gemm is None else "gemm"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
