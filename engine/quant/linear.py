@@ -25,7 +25,7 @@ class QuantLinear(nn.Module):
                  bias: torch.Tensor | None, max_kernel_tokens: int) -> None:
         super().__init__()
         if blocks is None and gemm is None:
-            raise ValueError("a QuantLinear needs the block weights, the int8 GEMM, or both")
+            raise ValueError("a QuantLinear needs the block weights, a dense GEMM, or both")
         self.blocks = blocks
         self.gemm = gemm
         ref = blocks if blocks is not None else gemm
