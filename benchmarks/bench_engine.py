@@ -9,8 +9,8 @@ model forward (input packing, model, logits; no scheduler, sampler or
 detokenizer) is timed on decode batches of the same sizes and context lengths,
 on the same cache, and the two rates are compared. Last, transformers' own forward over
 64 tokens per pass on the same weights and dtype is timed (benchmarks/transformers_reference.py)
-and the engine's output rate is given as a ratio of it (`engine_vs_transformers_64`; issue 19
-asks >= 1.2 with `--quantization none`, fp32 weights).
+and the engine's output rate is given as a ratio of it (`engine_vs_transformers_64`; the target,
+with `--quantization none` and fp32 weights, is at least 1.2: docs/speed.md).
 """
 
 from __future__ import annotations

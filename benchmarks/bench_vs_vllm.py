@@ -7,7 +7,7 @@ the same weights and the same seeded workloads, measured by pagode-loadgen.
 The weights: the default model's GGUF, loaded by transformers and saved once as a Hugging
 Face folder (bf16 safetensors) under the pagode cache, which vLLM serves with
 `--dtype bfloat16` (`VLLM_CPU_KVCACHE_SPACE` sizes its cache); pagode serves the GGUF with
-its defaults. Each server gets the four workloads of issue 19, streamed `/v1/completions`
+its defaults. Each server gets the same four workloads, streamed `/v1/completions`
 with `ignore_eos`:
 
 - one stream: one request at a time, prompts of 16-128 tokens, 256 output tokens;
@@ -30,10 +30,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks.pagode_server import REPO_ROOT, serve_command
 from loadgen.bench import Settings
 from loadgen.cli import make_console, run_loadgen
 from loadgen.client import Target
-from loadgen.server_process import REPO_ROOT, running_command, serve_command
+from loadgen.server_process import running_command
 
 SEED = 0
 SERVED_NAME = "SmolLM2-135M-Instruct"

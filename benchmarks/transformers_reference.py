@@ -1,7 +1,7 @@
 """transformers' bare forward pass on the same weights: the offline engine's yardstick.
 
-Issue 19 holds `LLM.generate` on a saturating batch to at least 1.2x the tokens per second
-of transformers' own model forward over 64 tokens per pass (one [1, 64] call, logits for
+`LLM.generate` on a saturating batch is held to at least 1.2x the tokens per second of
+transformers' own model forward over 64 tokens per pass (one [1, 64] call, logits for
 every position, no cache, no sampling): the rate a user gets by batching tokens through
 transformers by hand, with none of an engine's scheduling.
 """

@@ -24,7 +24,7 @@ event the server writes and the client parses, on the same cores when they share
 (docs/speed.md).
 `overhead_s` + `overhead_per_seq_s` x sequences adds that cost to every step; both are 0
 for the engine alone, and `pagode plan --serving-overhead` sets them from a measurement
-(loadgen/plan_check.py measures them against the live server, with short probes).
+(benchmarks/plan_check.py measures them against the live server with short probes; overhead.py fits them).
 """
 
 from __future__ import annotations

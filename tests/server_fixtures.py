@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 import pytest
 
-from loadgen.server_process import free_port, serve_command, stop
+from loadgen.server_process import free_port, stop
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # fp32 weights: the server tests compare outputs token for token across batches, which the
@@ -90,6 +90,11 @@ def wait_all_healthy(servers: list[ServerProcess], timeout: float = STARTUP_TIME
         if pending and time.monotonic() > deadline:
             raise TimeoutError(f"server not healthy after {timeout}s:\n{pending[0].log_tail()}")
         time.sleep(0.25)
+
+
+def serve_command(port: int, args: list[str]) -> list[str]:
+    """`pagode serve` on the loopback at `port`; `python -m server.cli` needs no script on PATH."""
+    return [sys.executable, "-m", "server.cli", "serve", "--host", "127.0.0.1", "--port", str(port), *args]
 
 
 def launch_server(args: list[str], log_dir: Path, env: dict[str, str] | None = None,

@@ -24,9 +24,10 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from server_fixtures import serve_command
 
 from loadgen import server_process
-from loadgen.server_process import free_port, serve_command, stop
+from loadgen.server_process import free_port, stop
 
 ROOT = Path(__file__).resolve().parents[1]
 DASHBOARD = ROOT / "docker" / "grafana" / "dashboards" / "pagode.json"

@@ -27,8 +27,9 @@ from typing import Any
 
 import httpx
 import pytest
+from server_fixtures import serve_command
 
-from loadgen.server_process import free_port, serve_command, stop
+from loadgen.server_process import free_port, stop
 
 ROOT = Path(__file__).resolve().parents[1]
 NGINX_TEMPLATE = ROOT / "docker" / "nginx.conf"

@@ -13,6 +13,7 @@ one unit in the last place of outputs of magnitude 1-2 for the half types.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -203,7 +204,7 @@ def test_kernels_compile_for_hopper_without_a_gpu() -> None:
     the kernels for sm_90 with triton's bundled ptxas, in a process without the interpreter."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_DEFAULT_FP_FUSION"] = "1"
-    proc = subprocess.run([sys.executable, "-m", "cuda_kernels.compile_check", "--quick"],
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.compile_check", "--quick"],
                           env=env, cwd=Path(__file__).resolve().parents[1],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -242,26 +243,47 @@ def test_triton_backend_matches_cpu_backend_on_a_mixed_step(device: str) -> None
     assert torch.equal(cache, cpu_cache)
 
 
-def test_bench_peak_lookup() -> None:
-    from cuda_kernels.bench import peak_gbps
-
-    assert peak_gbps("NVIDIA H100 80GB HBM3", None) == 3350.0
-    assert peak_gbps("NVIDIA H200", None) == 4800.0
-    assert peak_gbps("NVIDIA GH200 480GB", None) == 4000.0
-    assert peak_gbps("Some New GPU", None) is None
-    assert peak_gbps("NVIDIA H200", 1234.0) == 1234.0
+def run_kernel_bench(*args: str) -> subprocess.CompletedProcess[str]:
+    """`make bench-kernels` as a program, compiled (no interpreter) where a GPU is present."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    return subprocess.run([sys.executable, "-m", "benchmarks.bench_kernels", *args], env=env,
+                          cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True,
+                          timeout=300)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
-def test_bench_without_gpu_reports_no_gpu_number(monkeypatch: pytest.MonkeyPatch,
-                                                 capsys: pytest.CaptureFixture[str]) -> None:
-    from cuda_kernels import bench
+def test_kernel_bench_without_gpu_reports_no_gpu_number(tmp_path: Path) -> None:
+    rows_path = tmp_path / "rows.json"
+    proc = run_kernel_bench("--shapes", "2:40", "--heads", "4", "--kv-heads", "2", "--head-dim", "64",
+                            "--json", str(rows_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "No CUDA GPU present" in proc.stdout and "CPU (torch reference only" in proc.stdout
+    assert "peak" not in proc.stdout and "triton ms" not in proc.stdout
+    [row] = json.loads(rows_path.read_text())
+    assert (row["device"], row["batch"], row["context"], row["triton_ms"]) == ("cpu", 2, 40, None)
+    # K and V of 2 x 40 positions x 2 heads x 64 dims, and the queries (2 x 4 heads x 64), in fp32
+    assert row["bytes_read"] == 2 * 80 * 2 * 64 * 4 + 2 * 4 * 64 * 4
+    assert row["ref_ms"] > 0
 
-    monkeypatch.setattr(bench, "CPU_SHAPES", [(2, 40)])
-    assert bench.main(["--heads", "4", "--kv-heads", "2", "--head-dim", "64"]) == 0
-    out = capsys.readouterr().out
-    assert "No CUDA GPU present" in out and "CPU (torch reference only" in out
-    assert "peak" not in out and "triton ms" not in out
+
+@needs_triton
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_kernel_bench_times_the_triton_kernel_on_a_gpu(tmp_path: Path) -> None:
+    rows_path = tmp_path / "rows.json"
+    proc = run_kernel_bench("--shapes", "4:512,2:1000", "--iters", "3", "--json", str(rows_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"device: {torch.cuda.get_device_name()}; peak" in proc.stdout
+    rows = json.loads(rows_path.read_text())
+    assert [(r["device"], r["batch"], r["context"]) for r in rows] == [("cuda", 4, 512), ("cuda", 2, 1000)]
+    for row in rows:
+        assert row["triton_ms"] > 0 and row["triton_1split_ms"] > 0 and row["ref_ms"] > 0
+        assert row["num_splits"] >= 1
+
+
+def test_kernel_bench_refuses_bad_shapes() -> None:
+    proc = run_kernel_bench("--shapes", "4x512")
+    assert proc.returncode == 2 and "--shapes wants BATCH:CONTEXT" in proc.stderr
 
 
 # ---- the oracle itself, against torch's SDPA on contiguous K/V (no triton needed) ----

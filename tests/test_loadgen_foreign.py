@@ -280,38 +280,6 @@ def test_failures_are_recorded_with_their_messages(tmp_path: Path) -> None:
     assert summary["errors"][0]["count"] == 3 and "HTTP 404" in summary["errors"][0]["message"]
 
 
-def test_experiment_report_from_two_toy_servers(tmp_path: Path) -> None:
-    """The experiment's tables, ratios and plots, fed by real runs (servers are toys here)."""
-    from loadgen import experiment
-
-    argv = ["--num-prompts", "6", "--low-rate", "50", "--high-rate", "200", "--output-len", "4:8",
-            "--out", str(tmp_path / "docs"), "--raw-out", str(tmp_path / "raw")]
-    args = experiment.build_parser().parse_args(argv)
-    args.argv = argv
-    settings = Settings(num_prompts=6, output_len=(4, 8), ignore_eos=True, show_progress=False)
-    results: dict[str, dict[str, Any]] = {}
-    prompts = None
-    for batching in ("static", "paged"):
-        with serve(ToyServer(with_tokenize=True, with_metrics=True)) as url:
-            _, prompts, res = asyncio.run(run_loadgen(Target(url), settings, [50.0, 200.0],
-                                                      Console(quiet=True), prompts))
-        for run, load in zip(res["runs"], experiment.LOADS, strict=True):
-            run["load"] = load
-        results[batching] = res
-    experiment.write_outputs(args, results, Console(quiet=True))
-    summary = (tmp_path / "docs" / "summary.md").read_text()
-    rows = [line for line in summary.splitlines() if line.startswith("| static") or line.startswith("| paged")]
-    assert len(rows) == 4 and all("6 / 0" in row for row in rows)
-    assert "Overload throughput, paged / static: x" in summary
-    doc = json.loads((tmp_path / "docs" / "results.json").read_text())
-    assert set(doc["batching"]) == {"static", "paged"}
-    assert "content_times" not in doc["batching"]["paged"]["runs"][0]["requests"][0]
-    raw = json.loads((tmp_path / "raw" / "paged" / "results.json").read_text())
-    assert raw["runs"][1]["requests"][0]["content_times"]
-    for png in ("latency_cdf_low.png", "latency_cdf_high.png", "server_timeline_high.png", "summary_bars.png"):
-        assert (tmp_path / "docs" / png).stat().st_size > 1000
-
-
 def test_max_concurrency_caps_requests_in_flight(tmp_path: Path) -> None:
     toy = ToyServer()
     with serve(toy) as url:

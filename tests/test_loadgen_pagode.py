@@ -14,25 +14,21 @@ from typing import Any
 
 import httpx
 import pytest
+from server_fixtures import running_server
 
 from loadgen.cli import main
 from loadgen.scrape import parse_prometheus
-from loadgen.server_process import REPO_ROOT, running_server
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.timeout(600),
-    pytest.mark.skipif(not (REPO_ROOT / "server" / "cli.py").exists(), reason="server/cli.py not written yet"),
-]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 @pytest.fixture(scope="module")
 def pagode_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    log = tmp_path_factory.mktemp("pagode") / "server.log"
+    log_dir = tmp_path_factory.mktemp("pagode")
     args = ["--kv-cache-memory", "64MiB", "--max-model-len", "512", "--block-size", "16",
             "--disable-access-log"]
-    with running_server(args, log, startup_timeout=300) as url:
-        yield url
+    with running_server(args, log_dir, name="loadgen") as server:
+        yield server.base_url
 
 
 def counters(url: str) -> dict[str, float]:

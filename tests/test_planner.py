@@ -215,8 +215,8 @@ def test_serving_overhead_adds_per_step_and_per_sequence() -> None:
         assert served.predict(work) == pytest.approx(alone.predict(work) + 0.003 + 0.001 * seqs)
 
 
-def test_plan_check_fits_the_overhead_through_its_two_probes() -> None:
-    from loadgen.plan_check import fit_overhead
+def test_the_serving_overhead_is_fitted_through_two_probes() -> None:
+    from planner.overhead import fit_overhead
 
     # 1 sequence: 3.1 ms more than the engine alone; 16 sequences: 11.8 ms more
     per_step, per_seq = fit_overhead([(1, 0.0031), (16, 0.0118)])
@@ -224,6 +224,8 @@ def test_plan_check_fits_the_overhead_through_its_two_probes() -> None:
     # probes faster than the engine alone add nothing, and never a negative cost
     assert fit_overhead([(1, -0.002), (16, -0.001)]) == (0.0, pytest.approx(0.001 / 15))
     assert fit_overhead([(1, 0.004), (16, 0.001)]) == (0.004, 0.0)
+    with pytest.raises(ValueError, match="different batch sizes"):
+        fit_overhead([(4, 0.001), (4, 0.002)])
 
 
 @pytest.fixture(scope="module")

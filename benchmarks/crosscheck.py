@@ -6,9 +6,9 @@ the same token count and exactly the same number of output tokens (`ignore_eos`)
 and p99, and their output tokens/s, are written side by side (JSON and markdown), with
 the relative difference of each. guidellm runs from its own virtual environment
 (`.venv-crosscheck`, made by the make target); it is no dependency of pagode. It reads
-the prompt tokenizer from the folder pagode caches for the default model, fully offline.
+the prompt tokenizer from a copy of the default model's, saved for it, fully offline.
 
-    python -m loadgen.crosscheck --rate 1 --num-prompts 20 --input-len 64 --output-len 64
+    python -m benchmarks.crosscheck --rate 1 --num-prompts 20 --input-len 64 --output-len 64
 """
 
 from __future__ import annotations
@@ -18,17 +18,18 @@ import asyncio
 import json
 import os
 import subprocess
-import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import httpx
 from rich.console import Console
 
+from benchmarks.pagode_server import REPO_ROOT, running_server
+from engine.model.loader import load_tokenizer, resolve_model
 from loadgen.bench import Settings
 from loadgen.cli import run_loadgen
 from loadgen.client import COMPLETIONS_PATH, Target
-from loadgen.server_process import REPO_ROOT, running_server
 
 # (label, loadgen summary key, loadgen stat, guidellm metric, guidellm percentile key, scale to ms)
 ROWS = (
@@ -43,13 +44,10 @@ ROWS = (
 )
 
 
-def tokenizer_dir() -> str:
-    """The folder pagode caches the default model's tokenizer in (asked of pagode, in a
-    subprocess, since loadgen never imports the engine)."""
-    code = ("from engine.model.loader import _tokenizer_cache_dir, default_model_path, load_tokenizer, "
-            "resolve_model; load_tokenizer(resolve_model(None)); print(_tokenizer_cache_dir(default_model_path()))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, check=True, capture_output=True, text=True)
-    return out.stdout.strip().splitlines()[-1]
+def save_tokenizer(folder: Path) -> str:
+    """The default model's tokenizer as a Hugging Face folder, for guidellm to load offline."""
+    load_tokenizer(resolve_model(None)).save_pretrained(str(folder))
+    return str(folder)
 
 
 def warm_up(url: str, model: str) -> None:
@@ -111,21 +109,22 @@ def markdown(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m loadgen.crosscheck", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.crosscheck", description=__doc__.split("\n\n")[0])
     p.add_argument("--rate", type=float, default=1.0)
     p.add_argument("--num-prompts", type=int, default=20)
     p.add_argument("--input-len", type=int, default=64)
     p.add_argument("--output-len", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--guidellm", default=str(REPO_ROOT / ".venv-crosscheck" / "bin" / "guidellm"))
-    p.add_argument("--tokenizer", default=None, help="tokenizer folder for guidellm (default: pagode's cache)")
+    p.add_argument("--tokenizer", default=None, help="tokenizer folder for guidellm (default: the default model's)")
     p.add_argument("--server-args", default="", help="extra `pagode serve` flags")
     p.add_argument("--out", type=Path, default=REPO_ROOT / "docs" / "results" / "crosscheck")
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     console = Console(width=200)
-    tok = args.tokenizer or tokenizer_dir()
-    with running_server(args.server_args.split(), args.out / "server.log") as url:
+    with tempfile.TemporaryDirectory(prefix="crosscheck-tokenizer-") as scratch, \
+            running_server(args.server_args.split(), args.out / "server.log") as url:
+        tok = args.tokenizer or save_tokenizer(Path(scratch))
         model = httpx.get(url + "/v1/models", timeout=30).json()["data"][0]["id"]
         warm_up(url, model)
         settings = Settings(num_prompts=args.num_prompts, input_len=(args.input_len, args.input_len),

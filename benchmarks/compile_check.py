@@ -1,8 +1,8 @@
 """Compile every kernel for a GPU architecture without a GPU: catches what the
 interpreter cannot (tl.dot shape limits, types that only matter in compiled code).
 
-    python -m cuda_kernels.compile_check            # sm_90, fp16/bf16/fp32
-    python -m cuda_kernels.compile_check --quick    # one dtype, the test suite's check
+    python -m benchmarks.compile_check            # sm_90, fp16/bf16/fp32
+    python -m benchmarks.compile_check --quick    # one dtype, the test suite's check
 
 Needs triton's bundled ptxas, not a device. Must run without TRITON_INTERPRET.
 """
@@ -65,7 +65,8 @@ def kernel_specs(dt: str, group: int, head_dim: int, block_size: int) -> list[tu
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="compile the kernels for a GPU, offline")
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.compile_check",
+                                     description="compile the kernels for a GPU, offline")
     parser.add_argument("--arch", type=int, default=90, help="CUDA compute capability, e.g. 80, 90")
     parser.add_argument("--quick", action="store_true", help="fp16, one shape")
     args = parser.parse_args(argv)

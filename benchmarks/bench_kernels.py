@@ -1,7 +1,8 @@
 """Paged decode attention: Triton kernel vs the torch reference, as memory bandwidth.
 
-    make bench-kernels                      # = python -m cuda_kernels.bench
-    python -m cuda_kernels.bench --peak-gbps 3350 --dtype bf16 --json out.json
+    make bench-kernels                      # = python -m benchmarks.bench_kernels
+    python -m benchmarks.bench_kernels --peak-gbps 3350 --dtype bf16 --json out.json
+    python -m benchmarks.bench_kernels --shapes 8:2048,64:4096   # batch:context pairs
 
 Decode attention is memory-bound: each step reads every cached K/V byte once, so the
 figure of merit is (bytes of K/V + Q read) / time, against the device's peak. GPU
@@ -24,11 +25,12 @@ import torch
 
 from cuda_kernels.reference import paged_decode_attention_ref
 
-# Peak HBM bandwidth, GB/s, matched against torch.cuda.get_device_name (first match wins).
-PEAK_GBPS = [("GH200", 4000.0), ("H200", 4800.0), ("H100 NVL", 3900.0), ("H100 PCIe", 2000.0),
-             ("H100", 3350.0), ("A100-SXM4-80GB", 2039.0), ("A100 80GB PCIe", 1935.0),
-             ("A100", 1555.0), ("L40S", 864.0), ("L4", 300.0), ("A10", 600.0),
-             ("RTX 4090", 1008.0), ("RTX 3090", 936.0), ("V100", 900.0), ("T4", 320.0)]
+# Peak HBM bandwidth, GB/s, by a part of torch.cuda.get_device_name; the longest part the
+# name contains wins, so "GH200" is not read as "H200", nor "H100 NVL" as "H100".
+PEAK_GBPS = {"GH200": 4000.0, "H200": 4800.0, "H100 NVL": 3900.0, "H100 PCIe": 2000.0,
+             "H100": 3350.0, "A100-SXM4-80GB": 2039.0, "A100 80GB PCIe": 1935.0,
+             "A100": 1555.0, "L40S": 864.0, "L4": 300.0, "A10": 600.0,
+             "RTX 4090": 1008.0, "RTX 3090": 936.0, "V100": 900.0, "T4": 320.0}
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 GPU_SHAPES = [(1, 1024), (1, 8192), (8, 2048), (32, 2048), (64, 4096), (128, 1024)]
 CPU_SHAPES = [(1, 512), (8, 512)]
@@ -101,14 +103,26 @@ def time_ms(fn: Callable[[], object], device: torch.device, iters: int) -> float
 def peak_gbps(name: str, override: float | None) -> float | None:
     if override is not None:
         return override
-    return next((gbps for key, gbps in PEAK_GBPS if key in name), None)
+    key = max((key for key in PEAK_GBPS if key in name), key=len, default=None)
+    return None if key is None else PEAK_GBPS[key]
+
+
+def parse_shapes(text: str) -> list[tuple[int, int]]:
+    """BATCH:CONTEXT pairs, comma-separated."""
+    try:
+        shapes = [(int(b), int(c)) for b, c in (pair.split(":") for pair in text.split(","))]
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"--shapes wants BATCH:CONTEXT,..., not {text!r}") from err
+    if not shapes or any(b < 1 or c < 1 for b, c in shapes):
+        raise argparse.ArgumentTypeError("--shapes wants batches and contexts of at least 1")
+    return shapes
 
 
 def bench_gpu(args: argparse.Namespace, device: torch.device) -> list[Row]:
     from cuda_kernels.decode_attention import choose_num_splits, paged_decode_attention
 
     rows = []
-    for batch, context in GPU_SHAPES:
+    for batch, context in args.shapes or GPU_SHAPES:
         p = make_problem(batch, context, args.heads, args.kv_heads, args.head_dim,
                          args.block_size, DTYPES[args.dtype], device)
         splits = choose_num_splits(batch, args.kv_heads, context, device)
@@ -129,7 +143,7 @@ def bench_gpu(args: argparse.Namespace, device: torch.device) -> list[Row]:
 def bench_cpu_reference(args: argparse.Namespace) -> list[Row]:
     cpu = torch.device("cpu")
     rows = []
-    for batch, context in CPU_SHAPES:
+    for batch, context in args.shapes or CPU_SHAPES:
         p = make_problem(batch, context, args.heads, args.kv_heads, args.head_dim,
                          args.block_size, torch.float32, cpu)
         ref_ms = time_ms(partial(paged_decode_attention_ref, *p.args), cpu, 5)
@@ -164,7 +178,8 @@ def print_cpu_table(rows: list[Row]) -> None:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_kernels",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--peak-gbps", type=float, default=None,
                         help="device peak memory bandwidth in GB/s (default: from the name)")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
@@ -173,6 +188,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--shapes", type=parse_shapes, default=None,
+                        help=f"BATCH:CONTEXT,... (default: {GPU_SHAPES} on a GPU, {CPU_SHAPES} on the CPU)")
     parser.add_argument("--json", default=None, help="also write the rows to this file")
     return parser.parse_args(argv)
 

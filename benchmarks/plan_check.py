@@ -2,15 +2,15 @@
 
 It starts a `pagode serve` with the engine settings of the step-time fit, measures the
 serving overhead the engine's calibration cannot see (SSE writes and this client on the
-same cores) with two short probes, asks `pagode plan` (a subprocess: loadgen never imports
-the engine) for the saturation throughput of the workload with that overhead, then for its
-predictions at 40% and 85% of it (or at --rates), replays the same seeded trace at those
-rates, and writes predicted and measured output tok/s and TTFT, ITL, TPOT and E2E at p50
-and p99 side by side (JSON and markdown), beside the prediction for the engine alone. The
-planner draws its trace with loadgen's own functions (spans.draw_lengths, arrivals.py:
-same seed, same lengths and gaps). Without a step-time fit it first runs `pagode plan --calibrate`.
+same cores) with two short probes, asks `pagode plan` (the command a user runs) for the
+saturation throughput of the workload with that overhead, then for its predictions at 40%
+and 85% of it (or at --rates), replays the same seeded trace at those rates, and writes
+predicted and measured output tok/s and TTFT, ITL, TPOT and E2E at p50 and p99 side by
+side (JSON and markdown), beside the prediction for the engine alone. The planner draws
+its trace with loadgen's own functions (spans.draw_lengths, arrivals.py: same seed, same
+lengths and gaps). Without a step-time fit it first runs `pagode plan --calibrate`.
 
-    python -m loadgen.plan_check --num-prompts 60 --kv-cache-memory 1GiB
+    python -m benchmarks.plan_check --num-prompts 60 --kv-cache-memory 1GiB
 """
 
 from __future__ import annotations
@@ -27,12 +27,13 @@ from typing import Any
 import httpx
 from rich.console import Console
 
+from benchmarks.pagode_server import REPO_ROOT, running_server
 from loadgen.bench import Settings
 from loadgen.cli import run_loadgen
 from loadgen.client import COMPLETIONS_PATH, Target
 from loadgen.datasets import parse_range
 from loadgen.report import fmt
-from loadgen.server_process import REPO_ROOT, running_server
+from planner.overhead import fit_overhead
 
 PROBE_BURSTS = (1, 16)  # requests sent at once by the two overhead probes
 PROBE_LENS = ("64", "128")  # their prompt and output tokens
@@ -79,14 +80,6 @@ def measure_overhead(args: argparse.Namespace, target: Target, console: Console)
     return {"per_step_s": per_step, "per_seq_s": per_seq, "probes": points}
 
 
-def fit_overhead(points: list[tuple[int, float]]) -> tuple[float, float]:
-    """(a, b) of a + b x sequences through two (sequences, extra seconds per step) points,
-    neither below 0: a probe that ran faster than the engine alone adds nothing."""
-    (n1, d1), (n2, d2) = points
-    per_seq = max((d2 - d1) / (n2 - n1), 0.0)
-    return max(d1 - per_seq * n1, 0.0), per_seq
-
-
 def value(summary: dict[str, Any], key: str, stat: str | None) -> float | None:
     v = summary[key] if stat is None else summary[key][stat]
     if v is None:
@@ -125,7 +118,7 @@ def markdown(runs: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m loadgen.plan_check", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.plan_check", description=__doc__.split("\n\n")[0])
     p.add_argument("--num-prompts", type=int, default=60)
     p.add_argument("--input-len", default="16:128")
     p.add_argument("--output-len", default="32:384")

@@ -1,6 +1,7 @@
-"""The source article's "three ways of serving", reproduced on this machine.
+"""`make experiment`: static batches, continuous batching and a paged KV cache, side by side
+under the same seeded Poisson trace.
 
-    python -m loadgen.experiment [--batching static,continuous,paged] [--low-rate R]
+    python -m benchmarks.experiment [--batching static,continuous,paged] [--low-rate R]
         [--high-rate R] [--num-prompts N] [--kv-cache-memory BYTES] [--out docs/results/experiment]
 
 For each batching mode it starts `pagode serve --batching B --max-model-len 512 --block-size 16
@@ -24,13 +25,13 @@ from typing import Any
 
 from rich.console import Console
 
+from benchmarks.pagode_server import running_server
 from loadgen.bench import Settings
 from loadgen.cli import make_console, run_loadgen
 from loadgen.client import Target
 from loadgen.datasets import PromptSet, parse_range
 from loadgen.plots import plot_cdfs, plot_timelines, save
 from loadgen.report import clean_json, fmt, write_results
-from loadgen.server_process import running_server
 
 # SmolLM2-135M: 30 layers x 3 KV heads x 64 dims, K and V, fp16 (pinned on the server, so
 # that the budget holds SEQS_RESERVED x MAX_MODEL_LEN positions whatever the default).
@@ -43,10 +44,10 @@ LOADS = ("low", "high")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m loadgen.experiment", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m benchmarks.experiment", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--batching", "--policies", dest="batching", default="static,continuous,paged",
-                   help="batching modes, comma-separated, run in this order (--policies: the old name)")
+    p.add_argument("--batching", default="static,continuous,paged",
+                   help="batching modes, comma-separated, run in this order")
     p.add_argument("--low-rate", type=float, default=0.4, help="req/s every batching mode keeps up with")
     p.add_argument("--high-rate", type=float, default=4.0, help="req/s above the paged server's capacity")
     p.add_argument("--num-prompts", type=int, default=200, help="requests per load")
@@ -160,7 +161,8 @@ def div(a: float | None, b: float | None) -> float | None:
 
 
 def key_ratios(results: dict[str, dict[str, Any]]) -> list[str]:
-    """The article's comparisons, as sentences with numbers."""
+    """What paging and continuous batching change, as sentences with numbers: throughput and
+    tail latency under overload, and the wait a static batch imposes at low load."""
     v = lambda p, load, k: value(results, p, load, k)  # noqa: E731 - a local shorthand
     ratio = lambda a, b, load, k: fmt(div(v(a, load, k), v(b, load, k)), digits=2)  # noqa: E731
     out = [
@@ -237,7 +239,7 @@ def write_summary(out: Path, args: argparse.Namespace, results: dict[str, dict[s
            f"queue time tells whether the queue grew: {queue_means(results)}. Where it did, that "
            "load is not one that batching mode keeps up with; lower --low-rate.", ""]
           if (lag := lagging_modes(results)) else []),
-        f"Reproduce: `python -m loadgen.experiment {' '.join(args.argv)}`".rstrip(),
+        f"Reproduce: `python -m benchmarks.experiment {' '.join(args.argv)}`".rstrip(),
     ]
     path = out / "summary.md"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")

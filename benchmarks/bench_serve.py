@@ -1,13 +1,13 @@
-"""`make bench-serve`: issue 9's serving workload against a live `pagode serve`.
+"""`make bench-serve`: a steady serving load against a live `pagode serve`.
 
-    python -m loadgen.bench_serve [--quantization none] [--kv-cache-dtype auto]
-                                  [--server-arg=--max-num-batched-tokens=256 ...] [--out FILE]
+    python -m benchmarks.bench_serve [--quantization none] [--kv-cache-dtype auto]
+                                     [--server-arg=--max-num-batched-tokens=256 ...] [--out FILE]
 
-Starts `pagode serve` on a free loopback port (loadgen/server_process.py), replays
-a seeded Poisson trace (rate 2 req/s, 60 requests, prompts of 16-128 tokens of prose,
-outputs of 32-384 tokens with ignore_eos, streamed) with pagode-loadgen's client,
-stops the server, writes one JSON and prints output tok/s and TTFT/ITL/E2E p50/p99.
-Like the rest of loadgen it imports neither the engine nor the server.
+Starts `pagode serve` on a free loopback port, replays a seeded Poisson trace (rate
+2 req/s, 60 requests, prompts of 16-128 tokens of prose, outputs of 32-384 tokens with
+ignore_eos, streamed) with pagode-loadgen's client, stops the server, writes one JSON and
+prints output tok/s and TTFT/ITL/E2E p50/p99. The server runs as its own process, measured from
+the outside, as a client sees it.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from benchmarks.pagode_server import running_server
 from loadgen.bench import Settings
 from loadgen.cli import make_console, run_loadgen
 from loadgen.client import Target
-from loadgen.server_process import running_server
 
 RATE, NUM_PROMPTS, INPUT_LEN, OUTPUT_LEN, SEED = 2.0, 60, (16, 128), (32, 384), 0
 
@@ -39,7 +39,8 @@ def headline(run: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_serve", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quantization", default=None, help="passed to pagode serve when given")
     ap.add_argument("--kv-cache-dtype", default="auto")
     ap.add_argument("--kv-cache-memory", default="1GiB")

@@ -5,10 +5,10 @@ PromQL, panel by panel, on a real Prometheus that scraped a real `pagode serve` 
 pagode-loadgen drove it, and draws each panel where Grafana would (gridPos), with
 the panel titles, legends and units of docker/grafana/dashboards/pagode.json.
 
-    python scripts/render_dashboard.py                  # starts its own server
-    python scripts/render_dashboard.py --url http://127.0.0.1:8000 --no-load
+    python -m benchmarks.render_dashboard                  # starts its own server
+    python -m benchmarks.render_dashboard --url http://127.0.0.1:8000 --no-load
 
-Without --url it starts `python -m server.cli serve` on a loopback port with a small
+Without --url it starts `pagode serve` on a loopback port with a small
 KV cache and a bounded queue, so that preemptions and 429s show on the dashboard too.
 Needs the `prometheus` binary (scripts/install-deploy-tools.sh installs it).
 """
@@ -38,10 +38,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
-from loadgen.server_process import free_port, stop  # noqa: E402
+from benchmarks.pagode_server import REPO_ROOT, running_server  # noqa: E402
+from loadgen.server_process import running_command  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
-DASHBOARD = ROOT / "docker" / "grafana" / "dashboards" / "pagode.json"
+DASHBOARD = REPO_ROOT / "docker" / "grafana" / "dashboards" / "pagode.json"
 SCRAPE_INTERVAL_S = 1
 RATE_INTERVAL = "20s"  # Grafana's $__rate_interval for the 5 s scrape of docker/prometheus.yml
 SERVER_ARGS = ["--kv-cache-memory", "32MiB", "--max-model-len", "512",
@@ -51,38 +51,9 @@ BACKGROUND, PANEL, GRID, TEXT = "#111217", "#181b1f", "#2c3235", "#ccccdc"
 PALETTE = ["#73BF69", "#FADE2A", "#5794F2", "#FF9830", "#F2495C", "#B877D9", "#8AB8FF", "#FFB357"]
 
 
-def wait_until_ok(url: str, timeout: float, proc: subprocess.Popen[bytes] | None = None) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise SystemExit(f"{url}: the process exited with {proc.returncode}")
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise SystemExit(f"{url} did not answer 200 within {timeout} s")
-
-
-@contextmanager
-def pagode_server(workdir: Path) -> Iterator[str]:
-    port = free_port()
-    with open(workdir / "server.log", "wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "server.cli", "serve", "--host", "127.0.0.1",
-             "--port", str(port), *SERVER_ARGS], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        print(f"starting pagode on {url} ...", flush=True)
-        wait_until_ok(f"{url}/health", 300, proc)
-        yield url
-    finally:
-        stop(proc, grace=30)
-
-
 @contextmanager
 def prometheus(target: str, workdir: Path) -> Iterator[str]:
+    """A Prometheus scraping `target` (host:port) every SCRAPE_INTERVAL_S, ready for queries."""
     exe = shutil.which("prometheus")
     if exe is None:
         raise SystemExit("prometheus not found: run scripts/install-deploy-tools.sh (as root)")
@@ -91,17 +62,13 @@ def prometheus(target: str, workdir: Path) -> Iterator[str]:
         "global": {"scrape_interval": f"{SCRAPE_INTERVAL_S}s", "scrape_timeout": "1s"},
         "scrape_configs": [{"job_name": "pagode", "static_configs": [{"targets": [target]}]}],
     }), encoding="utf-8")
-    port = free_port()
-    with open(workdir / "prometheus.log", "wb") as log:
-        proc = subprocess.Popen(
-            [exe, f"--config.file={config}", f"--storage.tsdb.path={workdir / 'tsdb'}",
-             f"--web.listen-address=127.0.0.1:{port}"], stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until_ok(f"{url}/-/ready", 60, proc)
+
+    def command(port: int) -> list[str]:
+        return [exe, f"--config.file={config}", f"--storage.tsdb.path={workdir / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{port}"]
+
+    with running_command(command, workdir / "prometheus.log", 60, health_path="/-/ready", grace=30) as url:
         yield url
-    finally:
-        stop(proc, grace=30)
 
 
 def run_loadgen(url: str, workdir: Path, name: str, rate: str, num_prompts: int) -> None:
@@ -109,7 +76,7 @@ def run_loadgen(url: str, workdir: Path, name: str, rate: str, num_prompts: int)
             "--num-prompts", str(num_prompts), "--input-len", "32:192", "--output-len", "16:128",
             "--seed", str(len(name)), "--out", str(workdir / name), "--no-progress", "--no-plots"]
     print(f"loadgen {name}: rate {rate}, {num_prompts} prompts", flush=True)
-    subprocess.run(argv, cwd=ROOT, check=False, stdout=subprocess.DEVNULL, timeout=600)
+    subprocess.run(argv, cwd=REPO_ROOT, check=False, stdout=subprocess.DEVNULL, timeout=600)
 
 
 def drive_load(url: str, workdir: Path) -> None:
@@ -214,16 +181,18 @@ def prometheus_version() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.render_dashboard",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--url", help="a running pagode server (default: start one)")
     parser.add_argument("--no-load", action="store_true", help="scrape only; run no loadgen")
     parser.add_argument("--duration", type=float, default=60.0,
                         help="seconds to scrape with --no-load")
-    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "dashboard.png")
+    parser.add_argument("--out", type=Path, default=REPO_ROOT / "docs" / "dashboard.png")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="pagode-dashboard-") as tmp:
         workdir = Path(tmp)
-        with (pagode_server(workdir) if args.url is None else nullcontext(args.url)) as url, \
+        server = running_server(SERVER_ARGS, workdir / "server.log") if args.url is None else nullcontext(args.url)
+        with server as url, \
                 prometheus(url.removeprefix("http://").removeprefix("https://"), workdir) as prom:
             start = time.time()
             if args.no_load:
