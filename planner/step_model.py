@@ -21,10 +21,10 @@ so a prediction never falls as work grows within a piece.
 
 What the engine alone does not pay, the server and its clients do: every token is an SSE
 event the server writes and the client parses, on the same cores when they share a machine
-(docs/speed.md).
-`overhead_s` + `overhead_per_seq_s` x sequences adds that cost to every step; both are 0
-for the engine alone, and `pagode plan --serving-overhead` sets them from a measurement
-(benchmarks/plan_check.py measures them against the live server with short probes; overhead.py fits them).
+(docs/speed.md). `overhead_s` + `overhead_per_seq_s` x sequences adds that cost to every
+step; both are 0 for the engine alone, and `pagode plan --serving-overhead` sets them from a
+measurement (benchmarks/plan_check.py measures them against the live server with short
+probes; overhead.py fits them).
 """
 
 from __future__ import annotations
