@@ -4,7 +4,7 @@
 
 It times whole decode steps of the real model (packing, forward, logits) and, inside
 them, the paged attention calls (the step profiler's forward hooks, engine/io/profiler.py),
-for each KV cache dtype: with the `torch` attention backend (the CPU default: the C++
+for each KV cache dtype: with the `cpu` attention backend (the CPU default: the C++
 kernels where they build), and for fp32 also with `sdpa` (pure torch, never C++: it
 gathers the batch's blocks).
 """
@@ -19,7 +19,7 @@ from benchmarks.decode_probe import forward_seconds, held_decode_batch
 from engine.io.profiler import StepProfiler
 from engine.llm import LLM
 
-BACKENDS = {"torch": "torch backend (C++ kernels where they build)",
+BACKENDS = {"cpu": "cpu backend (C++ kernels where they build)",
             "sdpa": "sdpa backend (pure torch, gathers blocks)"}
 
 
@@ -38,7 +38,7 @@ def measure(llm: LLM, batch: int, context: int, reps: int) -> tuple[float, float
 
 def backends_for(kv: str) -> list[str]:
     """The C++ path for every dtype; the pure-torch one for fp32, the dtype it is written for."""
-    return ["torch", "sdpa"] if kv == "fp32" else ["torch"]
+    return ["cpu", "sdpa"] if kv == "fp32" else ["cpu"]
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -19,10 +19,10 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.decode_probe import bare_forward_rate
+from engine.autotune import best_time
 from engine.io.stats import StepStats
 from engine.llm import LLM
 from engine.quant import dispatch
-from engine.quant.dispatch import best_time
 from engine.quant.formats import dequantize
 from engine.quant.linear import QuantLinear
 from engine.sampling_params import SamplingParams

@@ -3,25 +3,50 @@ model on fixed prose, for each mode and each of its kernel paths.
 
     python -m benchmarks.quant_quality [--text tests/data/prose.txt] [--modes int8 int4]
 
-The measurement is the engine's own (engine/quant/quality.py), the one the quality-gate
-tests call; this only runs it for every mode and path and prints the rows as JSON.
+The measurement is the engine's own teacher-forced reading (engine/runner/teacher_forcing.py),
+the one the quality-gate tests call; this only runs it for every mode and path and prints
+the rows as JSON. A path is pinned by setting every quantized layer's crossover, so that
+each call takes the block kernel ("kernel") or the dense GEMM ("gemm").
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
+from engine.autotune import NO_LIMIT
 from engine.llm import LLM
 from engine.quant.linear import Path as KernelPath
-from engine.quant.quality import DEFAULT_TEXT, force_path, read_text, text_tokens
+from engine.quant.linear import QuantLinear
+from engine.runner.teacher_forcing import Reading, read_text
 
 PATHS: tuple[KernelPath | None, ...] = ("kernel", "gemm", None)  # None: the layer's own crossover
+DEFAULT_TEXT = Path(__file__).resolve().parents[1] / "tests" / "data" / "prose.txt"
 
 
 def load(model: str | None, mode: str) -> LLM:
     return LLM(model=model, quantization=mode, kv_cache_memory="256MiB", max_model_len=1024)
+
+
+@contextlib.contextmanager
+def pinned(llm: LLM, path: KernelPath | None) -> Iterator[None]:
+    """Every QuantLinear on `path` inside the block (None: on its own crossover)."""
+    layers = [m for m in llm.engine.runner.model.modules() if isinstance(m, QuantLinear)]
+    saved = [layer.max_kernel_tokens for layer in layers]
+    for layer in layers if path is not None else []:
+        layer.max_kernel_tokens = NO_LIMIT if path == "kernel" else 0
+    try:
+        yield
+    finally:
+        for layer, crossover in zip(layers, saved, strict=True):
+            layer.max_kernel_tokens = crossover
+
+
+def read(llm: LLM, ids: list[int]) -> Reading:
+    return read_text(llm.engine.runner, llm.engine.block_manager, ids)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -31,15 +56,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--model", default=None)
     args = ap.parse_args(argv)
     base = load(args.model, "none")
-    ids = text_tokens(base, args.text)
-    ref = read_text(base, ids)
+    ids = list(base.tokenizer(args.text.read_text()).input_ids)
+    ref = read(base, ids)
     rows = [{"mode": "none", "path": "fp32", "perplexity": round(ref.perplexity, 4), "agreement": 1.0}]
     del base
     for mode in args.modes:
         llm = load(args.model, mode)
         for path in PATHS:
-            force_path(llm, path)
-            got = read_text(llm, ids)
+            with pinned(llm, path):
+                got = read(llm, ids)
             rows.append({"mode": mode, "path": path or "auto", "perplexity": round(got.perplexity, 4),
                          "ppl_vs_fp32": round(got.perplexity / ref.perplexity - 1, 4),
                          "agreement": round(got.agreement(ref), 4)})

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cpu_kernels import build, isa
-from cpu_kernels.decode_step import DecodeStep
-from cpu_kernels.fused_ops import FusedOps
-from cpu_kernels.paged_attention import PagedAttention
+from cpu_kernels.decode_step_kernel import DecodeStepKernel
+from cpu_kernels.fused_ops_kernel import FusedOpsKernel
+from cpu_kernels.paged_attention import PagedAttentionKernel
 from cpu_kernels.quant_linear import BlockLinear
 
 log = logging.getLogger("pagode.cpu_kernels")
@@ -40,10 +40,10 @@ class Library:
     def __init__(self, lib: ctypes.CDLL, level: isa.Level, path: Path) -> None:
         self.level, self.path = level, path
         # A family is None when the library lacks one of its symbols (not built at this level).
-        self.paged_attention = PagedAttention(lib) if _has(lib, PagedAttention.SYMBOLS) else None
+        self.paged_attention = PagedAttentionKernel(lib) if _has(lib, PagedAttentionKernel.SYMBOLS) else None
         self.block_linear = BlockLinear(lib) if _has(lib, BlockLinear.SYMBOLS) else None
-        self.fused_ops = FusedOps(lib) if _has(lib, FusedOps.SYMBOLS) else None
-        self.decode_step = DecodeStep(lib) if _has(lib, DecodeStep.SYMBOLS) else None
+        self.fused_ops = FusedOpsKernel(lib) if _has(lib, FusedOpsKernel.SYMBOLS) else None
+        self.decode_step = DecodeStepKernel(lib) if _has(lib, DecodeStepKernel.SYMBOLS) else None
 
 
 def _has(lib: ctypes.CDLL, symbols: tuple[str, ...]) -> bool:

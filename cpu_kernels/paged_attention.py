@@ -5,7 +5,7 @@ activations stay fp32; cache rows are converted as they are read or written):
 decode attention that reads each sequence's blocks in place, and the fused RoPE +
 K/V cache write that rotates a step's queries and keys and stores keys and values in
 their slots. Built from the avx2 level up; elsewhere the library has no such symbols
-and the torch backend keeps its pure-torch paths.
+and the cpu attention backend keeps its pure-torch paths.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ _P, _I64 = ctypes.c_void_p, ctypes.c_int64
 MAX_KV_ROW = 1024  # kv_heads * head_dim the fused cache write supports
 
 
-class PagedAttention:
+class PagedAttentionKernel:
     """Decode attention and RoPE + K/V write over a paged cache [2, NB, BS, KVH, D]."""
 
     SYMBOLS = tuple(f"{fn}_{suffix}" for fn in ("paged_decode_attention", "rope_write_kv")

@@ -4,6 +4,7 @@
 a kernel name, so (a) the package imports where triton is missing, and (b) setting
 TRITON_INTERPRET=1 any time before that first use selects the interpreter (the
 choice is made when the kernels are decorated, not when triton is imported).
+The test oracle (reference.py) is not part of this interface: tests import it directly.
 """
 
 from __future__ import annotations
@@ -11,12 +12,6 @@ from __future__ import annotations
 import importlib
 import importlib.util
 from typing import TYPE_CHECKING, Any
-
-from cuda_kernels.reference import (
-    paged_decode_attention_ref,
-    paged_prefill_attention_ref,
-    reshape_and_cache_ref,
-)
 
 if TYPE_CHECKING:
     from cuda_kernels.cache_write import reshape_and_cache
@@ -32,11 +27,8 @@ _LAZY = {
 __all__ = [
     "is_interpreted",
     "paged_decode_attention",
-    "paged_decode_attention_ref",
     "paged_prefill_attention",
-    "paged_prefill_attention_ref",
     "reshape_and_cache",
-    "reshape_and_cache_ref",
     "triton_available",
 ]
 

@@ -3,7 +3,7 @@
 Deliberately simple and slow: every function gathers a sequence's K/V through its
 block table into contiguous tensors, then applies the textbook formula in fp32.
 The Triton kernels are checked against these; the engine's optimized CPU backend
-lives elsewhere (engine/attention/torch_backend.py).
+lives elsewhere (engine/attention/cpu_backend.py).
 """
 
 from __future__ import annotations

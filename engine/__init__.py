@@ -6,8 +6,8 @@ import os
 # anything here imports torch. An OpenMP worker spins this many times for the next parallel
 # region before it sleeps on a futex. libgomp's default, 300,000, is shorter than the gap a
 # server leaves between two decode steps while its event loop writes the SSE events: the
-# workers fell asleep at every step and paid a wake-up per region. One stream over HTTP on a
-# 2-core Zen 5 went from 160-170 to 180-210 tok/s. A user's value wins.
+# workers would fall asleep at every step and pay a wake-up per region (docs/speed.md has
+# the measurement). A user's value wins.
 os.environ.setdefault("GOMP_SPINCOUNT", "10000000")
 
 from engine.config import EngineConfig

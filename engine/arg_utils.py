@@ -13,6 +13,7 @@ import argparse
 import dataclasses
 from typing import Any
 
+from engine.attention.selection import BACKENDS, DEPRECATED_ALIASES
 from engine.config import (
     BATCHING_MODES,
     KV_CACHE_DTYPES,
@@ -94,9 +95,10 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup
                        help="weights and activations dtype (default: float32 on CPU, "
                             "bfloat16 on GPUs that support it)")
     group.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
-    group.add_argument("--attention-backend", default=None, choices=("torch", "sdpa", "triton"),
-                       help="paged attention implementation: torch (C++ kernels on the CPU where they "
-                            "build), sdpa (pure torch) or triton (CUDA) (default: the engine's choice)")
+    group.add_argument("--attention-backend", default=None, choices=(*BACKENDS, *DEPRECATED_ALIASES),
+                       help="paged attention implementation: cpu (C++ kernels on the CPU where they "
+                            "build), sdpa (pure torch) or triton (CUDA) (default: the engine's choice; "
+                            "torch is a deprecated alias of cpu)")
     group.add_argument("--enforce-eager", action="store_true",
                        help="disable CUDA graphs")
     group.add_argument("--seed", type=int, default=engine_default("seed"), help="seed of the engine's sampler")

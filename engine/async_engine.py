@@ -52,11 +52,7 @@ class AsyncEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         # Every parallel region of the engine runs in this one thread: loading, the kernels'
-        # load-time races and every step. libgomp gives each thread that opens a parallel
-        # region its own pool of workers, and once it manages more threads than there are
-        # cores it throttles their spin-wait to ~1,000 spins, so each region pays a futex
-        # wake-up: a model loaded in one thread and stepped in another decoded one stream at
-        # 22 ms a token on 2 cores, against 13 ms with one thread for both.
+        # load-time races and every step (why: ModelRunner._check_thread).
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pagode-step")
         self.engine = self._executor.submit(LLMEngine, config).result()
         self.tokenizer = self.engine.tokenizer

@@ -10,7 +10,7 @@ import torch
 
 from engine.io.request_limits import RequestCaps
 
-# How requests share the batch and the KV cache (the source article's three ways of serving).
+# How requests share the batch and the KV cache (engine/core/scheduler.py).
 Batching = Literal["paged", "continuous", "static"]
 BATCHING_MODES: tuple[Batching, ...] = ("paged", "continuous", "static")
 SchedulingPolicy = Literal["fcfs", "priority"]
@@ -78,7 +78,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     dtype: str | None = None
     device: str | None = None
-    attention_backend: str | None = None  # torch | sdpa | triton; env PAGODE_ATTENTION_BACKEND
+    attention_backend: str | None = None  # cpu | sdpa | triton; env PAGODE_ATTENTION_BACKEND
     seed: int = 0
     enforce_eager: bool = False  # disable CUDA graphs
     request_caps: RequestCaps = field(default_factory=RequestCaps)  # per-request limits

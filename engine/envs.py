@@ -90,15 +90,15 @@ CPU_ISA: EnvVar[str | None] = EnvVar(
     "level the CPU runs.")
 QUANT_KERNEL: EnvVar[bool] = EnvVar(
     "PAGODE_QUANT_KERNEL", _flag, True,
-    "0 turns the block-quantized linear kernel off (quantized layers then run on fbgemm, "
+    "0 turns the block-quantized linear kernel off (quantized layers then run on their big-step GEMM, "
     "and --quantization auto falls back to none).")
 DECODE_STEP: EnvVar[bool] = EnvVar(
     "PAGODE_DECODE_STEP", _flag, True,
     "0 turns the fused C++ decode step off: decode steps run layer by layer.")
 ATTENTION_BACKEND: EnvVar[str | None] = EnvVar(
     "PAGODE_ATTENTION_BACKEND", _optional_str, None,
-    "torch, sdpa or triton; overrides the device's default (torch on CPU, triton on CUDA) when "
-    "--attention-backend is not given.")
+    "cpu, sdpa or triton; overrides the device's default (cpu on CPU, triton on CUDA) when "
+    "--attention-backend is not given (torch: a deprecated alias of cpu).")
 QUANT_GEMM: EnvVar[str] = EnvVar(
     "PAGODE_QUANT_GEMM", _choice("auto", "fp32", "onednn", "bf16", "fbgemm"), "auto",
     "The many-tokens path of quantized layers: auto (fp32 BLAS, fp32 on oneDNN, and bf16 on "

@@ -5,8 +5,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -14,7 +12,7 @@ from engine import native
 from engine.config import EngineConfig, dtype_name
 from engine.core.block_manager import BlockManager
 from engine.core.request_state import RequestState
-from engine.core.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
+from engine.core.scheduler import Scheduler, SchedulerOutput
 from engine.core.sequence import Sequence
 from engine.io.detokenizer import IncrementalDetokenizer
 from engine.io.errors import InvalidRequestError
@@ -23,13 +21,13 @@ from engine.io.outputs import RequestTimes, StreamDelta, TokenLogprob
 from engine.io.profiler import StepProfiler
 from engine.io.request_limits import RequestLimits, check_request
 from engine.io.stats import EngineStats, FinishedRequestStats, StepStats
+from engine.io.stats_recorder import StatsRecorder, finished_request_stats
 from engine.model.loader import load_tokenizer, read_config, resolve_model
-from engine.runner import prompt_logprobs
+from engine.runner import prompt_logprobs, row_sampling
 from engine.runner.kv_cache import bytes_per_block
 from engine.runner.logprob_values import finite_logprob
 from engine.runner.model_runner import ModelRunner
-from engine.runner.prompt_logprobs import PromptRows
-from engine.runner.sampler import RawLogprob, SampleResult, SamplingRow
+from engine.runner.sampler import RawLogprob
 from engine.sampling_params import SamplingParams
 from engine.structured_output import StructuredOutputManager
 from engine.tokenizer import Tokenizer
@@ -61,9 +59,8 @@ class LLMEngine:
         self.requests: dict[str, RequestState] = {}
         self.eos_ids = frozenset(self.model_config.eos_token_ids) | (
             frozenset([self.tokenizer.eos_token_id]) if self.tokenizer.eos_token_id is not None else frozenset())
-        self.stats_totals = EngineStats()
-        self.step_listeners: list[Callable[[StepStats], None]] = []
-        self._phases = StepPhases()
+        self.recorder = StatsRecorder(self.scheduler, self.block_manager)
+        self.step_listeners: list[Callable[[StepStats], None]] = self.recorder.listeners
         self.structured = StructuredOutputManager(self.tokenizer, self.model_config.vocab_size,
                                                   sorted(self.eos_ids))
         log.info("KV cache: %d blocks of %d positions = %d tokens in %s (%s, %d tokens per GiB; "
@@ -94,8 +91,7 @@ class LLMEngine:
             raise InvalidRequestError(f"request id {request_id!r} is already in use", "request_id")
         token_ids = self.tokenize(prompt)
         max_tokens = self.validate(token_ids, params)
-        seq = Sequence(request_id, token_ids, params, RequestTimes(arrival_time or time.monotonic()),
-                       prompt=prompt if isinstance(prompt, str) else None)
+        seq = Sequence(request_id, token_ids, params, RequestTimes(arrival_time or time.monotonic()))
         generator = None
         if params.seed is not None and not params.greedy:
             generator = torch.Generator(device=self.runner.device).manual_seed(params.seed)
@@ -130,36 +126,35 @@ class LLMEngine:
 
     # ---- the step ------------------------------------------------------
     def step(self) -> list[StreamDelta]:
-        start = time.monotonic()
-        self._phases = StepPhases()
+        start = self.recorder.begin_step()
         out = self.scheduler.schedule()
-        self._phases.schedule = time.monotonic() - start
+        self.recorder.phases.lap("schedule", start)
         deltas: list[StreamDelta] = []
         finished: list[FinishedRequestStats] = []
         if not out.is_empty:
             deltas = self._run(out, finished)
-        self._record(out, start, finished, deltas)
+        self.recorder.record_step(out, start, finished, deltas)
         return deltas
 
     def _run(self, out: SchedulerOutput, finished: list[FinishedRequestStats]) -> list[StreamDelta]:
         to_sample = [s for s in out.scheduled if s.completes_prefill]
-        phases, clock = self._phases, time.monotonic()
+        phases, clock = self.recorder.phases, time.monotonic()
         try:
             inputs = self.runner.prepare(out.scheduled)
             clock = phases.lap("prepare", clock)
-            plans = self._plan_prompt_logprobs(out, inputs)
+            plans = prompt_logprobs.plan(self.requests, out.scheduled, inputs)
             logits = self.runner.forward(inputs)
             prompt_logits, logits = prompt_logprobs.split_logits(logits, plans)
-            self._score_prompts(prompt_logits, plans)
+            prompt_logprobs.collect(self.requests, prompt_logits, plans, self._token_text)
             clock = phases.lap("forward", clock)
             self.scheduler.advance(out)
             states = [self.requests[s.seq.request_id] for s in to_sample]
-            raw = self._unmasked_for_logprobs(logits, states)
+            raw = row_sampling.unmasked_logits(logits, states, self.config.logprobs_mode)
             self.structured.apply_masks(logits, [st.grammar for st in states])  # structured outputs
         except Exception as err:  # the batch is lost; its requests fail, the engine goes on
             log.exception("step failed; failing its %d requests", len(out.scheduled))
             return [self._fail(self.requests[s.seq.request_id], err) for s in out.scheduled]
-        picks = self._sample(logits, states, raw)
+        picks = row_sampling.sample_states(self.runner, logits, states, raw)
         clock = phases.lap("sample", clock)
         deltas = []
         for state, picked in zip(states, picks, strict=True):
@@ -171,78 +166,9 @@ class LLMEngine:
                 log.exception("request %s failed", state.seq.request_id)
                 deltas.append(self._fail(state, err))
             if state.seq.finish_reason is not None:
-                finished.append(self._finished_stats(state))
+                finished.append(finished_request_stats(state))
         phases.lap("postprocess", clock)
         return deltas
-
-    def _unmasked_for_logprobs(self, logits: torch.Tensor,
-                               states: list[RequestState]) -> torch.Tensor | None:
-        """A copy of the logits from before the grammar masks, when raw logprobs are wanted
-        of a constrained row; None otherwise (the common case costs nothing)."""
-        if self.config.logprobs_mode != "raw_logprobs":
-            return None
-        if any(st.grammar is not None and st.seq.params.logprobs is not None for st in states):
-            return logits.clone()
-        return None
-
-    def _sample(self, logits: torch.Tensor, states: list[RequestState],
-                raw: torch.Tensor | None = None) -> list[_Picked | BaseException]:
-        """One (token, logprobs) per state; if the batched sample raises, sample row by row
-        so that only the rows that raise fail."""
-        rows: list[SamplingRow | BaseException] = []
-        for state in states:
-            try:
-                rows.append(state.sampling_row())
-            except Exception as err:  # noqa: BLE001 - that request alone fails
-                rows.append(err)
-        good = [i for i, r in enumerate(rows) if not isinstance(r, BaseException)]
-        picked: list[_Picked | BaseException] = [
-            r if isinstance(r, BaseException) else RuntimeError("not sampled") for r in rows]
-        try:
-            result = self._sample_rows(logits, rows, good, raw)
-            for j, i in enumerate(good):
-                picked[i] = (result.token_ids[j], result.logprobs[j])
-            return picked
-        except Exception:  # noqa: BLE001 - find the rows at fault
-            log.warning("batched sampling failed; sampling %d rows one by one", len(good))
-        for i in good:
-            try:
-                one = self._sample_rows(logits, rows, [i], raw)
-                picked[i] = (one.token_ids[0], one.logprobs[0])
-            except Exception as err:  # noqa: BLE001 - this row alone fails
-                picked[i] = err
-        return picked
-
-    def _sample_rows(self, logits: torch.Tensor, rows: list[SamplingRow | BaseException],
-                     indices: list[int], raw: torch.Tensor | None = None) -> SampleResult:
-        if not indices:
-            return SampleResult([], [])
-        chosen = [rows[i] for i in indices]
-        assert all(isinstance(r, SamplingRow) for r in chosen)
-        every = len(indices) == logits.shape[0]
-        subset = logits if every else logits[indices]
-        raw_subset = raw if raw is None or every else raw[indices]
-        return self.runner.sample(subset, chosen, raw_subset)  # type: ignore[arg-type]
-
-    def _plan_prompt_logprobs(self, out: SchedulerOutput, inputs: Any) -> list[PromptRows]:
-        wanted = {rid: len(st.prompt_logprobs) - 1 for rid, st in self.requests.items()
-                  if st.prompt_logprobs is not None and not st.prompt_logprobs_sent
-                  and len(st.prompt_logprobs) < st.seq.num_prompt_tokens}
-        if not wanted:
-            return []
-        return prompt_logprobs.plan_rows(out.scheduled, inputs.meta.query_start_loc_cpu, wanted,
-                                         inputs.sample_indices)
-
-    def _score_prompts(self, prompt_logits: torch.Tensor, plans: list[PromptRows]) -> None:
-        if not plans:
-            return
-        top = {p.seq.request_id: p.seq.params.prompt_logprobs or 0 for p in plans}
-        for rid, scored in prompt_logprobs.score(prompt_logits, plans, top, self._token_text).items():
-            state = self.requests[rid]
-            assert state.prompt_logprobs is not None
-            state.prompt_logprobs.extend(scored)
-            if len(state.prompt_logprobs) == state.seq.num_prompt_tokens:
-                state.seq.skip_prefix_cache = False  # a recompute may use the cache again
 
     def _postprocess(self, state: RequestState, token: int,
                      lp: RawLogprob | None) -> StreamDelta:
@@ -276,47 +202,9 @@ class LLMEngine:
         state.seq.error = f"{type(err).__name__}: {err}"
         return self._finish(state, "abort")
 
-    def _finished_stats(self, state: RequestState) -> FinishedRequestStats:
-        seq = state.seq
-        return FinishedRequestStats(seq.request_id, seq.finish_reason or "abort", seq.num_prompt_tokens,
-                                    seq.num_output_tokens, seq.times, seq.num_cached_tokens)
-
     # ---- statistics ----------------------------------------------------
-    def _record(self, out: SchedulerOutput, start: float, finished: list[FinishedRequestStats],
-                deltas: list[StreamDelta]) -> None:
-        prompt_tokens = sum(s.num_new_tokens for s in out.scheduled if _is_prompt_work(s))
-        gen_tokens = sum(len(d.token_ids) for d in deltas)
-        t = self.stats_totals
-        t.prompt_tokens_total += prompt_tokens
-        t.generation_tokens_total += gen_tokens
-        t.num_preemptions_total += len(out.preempted)
-        t.num_steps_total += 0 if out.is_empty else 1
-        if out.is_empty or not self.step_listeners:
-            return
-        decodes = [s for s in out.scheduled if s.num_new_tokens == 1]
-        p = self._phases
-        step = StepStats(out.num_batched_tokens, prompt_tokens, gen_tokens, len(out.preempted),
-                         len(self.scheduler.running), len(self.scheduler.waiting),
-                         self.block_manager.usage, time.monotonic() - start, finished,
-                         num_decodes=len(decodes), num_prefill_tokens=out.num_batched_tokens - len(decodes),
-                         mean_decode_context=sum(len(s.seq) for s in decodes) / len(decodes) if decodes else 0.0,
-                         schedule_time=p.schedule, prepare_time=p.prepare, forward_time=p.forward,
-                         sample_time=p.sample, postprocess_time=p.postprocess,
-                         chunks=[(s.num_new_tokens, s.seq.num_computed_tokens - s.num_new_tokens)
-                                 for s in out.scheduled],
-                         preempted=[seq.request_id for seq in out.preempted])
-        for listener in self.step_listeners:
-            listener(step)
-
     def stats(self) -> EngineStats:
-        t = self.stats_totals
-        bm = self.block_manager
-        return EngineStats(
-            num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
-            kv_cache_usage=bm.usage, num_preemptions_total=t.num_preemptions_total,
-            prompt_tokens_total=t.prompt_tokens_total, generation_tokens_total=t.generation_tokens_total,
-            prefix_cache_queries_total=bm.prefix_queries, prefix_cache_hits_total=bm.prefix_hits,
-            num_steps_total=t.num_steps_total, max_concurrent_seqs=self.scheduler.max_concurrent)
+        return self.recorder.snapshot()
 
     def enable_step_profile(self, every: int, report: Callable[[str], None],
                             extra: dict[str, Callable[[], float]] | None = None) -> StepProfiler:
@@ -343,26 +231,3 @@ class LLMEngine:
             kv_tokens_per_gib=self.kv_tokens_per_gib, cpu=self.cpu.model, cpu_isa=self.cpu.target,
             cpu_flags=" ".join(self.cpu.flags))
 
-
-@dataclass
-class StepPhases:
-    """Seconds spent in each phase of the current step."""
-
-    schedule: float = 0.0
-    prepare: float = 0.0
-    forward: float = 0.0
-    sample: float = 0.0
-    postprocess: float = 0.0
-
-    def lap(self, phase: str, since: float) -> float:
-        now = time.monotonic()
-        setattr(self, phase, getattr(self, phase) + now - since)
-        return now
-
-
-_Picked = tuple[int, RawLogprob | None]
-
-
-def _is_prompt_work(s: ScheduledSeq) -> bool:
-    """Tokens read from the prompt (or recomputed), not the one newest generated token."""
-    return s.seq.num_computed_tokens - s.num_new_tokens < s.seq.num_prompt_tokens or s.num_new_tokens > 1

@@ -13,10 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cpu_kernels import Level, Library, Settings, load
-from cpu_kernels.decode_step import DecodeStep
-from cpu_kernels.fused_ops import FusedOps
+from cpu_kernels.decode_step_kernel import DecodeStepKernel
+from cpu_kernels.fused_ops_kernel import FusedOpsKernel
 from cpu_kernels.isa import detect, target_level
-from cpu_kernels.paged_attention import PagedAttention
+from cpu_kernels.paged_attention import PagedAttentionKernel
 from cpu_kernels.quant_linear import BlockLinear
 from engine import envs
 
@@ -56,7 +56,7 @@ def library() -> Library | None:
     return load(settings()) if envs.CPU_KERNEL.get() else None
 
 
-def paged_attention() -> PagedAttention | None:
+def paged_attention() -> PagedAttentionKernel | None:
     lib = library()
     return None if lib is None else lib.paged_attention
 
@@ -66,11 +66,11 @@ def block_linear() -> BlockLinear | None:
     return None if lib is None or not envs.QUANT_KERNEL.get() else lib.block_linear
 
 
-def fused_ops() -> FusedOps | None:
+def fused_ops() -> FusedOpsKernel | None:
     lib = library()
     return None if lib is None else lib.fused_ops
 
 
-def decode_step() -> DecodeStep | None:
+def decode_step() -> DecodeStepKernel | None:
     lib = library()
     return None if lib is None else lib.decode_step

@@ -3,17 +3,16 @@
 A bigger decode batch pays while a step's fixed cost (weights read once, Python, thread
 start-up) dominates, and stops paying once the per-sequence cost (attention over each
 context, the sequence's share of the GEMMs) does: each step grows longer and every running
-request waits through it. In the article's experiment left uncapped, paged batching grew
-to 158 sequences and fell below fixed batches.
+request waits through it. Left uncapped, paged batching grows its batch past that point and
+can serve less than fixed batches.
 
 `pagode plan --calibrate` times decode-only steps at batches of 1 to 192 (the grid's
 `decode_tok_s`, kept in the fit file). The cap is the first measured batch after which the
 next one (about twice as big) gains less than MIN_GAIN in tokens/s, read at the longest
 context measured; where throughput still rises at the biggest batch, the engine's default
 stays. The rates are read as measured, not from the fitted line: the fit is linear in the
-batch, while a bf16 GEMM runs twice as many tokens per second at 256 rows as at 16, so the
-line puts the knee far too early (on a 2-core Zen 5 it said 30, where 30 sequences served
-Poisson 16 req/s at 468 out tok/s against 689 uncapped). Without a fit, or with one from
+batch, while a GEMM can run many more tokens per second at 256 rows than at 16, so the
+line puts the knee far too early (docs/speed.md). Without a fit, or with one from
 before the rates were kept, the default stays and the start-up line says how to get one.
 A user's --max-num-seqs wins.
 """

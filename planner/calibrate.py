@@ -39,14 +39,9 @@ class Grid:
     def for_device(cls, device: str) -> Grid:
         if device == "cuda":
             return cls((1, 8, 32, 128, 256), (128, 1024), (128, 512, 2048), 4)
-        # both pieces of the step model: fused decode steps (up to 16 here) and layer by layer,
+        # both pieces of the step model: fused decode steps (the small batches) and layer by layer,
         # and batches big enough to see where a bigger one stops paying (planner/batch_cap.py)
         return cls((1, 4, 12, 24, 48, 96, 192), (32, 192), (64, 256, 512), 3)
-
-    @classmethod
-    def quick(cls) -> Grid:
-        """Seconds on a CPU: enough steps for a (rough) fit, for tests."""
-        return cls((1, 6), (16, 64), (32, 96), 2)
 
 
 def default_fit_path(model_name: str, device: str, weights: str, kv: str) -> Path:

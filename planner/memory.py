@@ -1,7 +1,7 @@
 """KV-cache and weight memory from a model's config alone (no weights are loaded).
 
 The KV bytes per token are the engine's own (engine/runner/kv_cache.py: 2 x layers x kv_heads x
-head_dim x bytes_per_value, the seed article's formula), in the dtypes the engine takes and
+head_dim x bytes_per_value), in the dtypes the engine takes and
 resolves for the config (`device_dtypes`). The cache holds whole blocks of `block_size`
 positions, so the token capacity is rounded down to blocks, and a sequence of C
 positions holds ceil(C / block_size) blocks.

@@ -9,8 +9,8 @@ chunk x (cached + chunk) positions (attention's quadratic part).
 
 A decode-only step of at most `fused_decode_limit` sequences runs the fused C++ decode
 step (engine/model/decode_step.py), a different code path with its own fixed cost and
-cost per sequence (on a 2-core CPU: about 9 ms + 3 ms a sequence, against 52 ms + 1.3 ms
-layer by layer). Such a step puts its 1 and its batch size in the two `fused_*` columns
+cost per sequence: a much smaller fixed cost and a larger one per sequence than layer by
+layer (docs/speed.md). Such a step puts its 1 and its batch size in the two `fused_*` columns
 instead of `const` and `decode_seqs`, so the model is piecewise linear in the batch and
 both pieces keep non-negative coefficients. The limit comes from the calibrated engine
 (0: no fused step, as on CUDA, and the two columns stay empty).
@@ -21,10 +21,10 @@ so a prediction never falls as work grows within a piece.
 
 What the engine alone does not pay, the server and its clients do: every token is an SSE
 event the server writes and the client parses, on the same cores when they share a machine
-(on 2 cores a streamed step took ~3 ms + ~1.1 ms a sequence longer than the engine's step).
-`overhead_s` + `overhead_per_seq_s` x sequences adds that cost to every step; both are 0
-for the engine alone, and `pagode plan --serving-overhead` sets them from a measurement
-(benchmarks/plan_check.py measures them against the live server with short probes; overhead.py fits them).
+(docs/speed.md). `overhead_s` + `overhead_per_seq_s` x sequences adds that cost to every
+step; both are 0 for the engine alone, and `pagode plan --serving-overhead` sets them from a
+measurement (benchmarks/plan_check.py measures them against the live server with short
+probes; overhead.py fits them).
 """
 
 from __future__ import annotations

@@ -37,7 +37,3 @@ class Workload:
         return [PlannedRequest(float(a), int(i), int(o))
                 for a, i, o in zip(arrivals, inputs, outputs, strict=True)]
 
-    @property
-    def mean_output_len(self) -> float:
-        return (self.output_len[0] + self.output_len[1]) / 2
-

@@ -1,7 +1,9 @@
-"""The CPU attention paths (the torch backend's C++ kernel, the sdpa backend's pure torch)
+"""The CPU attention paths (the cpu backend's C++ kernel, the sdpa backend's pure torch)
 agree with the gather-based torch reference."""
 
 from __future__ import annotations
+
+import logging
 
 import pytest
 import torch
@@ -9,9 +11,9 @@ import torch
 from cuda_kernels.reference import paged_decode_attention_ref, paged_prefill_attention_ref
 from engine import native
 from engine.attention import select_backend
+from engine.attention.cpu_backend import CpuAttentionBackend
 from engine.attention.metadata import AttentionMetadata
 from engine.attention.sdpa_backend import SdpaAttentionBackend
-from engine.attention.torch_backend import TorchAttentionBackend
 
 pytestmark = pytest.mark.usefixtures("isa_cap")  # every kernel under each cap the machine allows
 
@@ -46,7 +48,7 @@ def test_decode_kernel_and_gather_match_reference(heads: int, kv_heads: int, hea
     torch.testing.assert_close(gathered, expected, atol=1e-5, rtol=1e-5)
     if native.paged_attention() is None:
         pytest.skip("no C++ compiler: the kernel path is not built here")
-    kernel = TorchAttentionBackend().decode(q, kv, meta, 0.125)
+    kernel = CpuAttentionBackend().decode(q, kv, meta, 0.125)
     torch.testing.assert_close(kernel, expected, atol=1e-5, rtol=1e-5)
 
 
@@ -55,7 +57,7 @@ def test_prefill_over_cached_context_matches_reference() -> None:
     q, kv, meta = _case(1, lens, q_lens, 9, 3, 64, 16)
     expected = paged_prefill_attention_ref(q, kv, meta.query_start_loc, meta.seq_lens,
                                            meta.block_tables, 0.125)
-    ours = TorchAttentionBackend().prefill(q, kv, meta, 0.125)
+    ours = CpuAttentionBackend().prefill(q, kv, meta, 0.125)
     torch.testing.assert_close(ours, expected, atol=1e-5, rtol=1e-5)
 
 
@@ -68,7 +70,7 @@ def test_decode_over_a_narrow_cache_matches_fp32_reference(dtype: torch.dtype) -
     q, kv, meta = _case(2, lens, [1] * len(lens), 9, 3, 64, 16)
     narrow = kv.to(dtype)
     expected = paged_decode_attention_ref(q, narrow.float(), meta.block_tables, meta.seq_lens, 0.125)
-    kernel = TorchAttentionBackend().decode(q, narrow, meta, 0.125)
+    kernel = CpuAttentionBackend().decode(q, narrow, meta, 0.125)
     torch.testing.assert_close(kernel, expected, atol=1e-5, rtol=1e-5)
     gathered = SdpaAttentionBackend().decode(q, narrow, meta, 0.125)
     torch.testing.assert_close(gathered, expected, atol=1e-5, rtol=1e-5)
@@ -85,7 +87,7 @@ def test_long_prefill_and_extend_chunks_match_reference_across_query_tiles() -> 
     q, kv, meta = _case(3, lens, q_lens, 9, 3, 64, 16)
     expected = paged_prefill_attention_ref(q, kv, meta.query_start_loc, meta.seq_lens,
                                            meta.block_tables, 0.125)
-    ours = TorchAttentionBackend().prefill(q, kv, meta, 0.125)
+    ours = CpuAttentionBackend().prefill(q, kv, meta, 0.125)
     torch.testing.assert_close(ours, expected, atol=1e-5, rtol=1e-5)
 
 
@@ -95,28 +97,45 @@ def test_prefill_over_an_fp16_cache_matches_reference() -> None:
     narrow = kv.half()
     expected = paged_prefill_attention_ref(q, narrow.float(), meta.query_start_loc, meta.seq_lens,
                                            meta.block_tables, 0.125)
-    ours = TorchAttentionBackend().prefill(q, narrow, meta, 0.125)
+    ours = CpuAttentionBackend().prefill(q, narrow, meta, 0.125)
     torch.testing.assert_close(ours, expected, atol=1e-5, rtol=1e-5)
 
 
 def test_backends_by_name_and_which_run_cpp(monkeypatch: pytest.MonkeyPatch) -> None:
-    """torch uses the C++ kernel where it builds, sdpa never; PAGODE_CPU_KERNEL=0 turns it off."""
+    """cpu uses the C++ kernel where it builds, sdpa never; PAGODE_CPU_KERNEL=0 turns it off."""
     cpu = torch.device("cpu")
     cache = torch.zeros(2, 4, 16, 3, 64, dtype=torch.float16)
     sdpa = select_backend("sdpa", cpu)
     assert isinstance(sdpa, SdpaAttentionBackend) and sdpa.name == "sdpa"
     assert not sdpa.supports_fused_cpu_step(cache)
-    torch_backend = select_backend("torch", cpu)
-    assert torch_backend.name == "torch"
-    assert torch_backend.supports_fused_cpu_step(cache) == (native.paged_attention() is not None)
+    cpu_backend = select_backend("cpu", cpu)
+    assert isinstance(cpu_backend, CpuAttentionBackend) and cpu_backend.name == "cpu"
+    assert cpu_backend.supports_fused_cpu_step(cache) == (native.paged_attention() is not None)
     monkeypatch.setenv("PAGODE_CPU_KERNEL", "0")
-    assert not TorchAttentionBackend().supports_fused_cpu_step(cache)
-    with pytest.raises(ValueError, match="torch, sdpa, triton"):
+    assert not CpuAttentionBackend().supports_fused_cpu_step(cache)
+    with pytest.raises(ValueError, match="cpu, sdpa, triton"):
         select_backend("flash", cpu)
 
 
+def test_the_old_name_torch_is_a_deprecated_alias_of_cpu(caplog: pytest.LogCaptureFixture,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    from server.cli import build_parser, engine_config
+
+    cpu = torch.device("cpu")
+    with caplog.at_level(logging.WARNING, logger="pagode"):
+        backend = select_backend("torch", cpu)
+    assert isinstance(backend, CpuAttentionBackend) and backend.name == "cpu"
+    assert [r.getMessage() for r in caplog.records] == ["attention backend 'torch' is deprecated; use 'cpu'"]
+    monkeypatch.setenv("PAGODE_ATTENTION_BACKEND", "torch")
+    assert select_backend(None, cpu).name == "cpu"
+    monkeypatch.delenv("PAGODE_ATTENTION_BACKEND")
+    assert select_backend(None, cpu).name == "cpu"  # the CPU's default
+    args = build_parser().parse_args(["serve", "--attention-backend", "torch"])
+    assert select_backend(engine_config(args).attention_backend, cpu).name == "cpu"
+
+
 def test_rotate_and_write_kv_is_the_same_in_cpp_and_torch() -> None:
-    """The torch backend's fused C++ RoPE + cache write and the interface's torch default
+    """The cpu backend's fused C++ RoPE + cache write and the interface's torch default
     give the same queries and the same cache, to the bit."""
     if native.paged_attention() is None:
         pytest.skip("no C++ compiler: the kernel path is not built here")
@@ -130,6 +149,6 @@ def test_rotate_and_write_kv_is_the_same_in_cpp_and_torch() -> None:
     slots = torch.randperm(4 * 16, generator=g)[:tokens]
     caches = [torch.zeros(2, 4, 16, kv_heads, d, dtype=torch.float16) for _ in range(2)]
     outs = [backend.rotate_and_write_kv(qkv, positions, rope.cos, rope.sin, cache, slots, heads)
-            for backend, cache in zip((TorchAttentionBackend(), SdpaAttentionBackend()), caches, strict=True)]
+            for backend, cache in zip((CpuAttentionBackend(), SdpaAttentionBackend()), caches, strict=True)]
     assert torch.equal(outs[0], outs[1])
     assert torch.equal(caches[0], caches[1])

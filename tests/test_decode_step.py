@@ -12,13 +12,13 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+from quant_paths import pinned_path
 
 from engine import native
 from engine.io.outputs import RequestOutput
 from engine.llm import LLM
 from engine.model import decode_step
 from engine.model.decode_step import FusedDecodeStep
-from engine.quant import quality
 from engine.sampling_params import SamplingParams
 from loadgen.prose import prose_token_ids
 
@@ -49,11 +49,10 @@ def test_fused_step_gives_the_layer_by_layer_tokens_and_logprobs(quantized_llm: 
     try:
         fused = generate(quantized_llm, prompts)
         runner.decode_step = None
-        quality.force_path(quantized_llm, "kernel")
-        layered = generate(quantized_llm, prompts)
+        with pinned_path(quantized_llm, "kernel"):
+            layered = generate(quantized_llm, prompts)
     finally:
         runner.decode_step = step
-        quality.force_path(quantized_llm, None)
         hook.remove()
     assert batches == [3] * 19, batches  # every decode step of the batch ran fused
     for a, b in zip(fused, layered, strict=True):
@@ -67,13 +66,9 @@ def test_fused_step_output_is_the_final_norm_of_the_last_layer(quantized_llm: LL
     step = runner.decode_step
     assert isinstance(step, FusedDecodeStep)
     ids, positions, meta = decode_step.synthetic_decodes(4, runner.block_size, step.embedding.shape[0])
-    quality.force_path(quantized_llm, "kernel")
-    try:
-        with torch.inference_mode():
-            got = step(ids, positions, meta)
-            expected = runner.model(ids, positions, meta, runner.kv_caches)
-    finally:
-        quality.force_path(quantized_llm, None)
+    with pinned_path(quantized_llm, "kernel"), torch.inference_mode():
+        got = step(ids, positions, meta)
+        expected = runner.model(ids, positions, meta, runner.kv_caches)
     assert torch.equal(got, expected)
 
 

@@ -213,10 +213,10 @@ def test_kernels_compile_for_hopper_without_a_gpu() -> None:
 
 @needs_triton
 @pytest.mark.parametrize("device", DEVICES)
-def test_triton_backend_matches_torch_backend_on_a_mixed_step(device: str) -> None:
+def test_triton_backend_matches_cpu_backend_on_a_mixed_step(device: str) -> None:
     """Two decodes then two prefill chunks in one step, through the engine's interface."""
+    from engine.attention.cpu_backend import CpuAttentionBackend
     from engine.attention.metadata import AttentionMetadata
-    from engine.attention.torch_backend import TorchAttentionBackend
     from engine.attention.triton_backend import TritonAttentionBackend
 
     gen = torch.Generator().manual_seed(11)
@@ -236,11 +236,11 @@ def test_triton_backend_matches_torch_backend_on_a_mixed_step(device: str) -> No
         seq_lens_cpu=lens)
     q, k, v = (torch.randn(29, h, head_dim, generator=gen).to(device)
                for h in (kv_heads * group, kv_heads, kv_heads))
-    torch_cache = cache.clone()
-    expected = TorchAttentionBackend().forward(q, k, v, torch_cache, meta, 0.125)
+    cpu_cache = cache.clone()
+    expected = CpuAttentionBackend().forward(q, k, v, cpu_cache, meta, 0.125)
     out = TritonAttentionBackend().forward(q, k, v, cache, meta, 0.125)
     assert_close(out, expected)
-    assert torch.equal(cache, torch_cache)
+    assert torch.equal(cache, cpu_cache)
 
 
 def run_kernel_bench(*args: str) -> subprocess.CompletedProcess[str]:

@@ -6,6 +6,7 @@ server/, each stage of a request imports only the stages below it."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -13,16 +14,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def imported_packages(folder: str) -> dict[str, set[str]]:
     """Top-level package of every import, by file, for each .py file under `folder`."""
-    found: dict[str, set[str]] = {}
-    for path in sorted((ROOT / folder).rglob("*.py")):
-        names: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.Import):
-                names |= {alias.name.split(".")[0] for alias in node.names}
-            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-                names.add(node.module.split(".")[0])
-        found[str(path.relative_to(ROOT))] = names
-    return found
+    return {str(path.relative_to(ROOT)): imported_packages_of(ast.parse(path.read_text(encoding="utf-8")))
+            for path in sorted((ROOT / folder).rglob("*.py"))}
 
 
 def test_nothing_imports_the_benchmarks() -> None:
@@ -110,3 +103,41 @@ def test_each_server_stage_imports_only_the_stages_below_it() -> None:
             offenders[rel] = extra
     assert not offenders, offenders
 
+
+def test_production_code_reads_nothing_under_tests() -> None:
+    """A wheel ships no tests/: no path into it (a string naming the folder, outside
+    docstrings) and no import of it in engine/, server/ or planner/."""
+    offenders = []
+    for folder in ("engine", "server", "planner"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+            names = {n.value for n in ast.walk(tree)
+                     if isinstance(n, ast.Constant) and isinstance(n.value, str)} - docstrings(tree)
+            hits = sorted(s for s in names if TESTS_PATH.search(s))
+            if hits or "tests" in imported_packages_of(tree):
+                offenders.append(f"{path.relative_to(ROOT)}: {hits or 'import tests'}")
+    assert not offenders
+
+
+TESTS_PATH = re.compile(r"(^|[/\\])tests([/\\]|$)")
+
+
+def docstrings(tree: ast.AST) -> set[str]:
+    """The docstrings of a module and of its classes and functions."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            doc = ast.get_docstring(node, clean=False)
+            if doc is not None:
+                found.add(doc)
+    return found
+
+
+def imported_packages_of(tree: ast.AST) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module.split(".")[0])
+    return names

@@ -13,23 +13,25 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import allowed_isa_caps
+from quant_paths import pinned_path
 from tiny_models import save_tiny_model
 
 from cpu_kernels.quant_linear import BlockLinear
-from engine import native
+from engine import autotune, native
 from engine.config import EngineConfig
 from engine.core.scheduler import ScheduledSeq
 from engine.core.sequence import Sequence
 from engine.io.outputs import RequestTimes
 from engine.llm import LLM
 from engine.model.gguf_file import GGUFModel
-from engine.quant import apply, dispatch, formats, gemm_choice, onednn_gemm, quality
+from engine.quant import apply, dispatch, formats, gemm_choice, onednn_gemm
 from engine.quant.bf16_gemm import Bf16Gemm
 from engine.quant.dense_gemm import DenseGemm
 from engine.quant.int8_gemm import Int8Gemm
 from engine.quant.linear import QuantLinear
 from engine.quant.modes import resolve_mode
 from engine.quant.onednn_gemm import OnednnGemm
+from engine.runner.teacher_forcing import Reading, read_text
 from engine.sampling_params import SamplingParams
 from server.cli import build_parser, engine_config
 
@@ -98,14 +100,14 @@ def test_gguf_blocks_are_used_as_they_are(default_model_path: str) -> None:
 
 
 def test_crossover_is_the_last_win_before_two_losses() -> None:
-    c = dispatch.Crossover(0, {1: (1.0, 2.0), 2: (1.0, 2.0), 4: (3.0, 2.0), 8: (1.0, 2.0), 16: (3.0, 2.0),
+    c = autotune.Crossover(0, {1: (1.0, 2.0), 2: (1.0, 2.0), 4: (3.0, 2.0), 8: (1.0, 2.0), 16: (3.0, 2.0),
                                32: (3.0, 2.0), 64: (1.0, 2.0)})
     c.decide()
     assert c.max_kernel_tokens == 8
-    everywhere = dispatch.Crossover(0, {1: (1.0, 2.0), 2: (1.0, 2.0)})
+    everywhere = autotune.Crossover(0, {1: (1.0, 2.0), 2: (1.0, 2.0)})
     everywhere.decide()
-    assert everywhere.max_kernel_tokens == dispatch.NO_LIMIT
-    never = dispatch.Crossover(5, {1: (3.0, 2.0), 2: (3.0, 2.0)})
+    assert everywhere.max_kernel_tokens == autotune.NO_LIMIT
+    never = autotune.Crossover(5, {1: (3.0, 2.0), 2: (3.0, 2.0)})
     never.decide()
     assert never.max_kernel_tokens == 0
 
@@ -114,7 +116,7 @@ def test_measured_crossover_follows_its_own_timings() -> None:
     w = formats.quantize(torch.randn(96, 64), "q4_1")
     measured = dispatch.measure(w, DenseGemm(formats.dequantize(w)))
     assert measured.timings_ms and min(measured.timings_ms) == 1
-    again = dispatch.Crossover(0, dict(measured.timings_ms))
+    again = autotune.Crossover(0, dict(measured.timings_ms))
     again.decide()
     assert again.max_kernel_tokens == measured.max_kernel_tokens
     assert dispatch.measure(w, DenseGemm(formats.dequantize(w))) is measured  # cached per shape
@@ -136,8 +138,8 @@ def test_each_call_runs_the_kernel_its_token_count_picks() -> None:
 def test_a_layer_keeps_the_dense_copy_only_if_its_crossover_can_pick_it(monkeypatch: pytest.MonkeyPatch) -> None:
     w = formats.quantize(torch.randn(40, 64), "q4_1")
     report = apply.QuantReport("int4")
-    for crossover, has_blocks, has_dense in ((4, True, True), (dispatch.NO_LIMIT, True, False), (0, True, True)):
-        monkeypatch.setattr(dispatch, "_cache", {("q4_1", 40, 64): dispatch.Crossover(crossover)})
+    for crossover, has_blocks, has_dense in ((4, True, True), (autotune.NO_LIMIT, True, False), (0, True, True)):
+        monkeypatch.setattr(dispatch, "_cache", {("q4_1", 40, 64): autotune.Crossover(crossover)})
         layer = apply.build_layer(w, DenseGemm(formats.dequantize(w)), None, 512, report)
         assert (layer.blocks is not None, layer.gemm is not None) == (has_blocks, has_dense)
 
@@ -226,8 +228,8 @@ def test_hf_checkpoints_are_quantized_at_load(tmp_path: Path, arch: str, tie: bo
         layers = [m for m in model.modules() if isinstance(m, QuantLinear)]
         assert len(layers) == 4 * 2 + 1 and isinstance(model.lm_head, QuantLinear)
         for path in ("kernel", "gemm"):
-            quality.force_path(llm, path)
-            got = full_logits(llm, ids)
+            with pinned_path(llm, path):
+                got = full_logits(llm, ids)
             error = ((got - expected).norm() / expected.norm()).item()
             print(f"{arch} tie={tie} {mode} {path}: relative logit error {error:.4f}")
             assert error < tolerance, (mode, path)
@@ -249,6 +251,11 @@ def full_logits(llm: LLM, ids: list[int]) -> torch.Tensor:
 # ---- the quality gate ----------------------------------------------------------------
 
 LLM_ARGS = {"kv_cache_memory": "64MiB", "max_model_len": 1024}
+PROSE = Path(__file__).parent / "data" / "prose.txt"
+
+
+def read_prose(llm: LLM, ids: list[int]) -> Reading:
+    return read_text(llm.engine.runner, llm.engine.block_manager, ids)
 
 
 class Records(logging.Handler):
@@ -261,10 +268,10 @@ class Records(logging.Handler):
 
 
 @pytest.fixture(scope="module")
-def prose_and_fp32() -> tuple[list[int], quality.Reading]:
+def prose_and_fp32() -> tuple[list[int], Reading]:
     llm = LLM(quantization="none", **LLM_ARGS)  # type: ignore[arg-type]
-    ids = quality.text_tokens(llm)
-    return ids, quality.read_text(llm, ids)
+    ids = list(llm.tokenizer(PROSE.read_text()).input_ids)
+    return ids, read_prose(llm, ids)
 
 
 # (mode, PAGODE_QUANT_GEMM): every big-step GEMM that a CPU can pick is held to the gate;
@@ -312,7 +319,7 @@ def quantized(request: pytest.FixtureRequest) -> Iterator[tuple[str, LLM, list[s
     yield mode, llm, records.messages
 
 
-def test_quantized_modes_pass_the_quality_gate(prose_and_fp32: tuple[list[int], quality.Reading],
+def test_quantized_modes_pass_the_quality_gate(prose_and_fp32: tuple[list[int], Reading],
                                                quantized: tuple[str, LLM, list[str]]) -> None:
     ids, fp32 = prose_and_fp32
     requested, llm, messages = quantized
@@ -322,12 +329,11 @@ def test_quantized_modes_pass_the_quality_gate(prose_and_fp32: tuple[list[int], 
     max_ppl, min_agree = GATE[mode]
     assert len(ids) - 1 >= 2000
     for path in ("kernel", None):  # the decode kernel on every position, then each layer's own choice
-        quality.force_path(llm, path)
-        got = quality.read_text(llm, ids)
+        with pinned_path(llm, path):
+            got = read_prose(llm, ids)
         ppl_rise, agreement = got.perplexity / fp32.perplexity - 1, got.agreement(fp32)
         print(f"\n{mode} path={path or 'crossover'}: perplexity {got.perplexity:.3f} vs fp32 "
               f"{fp32.perplexity:.3f} ({ppl_rise:+.2%}), top-1 agreement {agreement:.2%} "
               f"over {len(ids) - 1} positions")
         assert abs(ppl_rise) <= max_ppl
         assert agreement >= min_agree
-    quality.force_path(llm, None)

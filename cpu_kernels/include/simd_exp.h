@@ -1,5 +1,5 @@
 // exp over 8 floats for AVX2, shared by the fused ops and the attention kernel.
-// static inline in a header: each caller's loop gets it inlined, as when it was one file.
+// static inline in a header: each caller's loop gets it inlined.
 #pragma once
 #include "isa.h"
 

@@ -260,9 +260,8 @@ void dot_row(const uint8_t* qs, const uint16_t* wd, const uint16_t* wm, const in
 }
 
 // Asks for a later row's quants and scales while this one computes. A row is short (288
-// bytes of Q4_1 at K = 576), and on this machine the hardware prefetcher alone left the
-// decode step's linears waiting on memory: four rows ahead took them from 7.3 to 4.4 ms
-// per step at one token (python -m benchmarks.profile_steps, one stream).
+// bytes of Q4_1 at K = 576), and the hardware prefetcher alone left the decode step's
+// linears waiting on memory; four rows ahead hides that latency (docs/kernels.md).
 inline void prefetch_row(const uint8_t* qs, int64_t row_bytes, const uint16_t* wd, const uint16_t* wm,
                          int64_t nb, int64_t n, int64_t N) {
 #ifdef PAGODE_AVX2

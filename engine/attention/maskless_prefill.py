@@ -2,8 +2,8 @@
 
 A chunk of n queries at positions context.. sees every cached key before it and the
 chunk's own keys causally. SDPA with a boolean mask falls back to torch's math path,
-which builds the whole [n, context + n] score matrix and then masks it: on a 2-core
-Zen 5, ~60% of a 1,000-token prefill went there. Instead the chunk is cut into tiles of
+which builds the whole [n, context + n] score matrix and then masks it, and a long prefill
+spends most of its attention time there (docs/speed.md). Instead the chunk is cut into tiles of
 TILE queries; each tile attends to the keys before it with no mask and to its own
 diagonal block with is_causal (square, so torch's top-left alignment is the right one),
 both through torch's CPU flash kernel, which also returns each row's log-sum-exp; the two
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-TILE = 128  # queries per tile (64-256 all measured within 2% of each other here)
+TILE = 128  # queries per tile (the tile size barely matters in 64-256: docs/speed.md)
 
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 

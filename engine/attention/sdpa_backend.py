@@ -2,7 +2,7 @@
 
 It never copies the whole cache, which may be stored in fp16/bf16 (converted as read).
 Decodes are one padded matmul over a gather of only the batch's blocks; each prefill
-chunk is one scaled_dot_product_attention call. The torch backend (torch_backend.py) is
+chunk is one scaled_dot_product_attention call. The cpu backend (cpu_backend.py) is
 this one with the C++ kernels where they apply.
 """
 

@@ -3,7 +3,7 @@
 Order each step: running decodes (one token each), then continuing prefills, then
 new admissions. A long prompt is prefilled in chunks so it never stalls decodes.
 
-Batching (EngineConfig.batching; the source article's three ways of serving):
+Batching (EngineConfig.batching):
 - static: a batch is formed only when the previous one has fully finished; each
   request reserves max_model_len positions; nobody joins a batch in flight.
 - continuous: requests join and leave at every step, but still reserve

@@ -21,14 +21,12 @@ class Sequence:
     token_ids: list[int]
     params: SamplingParams
     times: RequestTimes
-    prompt: str | None = None
     status: SequenceStatus = SequenceStatus.WAITING
     num_prompt_tokens: int = 0
     num_computed_tokens: int = 0  # tokens whose K/V are in the cache
     num_cached_tokens: int = 0  # of those, found in the prefix cache at admission
     block_table: list[int] = field(default_factory=list)
     block_hashes: list[int] = field(default_factory=list)  # of full blocks; tokens never change
-    num_preemptions: int = 0
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     error: str | None = None
@@ -73,5 +71,4 @@ class Sequence:
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0
         self.block_table = []
-        self.num_preemptions += 1
         self.status = SequenceStatus.WAITING

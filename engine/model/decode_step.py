@@ -13,9 +13,9 @@ QuantLinear and whose K/V cache the attention backend reads with the same C++ ke
 (AttentionBackend.supports_fused_cpu_step), up to a number of decodes measured at load:
 both paths run synthetic decode steps of 1, 2, 4, ... tokens, and the
 fused step keeps every count up to its last win before the layer-by-layer path (whose big
-projections move to BLAS) wins twice in a row (on this machine, up to 16). Anything
-else runs layer by layer. PAGODE_DECODE_STEP=0 turns it off; EngineConfig.fused_decode_limit
-(`--fused-decode-limit N`) pins the limit.
+projections move to their dense GEMM) wins twice in a row (engine/autotune.py; the
+start-up log prints the timings). Anything else runs layer by layer. PAGODE_DECODE_STEP=0
+turns it off; EngineConfig.fused_decode_limit (`--fused-decode-limit N`) pins the limit.
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cpu_kernels.decode_step import CACHE_TYPES, KINDS, PROJECTIONS, DecodeStep
-from engine import envs, native
+from cpu_kernels.decode_step_kernel import CACHE_TYPES, KINDS, PROJECTIONS, DecodeStepKernel
+from engine import autotune, envs, native
 from engine.attention import AttentionBackend, AttentionMetadata
+from engine.autotune import Crossover
 from engine.model.llama import DecoderLayer, LlamaForCausalLM
-from engine.quant import dispatch
 from engine.quant.linear import QuantLinear
 
 log = logging.getLogger("pagode")
@@ -40,7 +40,7 @@ log = logging.getLogger("pagode")
 class FusedDecodeStep(nn.Module):
     """The C++ step over one model and its K/V caches; holds pointers, not tensors of its own."""
 
-    def __init__(self, model: LlamaForCausalLM, kv_caches: list[torch.Tensor], kernel: DecodeStep) -> None:
+    def __init__(self, model: LlamaForCausalLM, kv_caches: list[torch.Tensor], kernel: DecodeStepKernel) -> None:
         super().__init__()
         cfg = model.config
         self.kernel = kernel
@@ -115,7 +115,7 @@ def build(model: LlamaForCausalLM, kv_caches: list[torch.Tensor], backend: Atten
         log.info("decode steps run layer by layer (%s)", why or "the C++ step is not built here")
         return None
     step = FusedDecodeStep(model, kv_caches, kernel)
-    crossover = (dispatch.Crossover(pinned_limit) if pinned_limit is not None
+    crossover = (Crossover(pinned_limit) if pinned_limit is not None
                  else measure_limit(step, model, kv_caches, max_decodes))
     step.max_tokens = crossover.max_kernel_tokens
     log.info("decode steps of up to %d decodes run as one C++ call (ms fused / layer by layer: %s)",
@@ -123,12 +123,13 @@ def build(model: LlamaForCausalLM, kv_caches: list[torch.Tensor], backend: Atten
     return step
 
 
-_limits: dict[tuple[int, ...], dispatch.Crossover] = {}
+_limits: dict[tuple[int, ...], Crossover] = {}
 
 
 def measure_limit(step: FusedDecodeStep, model: LlamaForCausalLM, kv_caches: list[torch.Tensor],
-                  max_decodes: int) -> dispatch.Crossover:
-    """Time both paths on decode steps of 1, 2, 4, ... sequences; cached per model shape.
+                  max_decodes: int) -> Crossover:
+    """Race both paths on decode steps of 1, 2, 4, ... sequences, on the engine's threads;
+    cached per model shape.
 
     Each synthetic sequence holds one block of the (still empty) cache, so the K/V written
     here is overwritten before any request reads it.
@@ -137,15 +138,14 @@ def measure_limit(step: FusedDecodeStep, model: LlamaForCausalLM, kv_caches: lis
     key = (*step.dims.tolist(), step.cache_type, len(kv_caches), max_decodes)
     if key in _limits:
         return _limits[key]
-    counts = [m for m in dispatch.TOKEN_COUNTS if m <= min(max_decodes, num_blocks)]
+    counts = [m for m in autotune.COUNTS if m <= min(max_decodes, num_blocks)]
 
     def time_both(m: int) -> tuple[float, float]:
         ids, positions, meta = synthetic_decodes(m, block_size, step.embedding.shape[0])
-        return (dispatch.best_time(lambda: step(ids, positions, meta), 3),
-                dispatch.best_time(lambda: model(ids, positions, meta, kv_caches), 3))
+        return (autotune.best_time(lambda: step(ids, positions, meta), 3),
+                autotune.best_time(lambda: model(ids, positions, meta, kv_caches), 3))
 
-    with torch.inference_mode():
-        result = dispatch.race(counts, time_both, digits=2)
+    result = autotune.crossover(counts, time_both, digits=2, threads=None)
     _limits[key] = result
     return result
 

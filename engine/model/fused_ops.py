@@ -1,6 +1,6 @@
 """Fused element-wise ops of the decoder: residual-add + RMSNorm, SiLU-and-mul.
 
-On the CPU one C++ pass (cpu_kernels/fused_ops.py) replaces several eager torch ops and
+On the CPU one C++ pass (cpu_kernels/fused_ops_kernel.py) replaces several eager torch ops and
 their temporaries per call. Elsewhere (CUDA, other dtypes, no compiler, or
 PAGODE_CPU_KERNEL=0: the kernel is None) the same functions run as torch ops with
 identical semantics. The modules that call them (engine/model/layers.py) hold the kernel.
@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from cpu_kernels.fused_ops import FusedOps
+from cpu_kernels.fused_ops_kernel import FusedOpsKernel
 
 
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -23,7 +23,7 @@ def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tor
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
-                 kernel: FusedOps | None) -> tuple[torch.Tensor, torch.Tensor]:
+                 kernel: FusedOpsKernel | None) -> tuple[torch.Tensor, torch.Tensor]:
     """(norm(residual + x), residual + x); with residual None, (norm(x), x)."""
     if (kernel is not None and kernel.applies(x) and weight.dtype == torch.float32
             and (residual is None or residual.is_contiguous())):
@@ -32,7 +32,7 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
     return rms_norm_reference(res, weight, eps), res
 
 
-def silu_and_mul(gate_up: torch.Tensor, kernel: FusedOps | None) -> torch.Tensor:
+def silu_and_mul(gate_up: torch.Tensor, kernel: FusedOpsKernel | None) -> torch.Tensor:
     """[T, 2N] -> [T, N]: silu(gate) * up."""
     if kernel is not None and kernel.applies(gate_up):
         return kernel.silu_and_mul(gate_up)

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from engine import native
+from engine.autotune import NO_LIMIT
 from engine.quant import dispatch, formats
 from engine.quant.formats import BlockWeights, Kind
 from engine.quant.gemm_choice import Gemm, choose_gemm
@@ -42,7 +43,7 @@ class QuantReport:
     gemms: dict[str, str] = field(default_factory=dict)  # "NxK" -> the big-step GEMM (fp32, bf16)
 
     def summary(self) -> str:
-        cross = ", ".join(f"{k}: <= {v if v < dispatch.NO_LIMIT else 'all'}" for k, v in self.crossovers.items())
+        cross = ", ".join(f"{k}: <= {v if v < NO_LIMIT else 'all'}" for k, v in self.crossovers.items())
         kinds = "+".join(sorted(set(self.gemms.values()))) or "no"
         return (f"{self.layers} linear layers ({self.from_gguf} from the GGUF's own blocks); resident "
                 f"{self.block_bytes / 2**20:.0f} MiB of block weights + {self.dense_bytes / 2**20:.0f} MiB "

@@ -1,8 +1,8 @@
 """bf16 on oneDNN: a many-tokens path of the quantized layers for CPUs with bf16 matrix
 units. torch sends a bf16 `F.linear` to oneDNN, which runs it on AMX tiles (or AVX512-BF16
-dot products) where the CPU has them: 2.4-3.7x fp32 BLAS from about 16 tokens per call on
-a 2-core Sapphire Rapids, while a CPU without them emulates bf16 at a fraction of fp32's
-speed (8-10x slower on a Zen 2). The weight is the dequantized block weight rounded to bf16;
+dot products) where the CPU has them, several times faster than fp32 BLAS at serving batch
+sizes, while a CPU without them emulates bf16 at a fraction of fp32's speed
+(docs/speed.md). The weight is the dequantized block weight rounded to bf16;
 activations are rounded per call; the output comes back in fp32. It holds the quality gate
 (tests/test_quantization.py) where fbgemm's int8 does not.
 """

@@ -1,9 +1,10 @@
-"""fp32 BLAS on the dequantized weight: the many-tokens path of the quantized layers.
+"""fp32 BLAS on the dequantized weight: a many-tokens path of the quantized layers, the one
+every CPU has (gemm_choice.py races it against oneDNN's fp32 and bf16 where they exist).
 
 fbgemm's dynamic int8 linear (engine/quant/int8_gemm.py) is faster, but it quantizes each
 call's activations per tensor, and this model's activations have outlier channels: on the
 quality text it loses 34% perplexity (int8) and 28% top-1 agreement, far outside the gate.
-So steps with many tokens run fp32 BLAS on exactly the weights the blocks stand for. For a
+So this path runs fp32 BLAS on exactly the weights the blocks stand for. For a
 GGUF the dequantized weight is the one already loaded (a tied lm_head shares the embedding's).
 """
 

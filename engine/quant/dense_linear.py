@@ -1,9 +1,9 @@
 """DenseLinear: nn.Linear for `--quantization none` on the CPU, on the faster fp32 GEMM.
 
 An unquantized model keeps fp32 weights, but torch's BLAS is not always the fastest way
-to multiply by them: on a Zen 5, oneDNN on a prepacked weight ran the projections 2.2-2.6x
-faster from 8 tokens per call (engine/quant/onednn_gemm.py). At load each weight shape
-races fp32 BLAS against fp32 oneDNN (gemm_choice, FP32_ONLY: never bf16, which `none`
+to multiply by them: oneDNN on a prepacked weight can be much faster
+(engine/quant/onednn_gemm.py, docs/speed.md). At load each weight shape races fp32 BLAS
+against fp32 oneDNN (gemm_choice, FP32_ONLY: never bf16, which `none`
 does not promise); a layer whose winner is oneDNN becomes a DenseLinear holding only the
 packed copy, the others stay nn.Linear. The arithmetic stays fp32 either way.
 """

@@ -3,14 +3,14 @@ bf16 on oneDNN, chosen by a race at load on this CPU.
 
 Candidates are the GEMMs that hold the quality gate: fp32 (exact on the block weights),
 through torch's BLAS or through oneDNN on a prepacked weight (onednn_gemm.py: the same
-arithmetic, 2.6x faster than MKL on a Zen 5), and bf16. int8 W8A8 does not hold the gate
+arithmetic, faster where BLAS is slow), and bf16. int8 W8A8 does not hold the gate
 on this model, with per-tensor (fbgemm) or per-token activation scales alike
 (docs/quantization.md), so it is a measuring option only (PAGODE_QUANT_GEMM=fbgemm). bf16
 enters the race only where the CPU has bf16 dot products (AVX512-BF16 or AMX-BF16, within
 PAGODE_CPU_ISA's cap): elsewhere oneDNN emulates it and it never wins, and timing it would
-only slow the load. The race times the candidates on RACE_TOKENS tokens, one thread, best
-of a few runs, once per weight shape; the losers' copies are dropped, so an fp32 copy of
-the weights stays only where an fp32 GEMM wins.
+only slow the load. The race (engine/autotune.py) times the candidates on RACE_TOKENS
+tokens, one thread, best of a few runs, once per weight shape; the losers' copies are
+dropped, so an fp32 copy of the weights stays only where an fp32 GEMM wins.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import torch
 
-from engine import envs, native
+from engine import autotune, envs, native
 from engine.quant.bf16_gemm import Bf16Gemm
 from engine.quant.dense_gemm import DenseGemm
 from engine.quant.int8_gemm import Int8Gemm
@@ -82,19 +82,11 @@ def choose_gemm(weight: torch.Tensor, bias: torch.Tensor | None, shared: bool = 
 
 def race(candidates: dict[str, Callable[[torch.Tensor], torch.Tensor]], in_features: int) -> str:
     """The fastest candidate on RACE_TOKENS random tokens, one thread, best of three."""
-    from engine.quant.dispatch import best_time
-
     x = torch.randn(RACE_TOKENS, in_features)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with torch.inference_mode():
-            times = {name: best_time(functools.partial(gemm, x), 3) for name, gemm in candidates.items()}
-    finally:
-        torch.set_num_threads(threads)
+    winner, times = autotune.fastest({name: functools.partial(gemm, x) for name, gemm in candidates.items()}, 3)
     log.debug("big-step GEMM race at %d tokens: %s", RACE_TOKENS,
               {k: round(v * 1e3, 3) for k, v in times.items()})
-    return min(times, key=lambda name: times[name])
+    return winner
 
 
 def winners() -> dict[tuple[int, int], str]:

@@ -1,10 +1,12 @@
-"""fbgemm's dynamic int8 linear, a candidate many-tokens path, behind one small interface.
+"""fbgemm's dynamic int8 linear behind one small interface: a many-tokens path for measuring
+only (PAGODE_QUANT_GEMM=fbgemm), since it fails the quality gate (dense_gemm.py).
 
 torch.ao's quantized tensor API (quantize_per_channel, quantized::linear_prepack,
 quantized::linear_dynamic) says it is deprecated; nothing else in pagode touches it, so
 swapping it for another int8 GEMM means rewriting this file alone. The weight is int8 per
-output channel (symmetric); activations are quantized per call to uint8 with a 7-bit range
-(reduce_range), which keeps AVX2's 16-bit pair sums from saturating.
+output channel (symmetric); activations are quantized per call to uint8, by default with a
+7-bit range (reduce_range, PAGODE_FBGEMM_REDUCE_RANGE), which keeps AVX2's 16-bit pair sums
+from saturating.
 """
 
 from __future__ import annotations

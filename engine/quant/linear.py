@@ -25,7 +25,7 @@ class QuantLinear(nn.Module):
                  bias: torch.Tensor | None, max_kernel_tokens: int) -> None:
         super().__init__()
         if blocks is None and gemm is None:
-            raise ValueError("a QuantLinear needs the block weights, the int8 GEMM, or both")
+            raise ValueError("a QuantLinear needs the block weights, a dense GEMM, or both")
         self.blocks = blocks
         self.gemm = gemm
         ref = blocks if blocks is not None else gemm
@@ -33,12 +33,9 @@ class QuantLinear(nn.Module):
         self.in_features, self.out_features = ref.in_features, ref.out_features
         self.bias = None if bias is None else nn.Parameter(bias.detach().float().contiguous(), requires_grad=False)
         self.max_kernel_tokens = max_kernel_tokens if blocks is not None else 0
-        self.force: Path | None = None  # tests and benchmarks pin one path
         self.kernel = native.block_linear() if blocks is not None else None
 
     def path_for(self, tokens: int) -> Path:
-        if self.force is not None:
-            return self.force
         return "kernel" if tokens <= self.max_kernel_tokens or self.gemm is None else "gemm"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -1,9 +1,9 @@
 """fp32 on oneDNN with a prepacked weight: exact fp32 arithmetic, a faster GEMM where BLAS is slow.
 
-torch sends an fp32 `F.linear` to its BLAS (MKL), which on an AMD Zen 5 ran one decoder
-layer's projections at 64 tokens 2.6x slower than oneDNN's own fp32 kernels on a weight
-reordered once into oneDNN's blocked layout (21k against 55k tokens/s on 2 cores). This
-is the pair of ops that torch's inductor emits for a CPU linear: `_reorder_linear_weight`
+torch sends an fp32 `F.linear` to its BLAS (MKL), which on some CPUs runs a decoder
+layer's projections much slower than oneDNN's own fp32 kernels on a weight reordered once
+into oneDNN's blocked layout (docs/speed.md); the race at load (gemm_choice.py) decides
+per CPU and shape. This is the pair of ops that torch's inductor emits for a CPU linear: `_reorder_linear_weight`
 at load, `_linear_pointwise` per call. The packed copy is opaque to everything else (the
 block kernels keep their own weights), so it replaces the fp32 weight rather than joining
 it. Results match fp32 BLAS to a few ulps (another order of summation); nothing is rounded.

@@ -5,8 +5,8 @@ halves the bytes a decode step streams and doubles the tokens a budget holds; th
 attention kernels convert rows as they read and write them. fp16 passes the same
 quality gate as int8 weights (tests/test_kv_cache_dtype.py).
 
-The size of one token's K and V is the seed article's formula, written here once; the
-planner (planner/memory.py) sizes its plans with it.
+The size of one token's K and V (2 x layers x kv_heads x head_dim x bytes per value) is
+written here once; the planner (planner/memory.py) sizes its plans with it.
 """
 
 from __future__ import annotations

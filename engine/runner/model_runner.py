@@ -67,9 +67,10 @@ class ModelRunner:
     def _check_thread(self) -> None:
         """Warn once if steps run in another thread than the one that loaded the model.
 
-        libgomp gives each thread that opens a parallel region its own worker pool and, with
-        more threads than cores, throttles their spin-wait: on 2 cores a one-stream step took
-        22 ms instead of 13. AsyncEngine loads and steps in one thread for this reason."""
+        libgomp gives each thread that opens a parallel region its own pool of workers and,
+        once it manages more threads than there are cores, throttles their spin-wait, so
+        every region pays a futex wake-up and CPU steps get much slower (docs/speed.md).
+        AsyncEngine loads and steps in one thread for this reason."""
         if self._loading_thread is None or threading.get_ident() == self._loading_thread:
             return
         self._loading_thread = None
@@ -82,7 +83,7 @@ class ModelRunner:
 
     def _maybe_cuda_graphs(self, config: EngineConfig, max_model_len: int) -> CudaGraphRunner | None:
         """Capture decode steps as CUDA graphs; never on the CPU."""
-        # The torch backend reads host-side lengths, which a captured graph would freeze.
+        # The CPU backends read host-side lengths, which a captured graph would freeze.
         if not use_cuda_graphs(self.device, config.enforce_eager) or self.backend.name != "triton":
             return None
         graphs = CudaGraphRunner(self.model, self.kv_caches, config.max_num_seqs, self.block_size,

@@ -17,10 +17,12 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.core.request_state import RequestState
 from engine.core.scheduler import ScheduledSeq
 from engine.core.sequence import Sequence
 from engine.io.outputs import TokenLogprob
 from engine.runner.logprob_values import finite_logprob
+from engine.runner.model_runner import StepInputs
 
 
 @dataclass
@@ -28,6 +30,32 @@ class PromptRows:
     seq: Sequence
     first_token: int  # the prompt index of the token the first row predicts
     num_rows: int
+
+
+def plan(requests: dict[str, RequestState], scheduled: list[ScheduledSeq],
+         inputs: StepInputs) -> list[PromptRows]:
+    """The prompt rows this step scores, for the requests that still want prompt logprobs
+    (put in front of inputs.sample_indices, in place)."""
+    wanted = {rid: len(st.prompt_logprobs) - 1 for rid, st in requests.items()
+              if st.prompt_logprobs is not None and not st.prompt_logprobs_sent
+              and len(st.prompt_logprobs) < st.seq.num_prompt_tokens}
+    if not wanted:
+        return []
+    return plan_rows(scheduled, inputs.meta.query_start_loc_cpu, wanted, inputs.sample_indices)
+
+
+def collect(requests: dict[str, RequestState], prompt_logits: torch.Tensor, plans: list[PromptRows],
+            decode: Callable[[int], str]) -> None:
+    """Score the planned rows and add them to each request's prompt logprobs."""
+    if not plans:
+        return
+    top = {p.seq.request_id: p.seq.params.prompt_logprobs or 0 for p in plans}
+    for rid, scored in score(prompt_logits, plans, top, decode).items():
+        state = requests[rid]
+        assert state.prompt_logprobs is not None
+        state.prompt_logprobs.extend(scored)
+        if len(state.prompt_logprobs) == state.seq.num_prompt_tokens:
+            state.seq.skip_prefix_cache = False  # a recompute may use the cache again
 
 
 def plan_rows(scheduled: list[ScheduledSeq], query_starts: list[int], wanted: dict[str, int],

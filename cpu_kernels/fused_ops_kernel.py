@@ -14,7 +14,7 @@ import torch
 _P, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 
 
-class FusedOps:
+class FusedOpsKernel:
     """add_rms_norm and silu_and_mul on contiguous fp32 CPU tensors."""
 
     SYMBOLS = ("add_rmsnorm_f32", "silu_and_mul_f32")

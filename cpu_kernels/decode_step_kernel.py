@@ -20,7 +20,7 @@ KINDS = {"q4_1": 0, "q8_0": 1}
 PROJECTIONS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
 
 
-class DecodeStep:
+class DecodeStepKernel:
     """The C ABI of the fused step; the caller owns every tensor the pointers point into."""
 
     SYMBOLS = ("decode_step", "decode_step_slots")

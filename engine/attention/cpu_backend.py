@@ -1,4 +1,5 @@
-"""Attention for the CPU: the sdpa backend with the C++ kernels where they apply.
+"""Attention for the CPU (`--attention-backend cpu`, the CPU default): the sdpa backend
+with the C++ kernels where they apply.
 
 Decodes go to a C++ kernel that reads K/V in place through the block tables, and RoPE +
 the K/V cache write are one C++ pass (cpu_kernels/paged_attention.py); where they are not
@@ -17,8 +18,8 @@ from engine.attention.metadata import AttentionMetadata
 from engine.attention.sdpa_backend import SdpaAttentionBackend
 
 
-class TorchAttentionBackend(SdpaAttentionBackend):
-    name = "torch"
+class CpuAttentionBackend(SdpaAttentionBackend):
+    name = "cpu"
 
     def __init__(self) -> None:
         self.kernel = native.paged_attention()  # None: pure torch throughout
