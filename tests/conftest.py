@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,6 +15,32 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 pytest_plugins = [p for p in ("server_fixtures",)
                   if os.path.exists(os.path.join(os.path.dirname(__file__), f"{p}.py"))]
+
+# What a cache holds that was measured (step-time fits, batch caps, kernel races) must not
+# leak from a developer's earlier runs into the tests; what is only derived from sources
+# (compiled kernels, tokenizers built from the GGUF) is shared, so no test run rebuilds it.
+SHARED_CACHE_PARTS = ("kernels", "tokenizers")
+PRIVATE_CACHE = pytest.StashKey[Path]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Point PAGODE_CACHE_DIR, for this process and every server it starts, at a cache of the
+    test run's own."""
+    from engine import envs
+
+    user_cache = envs.CACHE_DIR.get()
+    private = Path(tempfile.mkdtemp(prefix="pagode-test-cache-"))
+    for part in SHARED_CACHE_PARTS:
+        (user_cache / part).mkdir(parents=True, exist_ok=True)
+        (private / part).symlink_to(user_cache / part, target_is_directory=True)
+    config.stash[PRIVATE_CACHE] = private
+    os.environ["PAGODE_CACHE_DIR"] = str(private)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    private = config.stash.get(PRIVATE_CACHE, None)
+    if private is not None:
+        shutil.rmtree(private, ignore_errors=True)
 
 
 def allowed_isa_caps() -> list[str]:

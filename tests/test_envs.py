@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -52,3 +53,11 @@ def test_no_other_module_reads_pagode_variables() -> None:
             if reading.search(path.read_text()):
                 offenders.append(str(path.relative_to(ROOT)))
     assert offenders == []
+
+
+def test_the_tests_run_with_a_cache_of_their_own() -> None:
+    """A developer's earlier `pagode plan --calibrate` must not size the test servers."""
+    cache = envs.CACHE_DIR.get()
+    assert cache != Path.home() / ".cache" / "pagode"
+    assert not (cache / "plan").exists()
+    assert os.environ["PAGODE_CACHE_DIR"] == str(cache)  # what every test server inherits

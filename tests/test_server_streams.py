@@ -6,11 +6,12 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
 import pytest
-from server_fixtures import ServerProcess, metric_value
+from server_fixtures import EXACT_ARGS, SESSION_ARGS, ServerProcess, metric_value, running_server
 
 pytestmark = pytest.mark.slow
 
@@ -75,6 +76,10 @@ async def stream_tokens(http: httpx.AsyncClient, body: dict[str, Any]
 # two greedy runs may part where the two best tokens are this close; anywhere else is a bug.
 NEAR_TIE_NATS = 0.02
 MAX_NEAR_TIE_PARTINGS = 6  # of 64 streams
+# The int4 weights' rounding moves a logprob by up to a few tenths of a nat (the quality
+# gate in test_quantization bounds what that does to the text).
+QUANTIZED_NEAR_TIE_NATS = 0.5
+QUANTIZED_MAX_NEAR_TIE_PARTINGS = 16
 
 
 def parting(batched: list[tuple[str, dict[str, float]]],
@@ -86,9 +91,39 @@ def parting(batched: list[tuple[str, dict[str, float]]],
     return None if len(batched) == len(alone) else min(len(batched), len(alone))
 
 
-async def test_64_concurrent_greedy_streams_match_solo(http: httpx.AsyncClient) -> None:
+@pytest.fixture(scope="module")
+def exact_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """fp32 weights: whether a stream's tokens depend on its batch is a question for the
+    scheduler, the cache and the attention, and the quantized kernels' rounding would hide
+    the answer."""
+    with running_server([*SESSION_ARGS, *EXACT_ARGS], tmp_path_factory.mktemp("exact-logs"),
+                        name="exact") as proc:
+        yield proc
+
+
+@pytest.fixture
+async def exact_http(exact_server: ServerProcess) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=exact_server.base_url, timeout=60.0) as client:
+        yield client
+
+
+async def test_64_concurrent_greedy_streams_match_solo(exact_http: httpx.AsyncClient) -> None:
+    await check_batched_streams_match_solo(exact_http, NEAR_TIE_NATS, MAX_NEAR_TIE_PARTINGS)
+
+
+async def test_64_concurrent_greedy_streams_match_solo_with_the_shipped_weights(
+        http: httpx.AsyncClient) -> None:
+    """The int4 weights round differently at one token (the block kernel) and in a batch
+    (the raced GEMM), so near ties may fall either way; a scheduling or cache bug still
+    shows as a parting between tokens far apart."""
+    await check_batched_streams_match_solo(http, QUANTIZED_NEAR_TIE_NATS,
+                                           QUANTIZED_MAX_NEAR_TIE_PARTINGS)
+
+
+async def check_batched_streams_match_solo(http: httpx.AsyncClient, near_tie: float,
+                                           max_partings: int) -> None:
     bodies = [{"prompt": stream_prompt(i), "max_tokens": 6 + i % 11, "temperature": 0,
-               "logprobs": 2} for i in range(64)]
+               "logprobs": 5} for i in range(64)]
     limits = httpx.Limits(max_connections=100)
     peak = 0.0
 
@@ -116,18 +151,18 @@ async def test_64_concurrent_greedy_streams_match_solo(http: httpx.AsyncClient) 
             assert finish == alone_finish, body
             continue
         if at < min(len(batched), len(alone)):
-            # They may part only at a near tie, seen from both runs, between top-2 tokens.
+            # They may part only at a near tie between two of the top-5 tokens, seen from both runs.
             token, top_alone = alone[at]
             other, top_batched = batched[at]
             assert other in top_alone and token in top_batched, (body, at, top_alone, top_batched)
-            assert abs(top_alone[token] - top_alone[other]) <= NEAR_TIE_NATS, (body, top_alone)
-            assert abs(top_batched[token] - top_batched[other]) <= NEAR_TIE_NATS, (body, at)
+            assert abs(top_alone[token] - top_alone[other]) <= near_tie, (body, top_alone)
+            assert abs(top_batched[token] - top_batched[other]) <= near_tie, (body, at)
         else:  # one run stopped on EOS where the other went on: EOS was a near tie there
             longer = batched if len(batched) > len(alone) else alone
             best, second = sorted(longer[at][1].values(), reverse=True)[:2]
-            assert best - second <= NEAR_TIE_NATS, (body, at, longer[at])
+            assert best - second <= near_tie, (body, at, longer[at])
         partings.append(at)
-    assert len(partings) <= MAX_NEAR_TIE_PARTINGS, partings
+    assert len(partings) <= max_partings, partings
 
 
 async def cut_stream(base_url: str, body: dict[str, Any], events_before_cut: int) -> int:
