@@ -14,7 +14,7 @@ import pytest
 import torch
 from quant_paths import pinned_path
 
-from engine import native
+from engine import autotune, native
 from engine.io.outputs import RequestOutput
 from engine.llm import LLM
 from engine.model import decode_step
@@ -40,8 +40,14 @@ def test_fused_step_gives_the_layer_by_layer_tokens_and_logprobs(quantized_llm: 
     runner = quantized_llm.engine.runner
     step = runner.decode_step
     assert isinstance(step, FusedDecodeStep)
+    # The load-time race set the step's limit by the crossover rule on the timings it took.
+    # Which path wins at each count is the machine's business (a busy one can reverse
+    # them), so that is the benchmark's to report, not something to assert here.
     limit = decode_step.measure_limit(step, runner.model, runner.kv_caches, 8)
-    assert step.max_tokens == limit.max_kernel_tokens >= 1, limit.timings_ms  # it beats the layers at one token
+    assert limit.timings_ms and min(limit.timings_ms) == 1, limit.timings_ms
+    decided = autotune.Crossover(-1, dict(limit.timings_ms))
+    decided.decide()
+    assert step.max_tokens == limit.max_kernel_tokens == decided.max_kernel_tokens, limit.timings_ms
     step.max_tokens = 8  # every decode step of this batch takes it
     batches: list[int] = []
     hook = step.register_forward_hook(lambda mod, args, out: batches.append(out.shape[0]))

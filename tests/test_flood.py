@@ -2,9 +2,10 @@
 requests of 128 tokens, so the default queue bound is small).
 
 - Flood: open-loop arrivals at 10x the server's measured capacity for PAGODE_FLOOD_SECONDS
-  (60) from a bounded client (at most 64 requests in flight). The 429s answer fast, the
-  server's RSS stays within 10% of its level after warm-up, every accepted request
-  completes, and nothing leaks afterwards (running = waiting = queued = 0, KV usage 0).
+  (60) from a bounded client (at most 64 requests in flight). The 429s answer about as fast
+  as a 400 sent under the same flood, the server's RSS stays within 10% of its level after
+  warm-up, every accepted request completes, and nothing leaks afterwards (running =
+  waiting = queued = 0, KV usage 0).
 - Slow clients: connections that send half a request head, or a head and half a body, are
   closed after --header-timeout / --body-timeout.
 """
@@ -30,19 +31,22 @@ FLOOD_SECONDS = float(os.environ.get("PAGODE_FLOOD_SECONDS", "60"))
 OVERLOAD = 10.0
 MAX_IN_FLIGHT = 64
 WARM_UP = 8  # requests at once: the batch (4) and part of the queue (11)
-# A timed bound in a test only catches a refusal that waits for work (tokenizing, the engine):
-# under a sustained flood the queue never drains, so such a refusal waits for the rest of the
-# flood, seconds to tens of seconds. The 50 ms p99 target itself is a measured figure (the test
-# prints it; docs/reliability.md has it): the offered rate is 10x the engine's capacity, which
-# on a Zen 5 is 210-330 req/s of HTTP for the client and the event loop to handle on the two
-# cores the engine also computes on, and there the p99 was 390-630 ms (p50 5-60 ms), before and
-# after the same server code alike. So the bound is 1 s.
-P99_429_LIMIT_S = float(os.environ.get("PAGODE_FLOOD_P99_MS", "1000")) / 1000
 TIMEOUTS = ["--header-timeout", "2", "--body-timeout", "2", "--sse-send-timeout", "2"]
 FLOOD_ARGS = ["--kv-cache-memory", "64MiB", "--kv-cache-dtype", "fp32", "--max-model-len", "256", "--max-num-seqs", "4",
               "--disable-access-log", *TIMEOUTS]
 BODY = {"prompt": "Write one sentence about the sea.", "max_tokens": 8, "ignore_eos": True,
         "temperature": 0}
+# What the 429 bound must catch is a refusal that waits for work (tokenizing, the engine):
+# under a sustained flood the queue never drains, so such a refusal waits a generation or
+# more, seconds to tens of seconds. What a refusal does cost, the client, the event loop and
+# the engine's compute threads sharing two cores, is load that moves with the machine (a 429
+# p99 of 40 ms on a quiet machine, 994 ms on a shared one), so the bound is relative to a
+# baseline taken under the same flood: a 400 for an invalid body, which does the same HTTP
+# and JSON work and stops before any work is queued, sent by a probe beside the flood.
+P99_429_FACTOR = float(os.environ.get("PAGODE_FLOOD_P99_FACTOR", "3"))
+P99_429_SLACK_S = 0.05  # the refusal's own admission step, and a floor on a quiet machine
+PROBE_INTERVAL_S = 0.1
+INVALID_BODY = {**BODY, "max_tokens": 0}  # 400 at validation: max_tokens 0 needs echo
 
 
 @pytest.fixture(scope="module")
@@ -117,6 +121,18 @@ async def flood(client: httpx.AsyncClient, rate: float, seconds: float) -> Flood
     return result
 
 
+async def probe_400s(client: httpx.AsyncClient, stop: asyncio.Event) -> list[float]:
+    """Latencies of an invalid completion (400) sent one at a time until `stop`."""
+    latencies = []
+    while not stop.is_set():
+        started = time.monotonic()
+        response = await client.post("/v1/completions", json=INVALID_BODY)
+        latencies.append(time.monotonic() - started)
+        assert response.status_code == 400, response.text[:200]
+        await asyncio.sleep(PROBE_INTERVAL_S)
+    return latencies
+
+
 async def wait_idle(client: httpx.AsyncClient, timeout: float = 30.0) -> str:
     deadline = time.monotonic() + timeout
     while True:
@@ -135,15 +151,27 @@ async def test_flood_at_ten_times_capacity(small: ServerProcess) -> None:
         capacity = await measure_capacity(client)
         await measure_capacity(client)  # a second warm-up: allocator and caches settle
         rss_warm = rss_bytes(small.proc.pid)
-        result = await flood(client, OVERLOAD * capacity, FLOOD_SECONDS)
+        stop = asyncio.Event()
+        # Its own connection: the probe never waits for one of the flood's.
+        async with httpx.AsyncClient(base_url=small.base_url, timeout=120.0) as probe_client:
+            probe = asyncio.create_task(probe_400s(probe_client, stop))
+            try:
+                result = await flood(client, OVERLOAD * capacity, FLOOD_SECONDS)
+            finally:
+                stop.set()
+            latencies_400 = await probe
         text = await wait_idle(client)
         rss_after = rss_bytes(small.proc.pid)
     p99 = percentile(result.latencies_429, 0.99) if result.latencies_429 else 0.0
+    p99_400 = percentile(latencies_400, 0.99)
+    limit = P99_429_FACTOR * p99_400 + P99_429_SLACK_S
     summary = (f"capacity {capacity:.2f} req/s, offered {OVERLOAD * capacity:.1f} req/s for "
                f"{FLOOD_SECONDS:.0f}s: statuses {result.statuses}, client-skipped "
                f"{result.client_skipped}, 429 p50 "
                f"{percentile(result.latencies_429, 0.5) * 1000 if result.latencies_429 else 0:.1f}"
-               f" ms p99 {p99 * 1000:.1f} ms, RSS {rss_warm / 2**20:.0f} -> "
+               f" ms p99 {p99 * 1000:.1f} ms (limit {limit * 1000:.0f} ms: {P99_429_FACTOR:g} x "
+               f"the p99 {p99_400 * 1000:.1f} ms of {len(latencies_400)} 400s under the flood "
+               f"+ {P99_429_SLACK_S * 1000:.0f} ms), RSS {rss_warm / 2**20:.0f} -> "
                f"{rss_after / 2**20:.0f} MiB")
     print(summary)
     (Path(small.log_path).parent / "flood-summary.txt").write_text(summary + "\n")
@@ -151,7 +179,8 @@ async def test_flood_at_ten_times_capacity(small: ServerProcess) -> None:
     assert result.statuses.get(429, 0) > 0 and result.statuses.get(200, 0) > 0, summary
     assert result.retry_after == {"1"}, summary
     assert not result.incomplete, result.incomplete[:3]
-    assert p99 < P99_429_LIMIT_S, summary
+    assert len(latencies_400) >= 10, summary
+    assert p99 < limit, summary
     assert abs(rss_after - rss_warm) <= 0.10 * rss_warm, summary
     for name in ("num_requests_running", "num_requests_waiting", "num_requests_queued",
                  "kv_cache_usage_perc"):

@@ -6,7 +6,7 @@
   decoding). No answer is a 5xx, every error has the OpenAI shape, streams end cleanly.
 - hypothesis sends random sampling parameters (NaN, +-inf, 0, negative, huge, wrong types)
   through the validation layer: the answer is a 400 or a valid completion, never anything
-  else, and every body is strict JSON.
+  else, every body is strict JSON, and the usage counts the tokens the choices carry.
 """
 
 from __future__ import annotations
@@ -20,13 +20,20 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from server_fixtures import ServerProcess, json_error
+from schemathesis.core.result import Ok
+from server_fixtures import SESSION_ARGS, ServerProcess, json_error
 
 pytestmark = pytest.mark.slow
 
 FUZZED_PATHS = "^/(v1/completions|v1/chat/completions|tokenize|detokenize)$"
 EXAMPLES_PER_OPERATION = 60  # x 4 operations: a few hundred cases
 MAX_TOKENS = 4
+MAX_MODEL_LEN = int(SESSION_ARGS[SESSION_ARGS.index("--max-model-len") + 1])
+# schemathesis stops reading an event stream after 20 events by default and closes the
+# connection, which the server rightly takes for a client gone: it aborts the choices and
+# the body it read ends without [DONE]. A streamed completion with n=2 and the default 16
+# tokens is 33 events or more, so the check needs the whole stream.
+MAX_STREAM_EVENTS = 100_000
 
 
 def strict_json(text: str) -> Any:
@@ -43,7 +50,9 @@ def cap_generation(body: Any) -> None:
         value = body.get(key)
         if isinstance(value, int) and not isinstance(value, bool) and MAX_TOKENS < value < 2048:
             body[key] = MAX_TOKENS
-    if "messages" in body and body.get("max_tokens") is None and \
+    # Without a length, a completion runs 16 tokens (or to max_model_len when null), a chat
+    # to max_model_len.
+    if ("messages" in body or "prompt" in body) and body.get("max_tokens") is None and \
             body.get("max_completion_tokens") is None:
         body["max_tokens"] = MAX_TOKENS
     n = body.get("n")
@@ -51,7 +60,7 @@ def cap_generation(body: Any) -> None:
         body["n"] = 2
 
 
-def check_response(status: int, text: str, streamed: bool) -> None:
+def check_response(status: int, text: str, streamed: bool, cut_short: bool = False) -> None:
     assert status < 500, text[:500]
     if status >= 400:
         body = strict_json(text)
@@ -59,6 +68,7 @@ def check_response(status: int, text: str, streamed: bool) -> None:
         assert set(body["error"]) == {"message", "type", "param", "code"}, body
         assert body["error"]["code"] == status and len(body["error"]["message"]) < 1000
     elif streamed:
+        assert not cut_short, f"the client stopped reading the stream: {text[-300:]}"
         events = [line.removeprefix("data: ") for line in text.splitlines() if line]
         assert events[-1] == "[DONE]", text[-300:]
         for event in events[:-1]:
@@ -69,15 +79,25 @@ def check_response(status: int, text: str, streamed: bool) -> None:
 
 def fuzzed_operations(server: ServerProcess) -> list[Any]:
     schema = schemathesis.openapi.from_url(f"{server.base_url}/openapi.json")
-    operations = [result.ok() for result in
-                  schema.include(path_regex=FUZZED_PATHS).get_all_operations()]
+    schema.config.max_stream_events = MAX_STREAM_EVENTS
+    operations = []
+    for result in schema.include(path_regex=FUZZED_PATHS).get_all_operations():
+        assert isinstance(result, Ok), result
+        operations.append(result.ok())
     assert len(operations) == 4, [op.label for op in operations]
     return operations
 
 
 def test_openapi_fuzz(server: ServerProcess) -> None:
     """schemathesis' generated cases for each operation, run with hypothesis directly
-    (its pytest plugin does not load under this pytest)."""
+    (its pytest plugin does not load under this pytest).
+
+    schemathesis reads a stream through its own transport, which stops after
+    `max_stream_events` events and closes the connection; with its default of 20 a streamed
+    n=2 completion was cut after 10 tokens a choice, both choices ended with
+    finish_reason=abort (the server saw the client go) and the text had no [DONE]. The
+    schema is loaded with a limit no capped case reaches, and a cut is reported as the
+    client's."""
     for operation in fuzzed_operations(server):
 
         @given(case=operation.as_strategy())
@@ -87,10 +107,24 @@ def test_openapi_fuzz(server: ServerProcess) -> None:
             cap_generation(case.body)
             streamed = isinstance(case.body, dict) and case.body.get("stream") is True
             response = case.call(base_url=server.base_url, timeout=120)
-            check_response(response.status_code, response.text, streamed)
+            check_response(response.status_code, response.text, streamed,
+                           response.stream_cut_short)
 
         run()
     assert httpx.get(f"{server.base_url}/health").status_code == 200
+
+
+def test_the_fuzz_client_reads_a_long_stream_to_its_end(server: ServerProcess) -> None:
+    """More events than schemathesis reads by default (20): two choices of 16 tokens."""
+    operation = next(op for op in fuzzed_operations(server) if op.path == "/v1/completions")
+    body = {"prompt": "Hi", "stream": True, "n": 2, "max_tokens": 16, "ignore_eos": True}
+    response = operation.Case(body=body, media_type="application/json").call(
+        base_url=server.base_url, timeout=120)
+    check_response(response.status_code, response.text, True, response.stream_cut_short)
+    events = [line.removeprefix("data: ") for line in response.text.splitlines() if line]
+    finished = [choice["finish_reason"] for event in events[:-1]
+                for choice in strict_json(event)["choices"] if choice["finish_reason"]]
+    assert finished == ["length", "length"], events[-3:]
 
 
 def test_openapi_schema_covers_the_fuzzed_bodies(server: ServerProcess) -> None:
@@ -131,6 +165,8 @@ def test_random_sampling_params_get_400_or_a_valid_completion(
     else:
         body["prompt"] = "Hi"
     cap_generation(body)
+    # Unless the fuzz chose it, ask for per-token logprobs: the tokens each choice carries.
+    body.setdefault("logprobs", True if chat else 0)
     path = "/v1/chat/completions" if chat else "/v1/completions"
     raw = json.dumps(body)  # NaN and Infinity go out as the JSON literals Python writes
     response = httpx.post(server.base_url + path, content=raw, timeout=120,
@@ -141,9 +177,44 @@ def test_random_sampling_params_get_400_or_a_valid_completion(
         return
     result = strict_json(response.text)
     assert len(result["choices"]) == body.get("n", 1)
+    check_usage(result, body["max_tokens"])
+
+
+def choice_tokens(choice: dict[str, Any]) -> list[str] | None:
+    """The tokens a choice generated, from its logprobs (None when it has none)."""
+    logprobs = choice.get("logprobs")
+    if not logprobs:
+        return None
+    if "tokens" in logprobs:
+        return list(logprobs["tokens"])
+    return None if logprobs.get("content") is None else [t["token"] for t in logprobs["content"]]
+
+
+def check_usage(result: dict[str, Any], max_tokens: Any) -> None:
+    """completion_tokens is the sum of the choices' tokens, each within its limit: exactly
+    the limit when it ended on length, at least one (an EOS or a stop string's token is
+    counted) when it stopped."""
+    usage = result["usage"]
+    # One prompt: the limit is max_tokens (which the server took as an integer), or what
+    # the context leaves.
+    limit = MAX_MODEL_LEN - usage["prompt_tokens"]
+    if max_tokens is not None:
+        limit = min(int(max_tokens), limit)
+    low, high = 0, 0
     for choice in result["choices"]:
         assert choice["finish_reason"] in ("stop", "length"), choice
-    assert result["usage"]["completion_tokens"] >= 0
+        tokens = choice_tokens(choice)
+        if choice["finish_reason"] == "length":
+            low, high = low + limit, high + limit
+            assert tokens is None or len(tokens) == limit, (limit, choice)
+        else:
+            low, high = low + 1, high + limit
+            assert tokens is None or 1 <= len(tokens) <= limit, (limit, choice)
+    assert low <= usage["completion_tokens"] <= high, (low, high, result)
+    counted = [choice_tokens(choice) for choice in result["choices"]]
+    if all(tokens is not None for tokens in counted):
+        assert usage["completion_tokens"] == sum(len(t or []) for t in counted), result
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
 
 
 def test_server_healthy_after_fuzzing(server: ServerProcess) -> None:
