@@ -29,7 +29,7 @@ from loadgen.server_process import free_port, stop
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # fp32 weights: the server tests compare outputs token for token across batches, which the
 # quantized kernels (few tokens) and BLAS (many) do not promise; test_quantization covers auto.
-SESSION_ARGS = ["--kv-cache-memory", "512MiB", "--max-model-len", "1024", "--quantization", "none"]
+SESSION_ARGS = ["--kv-cache-memory", "512MiB", "--max-model-len", "1024"]
 SMALL_ARGS = ["--kv-cache-memory", "128MiB", "--max-model-len", "512", "--quantization", "none"]
 STARTUP_TIMEOUT_S = 300.0  # model loading on a busy 2-core CI machine
 STOP_TIMEOUT_S = 60.0
