@@ -90,6 +90,8 @@ async def test_named_tool_choice(client: AsyncOpenAI) -> None:
 
 
 async def test_tool_turns_are_rendered(http: httpx.AsyncClient) -> None:
+    """A tool round trip: the tools, the assistant's call and the tool's result all reach
+    the prompt the model runs on, and the reply after them is an ordinary completion."""
     messages = [*ASK, {"role": "assistant", "content": None, "tool_calls": [
         {"id": "call_1", "type": "function",
          "function": {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "celsius"}'}}]},
@@ -98,8 +100,25 @@ async def test_tool_turns_are_rendered(http: httpx.AsyncClient) -> None:
         "messages": messages, "tools": TOOLS, "max_tokens": 4, "temperature": 0})
     assert response.status_code == 200, response.text
     body = response.json()
-    # The generic rendering puts the tools, the call and the result in the prompt.
-    assert body["usage"]["prompt_tokens"] > 150
+    choice = body["choices"][0]
+    assert choice["finish_reason"] in ("stop", "length") and choice["message"]["content"]
+    assert 1 <= body["usage"]["completion_tokens"] <= 4
+    # /tokenize renders as chat does: the same count, and its text holds every tool turn
+    # in the generic format.
+    tokenized = (await http.post("/tokenize", json={"messages": messages, "tools": TOOLS})).json()
+    assert body["usage"]["prompt_tokens"] == tokenized["count"]
+    text = (await http.post("/detokenize", json={"tokens": tokenized["tokens"]})).json()["prompt"]
+    assert '"name": "get_weather"' in text and "<tools>" in text
+    assert ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", '
+            '"unit": "celsius"}}\n</tool_call>') in text
+    assert "<tool_response>\n21 degrees and sunny\n</tool_response>" in text
+
+
+async def test_tokenize_tools_need_messages(http: httpx.AsyncClient) -> None:
+    """Tools only mean something in a chat: with a plain prompt they are a 400, not ignored."""
+    response = await http.post("/tokenize", json={"prompt": "Hi", "tools": TOOLS})
+    assert response.status_code == 400
+    assert "tools go with messages" in json_error(response)["message"]
 
 
 @pytest.mark.parametrize("fields,needle", [

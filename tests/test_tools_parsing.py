@@ -67,7 +67,8 @@ def test_generic_rendering_of_tool_turns(default_model_path: str) -> None:
         "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {
             "type": "object", "properties": {"city": {"type": "string"}}}}}]})
     limits = RequestLimits(vocab_size=len(tokenizer), max_model_len=2048, max_prompt_tokens=2048)
-    text = render_chat_with_tools(tokenizer, PlainTextEncoder(tokenizer), body, limits).text
+    text = render_chat_with_tools(tokenizer, PlainTextEncoder(tokenizer), body.messages,
+                                  body.tools, limits).text
     assert '"name": "get_weather"' in text and "<tools>" in text
     assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>' in text
     assert "<tool_response>\nsunny\n</tool_response>" in text

@@ -287,6 +287,7 @@ class TokenizeRequest(OpenAIModel):
     model: str | None = None
     prompt: str | None = None
     messages: Annotated[list[ChatMessage], Field(fail_fast=True)] | None = None
+    tools: Annotated[list[ToolDefinition], Field(fail_fast=True)] | None = None  # as in chat
     add_special_tokens: bool | None = None
     add_generation_prompt: bool = True
 
@@ -294,6 +295,8 @@ class TokenizeRequest(OpenAIModel):
     def check_one_input(self) -> TokenizeRequest:
         if (self.prompt is None) == (self.messages is None):
             raise ValueError("give exactly one of prompt or messages")
+        if self.tools is not None and self.messages is None:
+            raise ValueError("tools go with messages")
         return self
 
 

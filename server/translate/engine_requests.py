@@ -92,8 +92,9 @@ def completion_requests(request_id: str, body: CompletionRequest, plan: Plan,
 def chat_requests(request_id: str, body: ChatCompletionRequest, tokenizer: Tokenizer,
                   limits: RequestLimits, compile_grammar: CompileGrammar) -> EngineRequests:
     encoder = plain_text_encoder(tokenizer)
-    if uses_tools(body):
-        prompt = render_chat_with_tools(tokenizer, encoder, body, limits)
+    if uses_tools(body.messages, body.tools):
+        prompt = render_chat_with_tools(tokenizer, encoder, body.messages, body.tools, limits,
+                                        body.add_generation_prompt, body.continue_final_message)
     else:
         prompt = render_chat(tokenizer, encoder, body.messages, limits,
                              body.add_generation_prompt, body.continue_final_message)

@@ -30,7 +30,8 @@ def spec_from_response_format(fmt: ResponseFormat) -> StructuredOutputSpec:
         if fmt.format is None:
             raise bad_request("response_format of type structural_tag needs a format",
                               "response_format")
-        return StructuredOutputSpec.structural_tag(fmt.format)
+        # xgrammar (as vLLM passes it) takes the whole object, type included, not the format.
+        return StructuredOutputSpec.structural_tag({"type": "structural_tag", "format": fmt.format})
     assert fmt.json_schema is not None  # checked by the model
     schema = fmt.json_schema.json_schema
     if schema is None:

@@ -1,7 +1,7 @@
-"""/tokenize and /detokenize bodies, answered with the model's tokenizer: chat messages
-tokenize exactly as the chat route renders them (content stays plain text), and every input
-is checked against the engine's limits first. CPU-bound: the routes run these in the worker
-pool."""
+"""/tokenize and /detokenize bodies, answered with the model's tokenizer: chat messages, with
+their tools, tool calls and tool results, tokenize exactly as the chat route renders them
+(content stays plain text), and every input is checked against the engine's limits first.
+CPU-bound: the routes run these in the worker pool."""
 
 from __future__ import annotations
 
@@ -10,12 +10,17 @@ from engine.tokenizer import Tokenizer
 from server.api.errors import bad_request
 from server.api.protocol import DetokenizeRequest, TokenizeRequest
 from server.translate.prompts import render_chat
+from server.translate.tool_prompt import render_chat_with_tools, uses_tools
 from server.translate.user_text import plain_text_encoder
 
 
 def tokenize_body(body: TokenizeRequest, tokenizer: Tokenizer, limits: RequestLimits) -> list[int]:
     if body.messages is not None:
-        return render_chat(tokenizer, plain_text_encoder(tokenizer), body.messages, limits,
+        encoder = plain_text_encoder(tokenizer)
+        if uses_tools(body.messages, body.tools):
+            return render_chat_with_tools(tokenizer, encoder, body.messages, body.tools or None,
+                                          limits, body.add_generation_prompt).token_ids
+        return render_chat(tokenizer, encoder, body.messages, limits,
                            body.add_generation_prompt).token_ids
     text = body.prompt or ""
     check_prompt_chars(text, limits)

@@ -23,6 +23,7 @@ from engine.structured_output import StructuredOutputSpec
 from engine.tokenizer import Tokenizer
 from server.api.protocol import (
     ChatCompletionRequest,
+    ChatMessage,
     ToolCall,
     ToolDefinition,
 )
@@ -35,8 +36,8 @@ EMPTY_OBJECT_SCHEMA: dict[str, Any] = {"type": "object"}
 
 # ---- rendering ---------------------------------------------------------------------------
 
-def uses_tools(body: ChatCompletionRequest) -> bool:
-    return bool(body.tools) or any(m.tool_calls or m.role == "tool" for m in body.messages)
+def uses_tools(messages: list[ChatMessage], tools: list[ToolDefinition] | None) -> bool:
+    return bool(tools) or any(m.tool_calls or m.role == "tool" for m in messages)
 
 
 def template_supports_tools(tokenizer: Tokenizer) -> bool:
@@ -44,24 +45,27 @@ def template_supports_tools(tokenizer: Tokenizer) -> bool:
 
 
 def render_chat_with_tools(tokenizer: Tokenizer, encoder: PlainTextEncoder,
-                           body: ChatCompletionRequest, limits: RequestLimits) -> PromptInput:
+                           chat: list[ChatMessage], tool_defs: list[ToolDefinition] | None,
+                           limits: RequestLimits, add_generation_prompt: bool = True,
+                           continue_final_message: bool = False) -> PromptInput:
     """The chat with its tool definitions, calls and results: through the template where it
-    knows tools, else as a generic system prompt and <tool_call> blocks."""
+    knows tools, else as a generic system prompt and <tool_call> blocks. The chat route and
+    /tokenize both render through here, so that /tokenize counts what the chat runs."""
     native = template_supports_tools(tokenizer)
-    messages = message_dicts(body.messages)
-    for item, message in zip(messages, body.messages, strict=True):
+    messages = message_dicts(chat)
+    for item, message in zip(messages, chat, strict=True):
         if native:
             add_native_tool_fields(item, message.tool_calls, message.tool_call_id)
         else:
             rewrite_generic(item, message.tool_calls)
-    tools = [t.model_dump(exclude_none=True) for t in body.tools or []]
+    tools = [t.model_dump(exclude_none=True) for t in tool_defs or []]
     kwargs: dict[str, Any] = {}
     if native and tools:
         kwargs["tools"] = tools
     elif tools:
-        messages = with_tool_system_prompt(messages, body.tools or [])
-    return render_message_dicts(tokenizer, encoder, messages, limits, body.add_generation_prompt,
-                                body.continue_final_message, **kwargs)
+        messages = with_tool_system_prompt(messages, tool_defs or [])
+    return render_message_dicts(tokenizer, encoder, messages, limits, add_generation_prompt,
+                                continue_final_message, **kwargs)
 
 
 def add_native_tool_fields(item: dict[str, Any], calls: list[ToolCall] | None,
