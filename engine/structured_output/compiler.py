@@ -9,6 +9,7 @@ server's threads and the engine's worker thread share the cache.
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections import OrderedDict
 from typing import Any
@@ -17,6 +18,7 @@ from engine.io.errors import InvalidRequestError
 from engine.structured_output.spec import StructuredOutputSpec
 
 DEFAULT_CACHE_SIZE = 256
+XGRAMMAR_LOG_PREFIX = re.compile(r"^\[[\d:]+\]\s+\S+:\d+:\s*")
 
 
 class StructuredOutputError(InvalidRequestError):
@@ -61,6 +63,7 @@ class GrammarCache:
             raise
         except Exception as exc:  # xgrammar raises RuntimeError/ValueError with the reason
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            reason = XGRAMMAR_LOG_PREFIX.sub("", reason)  # a client has no use for its C++ source path
             raise StructuredOutputError(f"cannot compile the {describe(spec)}: {reason}",
                                         "structured_outputs") from exc
 
