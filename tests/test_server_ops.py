@@ -240,14 +240,15 @@ async def test_sigterm_drains_then_aborts_and_exits_0(
         servers: dict[str, ServerProcess]) -> None:
     # Whatever the machine's speed, all three are in flight at SIGTERM: the first runs (450
     # tokens; it has sent one), the others wait behind it (--max-num-seqs 1). The client lets
-    # the first go once the drain has begun, so the short one runs and finishes inside
-    # --shutdown-timeout, and the long one after it is still running when that ends.
+    # the first go once the drain has begun, so the short one (one token: one step) runs and
+    # finishes inside --shutdown-timeout, and the long one after it is still running when
+    # that ends.
     server = servers["ops"]
     async with httpx.AsyncClient(base_url=server.base_url, timeout=30.0) as client:
         await wait_for_metric(client, "pagode:num_requests_running", 0)
         first = await OpenStream(client, LONG).open()
         await first.next_data()  # running
-        short = await OpenStream(client, {**LONG, "max_tokens": 6}).open()
+        short = await OpenStream(client, {**LONG, "max_tokens": 1}).open()
         await wait_for_metric(client, "pagode:num_requests_waiting", 1)
         long = await OpenStream(client, LONG).open()
         await wait_for_metric(client, "pagode:num_requests_waiting", 2)
@@ -256,12 +257,12 @@ async def test_sigterm_drains_then_aborts_and_exits_0(
         while (await client.get("/health")).status_code == 200:
             assert time.monotonic() < deadline
             await asyncio.sleep(0.02)
+        await first.close()  # its client leaves: the batch slot frees for the short one
         # Draining: no new work, an honest 503.
         refused = await client.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2},
                                     headers=AUTH)
         assert refused.status_code == 503
         assert json_error(refused)["type"] == "ServiceUnavailableError"
-        await first.close()  # its client leaves: the batch slot frees for the short one
         short_data = await short.rest()
         long_data = await long.rest()
         await short.close()
