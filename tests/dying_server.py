@@ -10,6 +10,8 @@ import signal
 
 from engine.async_engine import AsyncEngine
 
+DYING_MESSAGE = "the engine loop was killed (tests/dying_server.py)"
+
 
 class DyingEngine(AsyncEngine):
     """An AsyncEngine whose next step raises once SIGUSR1 has arrived."""
@@ -29,5 +31,5 @@ class DyingEngine(AsyncEngine):
 
     def _step(self):  # type: ignore[no-untyped-def]
         if self.dying:
-            raise RuntimeError("the engine loop was killed (tests/dying_server.py)")
+            raise RuntimeError(DYING_MESSAGE)
         return super()._step()

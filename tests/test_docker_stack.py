@@ -207,6 +207,9 @@ def test_sigterm_drains_open_streams_and_exits_zero(stack: Stack) -> None:
         thread.start()
     for s in streams:
         assert s.started.wait(300) and s.error is None, s.error
+    # In flight when the signal is sent: each has streamed content and none has finished
+    # (the server's own count at SIGTERM is checked in its log below).
+    assert all(s.text and s.finish is None for s in streams), [(len(s.text), s.finish) for s in streams]
     container = stack.container("pagode")
     stop_started = time.time()
     stopper = threading.Thread(target=stack.compose, args=("stop", "pagode"), kwargs={"timeout": 120})
@@ -232,6 +235,7 @@ def test_sigterm_drains_open_streams_and_exits_zero(stack: Stack) -> None:
     logs = run(["docker", "logs", container], check=False)
     text = logs.stdout + logs.stderr
     assert "drained; shutting down" in text and "shutdown timeout" not in text, text[-3000:]
+    assert f"draining {STREAMS} in-flight request(s)" in text, text[-3000:]
 
 
 def test_down_leaves_nothing_running(stack: Stack) -> None:

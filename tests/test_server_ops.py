@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
+from dying_server import DYING_MESSAGE
 from server_fixtures import (
     SMALL_ARGS,
     ServerProcess,
@@ -215,13 +216,19 @@ async def test_dead_engine_loop_fails_requests_and_health(
         health = await client.get("/health")
         assert health.status_code == 503
         assert "engine loop" in json_error(health)["message"]
+        bodies = [*data, health.text]
         for body in ({"prompt": "Hi", "max_tokens": 2}, {**LONG, "max_tokens": 2}):
             response = await client.post("/v1/completions", json=body, timeout=10.0)
             assert response.status_code == 503
             assert json_error(response)["type"] == "ServiceUnavailableError"
+            bodies.append(response.text)
         chat = await client.post("/v1/chat/completions", timeout=10.0,
                                  json={"messages": [{"role": "user", "content": "Hi"}]})
         assert chat.status_code == 503
+        bodies.append(chat.text)
+    # The engine's exception text is for the log, never for clients.
+    assert all(DYING_MESSAGE not in body for body in bodies), bodies
+    assert DYING_MESSAGE in servers["dying"].log()
 
 
 def finish_reason(data: list[str]) -> str:
@@ -231,16 +238,26 @@ def finish_reason(data: list[str]) -> str:
 
 async def test_sigterm_drains_then_aborts_and_exits_0(
         servers: dict[str, ServerProcess]) -> None:
+    # Whatever the machine's speed, all three are in flight at SIGTERM: the first runs (450
+    # tokens; it has sent one), the others wait behind it (--max-num-seqs 1). The client lets
+    # the first go once the drain has begun, so the short one (one token: one step) runs and
+    # finishes inside --shutdown-timeout, and the long one after it is still running when
+    # that ends.
     server = servers["ops"]
     async with httpx.AsyncClient(base_url=server.base_url, timeout=30.0) as client:
-        short = await OpenStream(client, {**LONG, "max_tokens": 6}).open()
-        await short.next_data()  # running
-        long = await OpenStream(client, LONG).open()  # waits behind it, then runs
+        await wait_for_metric(client, "pagode:num_requests_running", 0)
+        first = await OpenStream(client, LONG).open()
+        await first.next_data()  # running
+        short = await OpenStream(client, {**LONG, "max_tokens": 1}).open()
+        await wait_for_metric(client, "pagode:num_requests_waiting", 1)
+        long = await OpenStream(client, LONG).open()
+        await wait_for_metric(client, "pagode:num_requests_waiting", 2)
         server.signal(signal.SIGTERM)
         deadline = time.monotonic() + WAIT_S
         while (await client.get("/health")).status_code == 200:
             assert time.monotonic() < deadline
             await asyncio.sleep(0.02)
+        await first.close()  # its client leaves: the batch slot frees for the short one
         # Draining: no new work, an honest 503.
         refused = await client.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2},
                                     headers=AUTH)
@@ -255,5 +272,5 @@ async def test_sigterm_drains_then_aborts_and_exits_0(
     assert long_data[-1] == "[DONE]" and finish_reason(long_data) == "abort"
     assert server.wait_exit() == 0
     log = server.log()
-    assert "draining 2 in-flight request(s)" in log
+    assert "draining 3 in-flight request(s)" in log
     assert "aborting 1 request(s)" in log

@@ -1,6 +1,7 @@
 """Graceful shutdown: on SIGTERM (or a first Ctrl+C) stop taking work, let in-flight
 requests finish for up to --shutdown-timeout seconds, abort the rest (their choices end
-with finish_reason "abort"), then let uvicorn close and exit 0.
+with finish_reason "abort"), then let uvicorn close and exit 0. A second signal during the
+drain aborts them at once.
 
 uvicorn's own handler would stop accepting connections at once and re-raise the signal
 after shutdown (exit status -15); this subclass replaces it so that new requests still get
@@ -42,11 +43,22 @@ class DrainingServer(uvicorn.Server):
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         """Signal handler (main thread): start the drain; a second signal exits now."""
-        if self.drain_task is not None or self.loop is None:
-            logger.warning("signal %d: exiting without waiting further", sig)
+        if self.loop is None:
             self.should_exit = True
             return
+        if self.drain_task is not None:
+            self.loop.call_soon_threadsafe(self.exit_now, sig)
+            return
         self.loop.call_soon_threadsafe(self.start_drain, sig)
+
+    def exit_now(self, sig: int) -> None:
+        """Abort what still runs, as the drain's timeout would: otherwise uvicorn's own
+        shutdown would wait for the open streams to end (up to timeout_graceful_shutdown)."""
+        state = self.get_state()
+        aborted = state.generation.abort_all() if state.generation else 0
+        logger.warning("signal %d: exiting without waiting further; aborting %d request(s)",
+                       sig, aborted)
+        self.should_exit = True
 
     def start_drain(self, sig: int) -> None:
         if self.drain_task is None:

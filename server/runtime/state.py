@@ -133,9 +133,9 @@ class ServerState:
         if not self.ready or self.engine is None:
             return "The model is loading"
         if not self.engine.is_running:
-            dead = getattr(self.engine, "dead_error", None)
-            return f"The engine loop is not running: {dead}" if dead else \
-                "The engine loop is not running"
+            # Why it died (engine.dead_error) is the engine's exception text: it went to the
+            # log when the loop died, and is kept from clients like any internal fault's.
+            return "The engine loop is not running; the server log has the details"
         if self.draining:
             return "The server is shutting down"
         return None
