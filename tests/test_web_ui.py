@@ -129,6 +129,41 @@ def test_no_ui_turns_the_page_off_and_the_page_forbids_inline_script() -> None:
     assert without.get("/ui/app.js").status_code == 404
 
 
+def read_stats_events(base_url: str, count: int, headers: dict[str, str] | None = None
+                      ) -> list[tuple[str, dict[str, Any]]]:
+    """The first `count` events of /stats/stream, parsed."""
+    events: list[tuple[str, dict[str, Any]]] = []
+    with httpx.stream("GET", base_url + "/stats/stream", headers=headers, timeout=60) as reply:
+        assert reply.status_code == 200, reply.read()
+        assert reply.headers["content-type"].startswith("text/event-stream")
+        name = ""
+        for line in reply.iter_lines():
+            if line.startswith("event: "):
+                name = line.removeprefix("event: ")
+            elif line.startswith("data: "):
+                events.append((name, json.loads(line.removeprefix("data: "))))
+                if len(events) == count:
+                    break
+    return events
+
+
+def test_the_stats_stream_sends_a_snapshot_then_deltas(server: ServerProcess) -> None:
+    (first, snapshot), (second, delta), (_, later) = read_stats_events(server.base_url, 3)
+    assert first == "snapshot" and snapshot["type"] == "snapshot"
+    assert snapshot["interval_s"] == 1.0 and snapshot["coarse_interval_s"] == 60.0
+    assert {"ttft_p50", "waiting", "kv_usage", "preemptions"} <= set(snapshot["series"])
+    assert len(snapshot["fine"]) <= 600 and len(snapshot["coarse"]) <= 1440
+    assert [s["name"] for s in snapshot["signals"]] == ["ttft", "queue", "stream_speed",
+                                                        "preemptions"]
+    assert second == "delta" and delta["type"] == "delta"
+    # Each delta holds the points that are new since the event before: one per second.
+    assert len(delta["fine"]) >= 1 and len(later["fine"]) >= 1
+    assert set(delta["fine"][-1]) == {"t", *snapshot["series"]}
+    assert later["fine"][0]["t"] > delta["fine"][-1]["t"]
+    if snapshot["fine"]:
+        assert delta["fine"][0]["t"] > snapshot["fine"][-1]["t"]
+
+
 @needs_chromium
 def test_the_page_loads_with_no_console_error_and_no_failed_request(
         page_on: tuple[Any, PageWatch], server: ServerProcess) -> None:
@@ -222,14 +257,19 @@ def test_a_burst_of_requests_moves_the_live_view_and_its_queue_signal(
     wait_live(page)
     page.click("#tab-live")
     start = int(time.time())
-    statuses = burst(server.base_url, 16)
+    statuses: list[int] = []
+    load = threading.Thread(target=lambda: statuses.extend(burst(server.base_url, 16)))
+    load.start()
+    moved = f"pagode.live.fine.filter(p => p.t >= {start})"  # the points since the burst began
+    try:
+        # While the burst runs, the page draws the queue and the batch it fills.
+        page.wait_for_function(f"() => {moved}.some(p => p.waiting > 0) && "
+                               f"{moved}.some(p => p.running > 0)")
+    finally:
+        load.join()
     assert statuses == [200] * 16
-    # The points the page holds from the burst's start on: the queue and the batch moved.
-    moved = f"pagode.live.fine.filter(p => p.t >= {start})"
     # Every request of the burst is in the points once the page has the one after its end.
     page.wait_for_function(f"() => {moved}.reduce((n, p) => n + p.requests, 0) >= 16")
-    assert page.evaluate(f"{moved}.some(p => p.waiting > 0)")
-    assert page.evaluate(f"{moved}.some(p => p.running > 0)")
     assert page.evaluate(f"{moved}.some(p => p.ttft_p50 !== null)")
     chart = page.locator("#chart-requests")
     assert float(chart.get_attribute("data-waiting-max") or 0) > 0
@@ -238,7 +278,7 @@ def test_a_burst_of_requests_moves_the_live_view_and_its_queue_signal(
     assert "L" in waiting_line  # drawn as a line through several points
     assert page.get_attribute("#signal-queue", "data-state") in {"burst", "absorbed", "capacity"}
     assert float(page.locator("#chart-tokens").get_attribute("data-out-tok-s-max") or 0) > 0
-    screenshot(page, "ui-live.png")
+    screenshot(page, "ui-live.png")  # the burst drawn whole
     assert watch.page_errors == [] and watch.console_errors == []
 
 
@@ -313,5 +353,10 @@ def test_with_an_api_key_the_page_asks_for_it_fails_cleanly_without_and_works_wi
         assert sent[-1].headers.get("authorization") == f"Bearer {API_KEY}"
         assert not any(API_KEY in r.url for r in watch.requests)  # never in a URL
         assert watch.page_errors == []
+        # The stats stream obeys the key like the API.
+        assert httpx.get(keyed_server.base_url + "/stats/stream", timeout=30).status_code == 401
+        ((kind, _),) = read_stats_events(keyed_server.base_url, 1,
+                                         {"Authorization": f"Bearer {API_KEY}"})
+        assert kind == "snapshot"
     finally:
         page.context.close()

@@ -50,7 +50,9 @@ async def stats_events(state: ServerState, sampler: StatsSampler) -> AsyncIterat
         yield {"event": "delta", "data": json.dumps(delta)}
 
 
-@router.get("/stats/stream")
+# Out of the OpenAPI schema: an endless event stream is no operation a client generator or a
+# fuzzer can call and finish; docs/ui.md describes it.
+@router.get("/stats/stream", include_in_schema=False)
 async def stats_stream(request: Request) -> Response:
     state = get_state(request)
     if state.sampler is None:
