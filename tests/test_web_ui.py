@@ -124,6 +124,7 @@ def test_no_ui_turns_the_page_off_and_the_page_forbids_inline_script() -> None:
     assert with_ui.get("/ui/..%2Fpages.py").status_code == 404  # only the listed files
     assert "<script>" not in page.text  # every script is a file: src=, defer
     assert not re.search(r"<[^>]*\son\w+\s*=", page.text, re.IGNORECASE)  # no inline handler
+    assert with_ui.get("/ui/config.json").json() == {"auth": False, "model": "default"}
     without = TestClient(create_app(ServerSettings(no_ui=True), engine_config=config))
     assert without.get("/").status_code == 404
     assert without.get("/ui/app.js").status_code == 404
@@ -331,6 +332,9 @@ def test_with_an_api_key_the_page_asks_for_it_fails_cleanly_without_and_works_wi
     page, watch = open_page(browser, keyed_server.base_url)
     try:
         page.wait_for_selector("#key-box:not([hidden])")
+        # Keyless, the page learns only that a key is needed: not even the model's name.
+        assert httpx.get(keyed_server.base_url + "/ui/config.json", timeout=30).json() == {
+            "auth": True, "model": None}
         assert "API key" in (page.text_content("#auth-note") or "")
         assert "API key" in (page.text_content("#live-status") or "")
         # Without the key: the server refuses, the page says why and stays usable.
@@ -345,6 +349,7 @@ def test_with_an_api_key_the_page_asks_for_it_fails_cleanly_without_and_works_wi
         page.fill("#api-key", API_KEY)
         page.dispatch_event("#api-key", "change")
         wait_live(page)
+        assert page.text_content("#model-name") == "SmolLM2-135M-Instruct"
         send_prompt(page, "Hello", max_tokens=8)
         wait_reply_done(page)
         assert (page.text_content(".message.assistant .content") or "").strip()

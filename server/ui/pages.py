@@ -33,10 +33,11 @@ async def index() -> Response:
 @router.get("/ui/config.json", include_in_schema=False)
 async def config(request: Request) -> Response:
     """What the page needs before its first API call: whether to ask for a key (so it does
-    not learn it from a failed request)."""
+    not learn it from a failed request), and the model's name unless a key guards it."""
     state = request.app.state.server
-    return JSONResponse({"auth": bool(state.settings.api_key),
-                         "model": state.served_model_name}, headers=HEADERS)
+    auth = bool(state.settings.api_key)
+    return JSONResponse({"auth": auth, "model": None if auth else state.served_model_name},
+                        headers=HEADERS)
 
 
 @router.get("/ui/{name}", include_in_schema=False)

@@ -22,7 +22,7 @@ async function start() {
   loadConversations();
   const response = await fetch("/ui/config.json");
   config = await response.json();
-  $("model-name").textContent = config.model;
+  $("model-name").textContent = config.model || "";
   $("key-box").hidden = !config.auth;
   $("api-key").value = sessionStorage.getItem(KEY_STORE) || "";
   showAuthNote();
@@ -152,7 +152,7 @@ function requestBody() {
   if (system) messages.push({ role: "system", content: system });
   for (const m of current.messages) if (!m.failed) messages.push({ role: m.role, content: m.content });
   return {
-    model: config.model, messages, stream: true, stream_options: { include_usage: true },
+    ...(config.model ? { model: config.model } : {}), messages, stream: true, stream_options: { include_usage: true },
     temperature: Number($("temperature").value), top_p: Number($("top-p").value),
     max_tokens: Number($("max-tokens").value),
   };
@@ -278,6 +278,7 @@ function applyStats(event, message) {
   if (event === "snapshot") {
     live.fine = message.fine; live.coarse = message.coarse;
     live.fineLimit = 600; live.coarseLimit = 1440;
+    $("model-name").textContent = message.model;  // also where a key hides /ui/config.json's
   } else {
     live.fine = live.fine.concat(message.fine).slice(-live.fineLimit);
     live.coarse = live.coarse.concat(message.coarse).slice(-live.coarseLimit);
