@@ -26,15 +26,16 @@ from server.middleware.content_type import JSONContentTypeMiddleware
 from server.middleware.cors import install_cors
 from server.middleware.http_limits import HeaderLimitMiddleware
 from server.middleware.response_metrics import ResponseCountMiddleware
-from server.routes import chat, completions, health, metrics, models, tokenize
+from server.routes import chat, completions, health, metrics, models, stats, tokenize
 from server.runtime.engine_client import EngineClient
 from server.runtime.state import ServerState
 from server.settings import ServerSettings
 from server.translate.user_text import plain_text_encoder
+from server.ui import pages
 
 logger = logging.getLogger("pagode.server")
 
-ROUTE_MODULES = (completions, chat, tokenize, models, health, metrics)
+ROUTE_MODULES = (completions, chat, tokenize, models, health, metrics, stats)
 
 # sse-starlette would cancel every stream on SIGTERM; our drain ends them instead.
 AppStatus.disable_automatic_graceful_drain()
@@ -67,6 +68,8 @@ def create_app(settings: ServerSettings, engine: EngineClient | None = None,
     install_error_handlers(app, state.responses.count)
     for module in ROUTE_MODULES:
         app.include_router(module.router)
+    if not settings.no_ui:
+        app.include_router(pages.router)
     install_openapi(app, [CompletionRequest, ChatCompletionRequest, TokenizeRequest,
                           DetokenizeRequest])
     post_paths = {route.path for module in ROUTE_MODULES for route in module.router.routes

@@ -36,8 +36,9 @@ class ServerSettings:
     served_model_name: str | None = option(
         None, "the model name clients send and /v1/models lists (default: the engine's model name)")
     api_key: str | None = option(
-        None, "require 'Authorization: Bearer KEY' on /v1/*, /tokenize and /detokenize; /health "
-        "and /metrics stay open (default: $PAGODE_API_KEY, else no authentication)",
+        None, "require 'Authorization: Bearer KEY' on /v1/*, /tokenize, /detokenize and "
+        "/stats/stream; /health, /metrics and the web page at / stay open (default: "
+        "$PAGODE_API_KEY, else no authentication)",
         env=envs.API_KEY)
     max_num_queued_reqs: int | None = option(
         None, "most requests waiting for their first token; past it the server answers 429 with "
@@ -46,6 +47,9 @@ class ServerSettings:
     shutdown_timeout: float = option(
         30.0, "on SIGTERM, seconds to let in-flight requests finish before aborting them "
         "(finish_reason 'abort')", bound=NON_NEGATIVE)
+    no_ui: bool = option(
+        False, "do not serve the web page at / (chat playground and live view); the stats "
+        "stream (/stats/stream) stays")
     log_requests_text: bool = option(
         False, "also log prompt and output text in each request's log line (off: only ids, token "
         "counts and timings are logged)")

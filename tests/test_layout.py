@@ -64,7 +64,8 @@ SERVER_PARTS_ALLOWED: dict[str, set[str]] = {
     "runtime": {"api", "settings"},  # the engine, admission, running choices, metrics, drain
     "respond": {"api", "runtime"},  # deltas -> response bodies and SSE
     "routes": {"api", "translate", "runtime", "respond", "worker_pool"},  # the stages composed
-    "app": {"api", "middleware", "routes", "runtime", "settings", "translate"},
+    "ui": {"api"},  # the web page: static files and the routes that serve them
+    "app": {"api", "middleware", "routes", "runtime", "settings", "translate", "ui"},
     "cli": {"app", "middleware", "runtime", "settings"},
     "__main__": {"cli"},
 }

@@ -47,6 +47,8 @@ def test_bearer_check() -> None:
     assert not bearer_matches(None, "k1")
     assert is_protected("/v1/completions") and is_protected("/tokenize")
     assert not is_protected("/health") and not is_protected("/metrics")
+    assert is_protected("/stats/stream")  # the live view: how busy the server is
+    assert not is_protected("/") and not is_protected("/ui/app.js")  # the page asks for the key
 
 
 def test_buckets_resolve_cpu_latencies() -> None:

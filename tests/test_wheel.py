@@ -104,12 +104,15 @@ def test_the_image_build_context_holds_every_package_the_wheel_ships() -> None:
                if line.strip() and not line.startswith("#")}
     assert [p for p in packages if p in ignored or f"{p}/*" in ignored] == []
 
-def test_the_wheel_lists_every_cxx_file(tmp_path: Path) -> None:
+def test_the_wheel_lists_every_cxx_file_and_the_web_page(tmp_path: Path) -> None:
     wheel = build_wheel(tmp_path / "dist")
     names = set(zipfile.ZipFile(wheel).namelist())
     cxx = source_tree_cxx_files()
     assert any(name.startswith("cpu_kernels/src/") for name in cxx), cxx
     assert [name for name in cxx if name not in names] == []
+    page = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "server/ui/static").iterdir())
+    assert "server/ui/static/index.html" in page
+    assert [name for name in page if name not in names] == []
 
 
 @pytest.mark.timeout(900)
@@ -135,6 +138,9 @@ def test_pagode_serve_from_the_wheel_answers_a_completion(tmp_path: Path) -> Non
         assert reply.status_code == 200, reply.text
         body = reply.json()
         assert body["choices"][0]["text"].strip() and body["usage"]["completion_tokens"] == 8
+        page = httpx.get(f"{base}/", timeout=60)  # the web page, from the wheel's own files
+        assert page.status_code == 200 and "/ui/app.js" in page.text
+        assert httpx.get(f"{base}/ui/app.js", timeout=60).status_code == 200
     finally:
         server.terminate()
         try:

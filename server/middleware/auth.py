@@ -1,4 +1,4 @@
-"""--api-key: a Bearer token on the API routes; /health and /metrics stay open so that
+"""--api-key: a Bearer token on the API routes and the stats stream; /health and /metrics stay open so that
 probes and scrapers need no secret."""
 
 from __future__ import annotations
@@ -9,7 +9,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from server.api.errors import error_response
 
-PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize")
+# /stats/ too: the live view's series say how busy the server is. The page itself (/ and
+# /ui/) is open: it holds no secret and asks for the key.
+PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize", "/stats/")
 
 
 def is_protected(path: str) -> bool:

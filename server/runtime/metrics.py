@@ -9,7 +9,7 @@ iteration sizes from the engine's step listener.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -62,6 +62,14 @@ def build_power_of_2_buckets(limit: int) -> list[float]:
     while buckets[-1] < limit:
         buckets.append(buckets[-1] * 2)
     return buckets
+
+
+class LatencyWatcher(Protocol):
+    """Sees each latency the histograms see (the live view's sampler)."""
+
+    def observe_ttft(self, seconds: float) -> None: ...
+
+    def observe_itl(self, seconds: float, num_tokens: int) -> None: ...
 
 
 class EngineSnapshotCollector(Collector):
@@ -167,6 +175,7 @@ class ServerMetrics:
         if cache_info:
             self._cache_config_info(cache_info)
             self._cpu_info(cache_info)
+        self.watchers: list[LatencyWatcher] = []
         for reason in FINISH_REASONS:  # present from the start, at 0
             self.request_success.labels(model_name, reason)
         for reason in REJECT_REASONS:
@@ -199,6 +208,8 @@ class ServerMetrics:
     def observe_itl(self, gap: float, num_tokens: int) -> None:
         for _ in range(num_tokens):
             self.itl.observe(gap)
+        for watcher in self.watchers:
+            watcher.observe_itl(gap, num_tokens)
 
     def observe_finished(self, finish_reason: str, num_prompt_tokens: int,
                          num_output_tokens: int, queue_time: float | None,
@@ -212,6 +223,8 @@ class ServerMetrics:
             self.queue_time.observe(queue_time)
         if ttft is not None:
             self.ttft.observe(ttft)
+            for watcher in self.watchers:
+                watcher.observe_ttft(ttft)
 
     def observe_engine_failure(self) -> None:
         self.engine_failures.inc()

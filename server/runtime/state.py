@@ -21,6 +21,7 @@ from server.runtime.engine_factory import load_engine_factory
 from server.runtime.generation import GenerationService
 from server.runtime.metrics import ServerMetrics
 from server.runtime.response_stats import ResponseStats
+from server.runtime.stats_sampler import StatsSampler
 from server.settings import ServerSettings
 
 logger = logging.getLogger("pagode.server")
@@ -45,6 +46,7 @@ class ServerState:
                                    on_refuse=lambda: self.reject("queue_full"))
         self.metrics: ServerMetrics | None = None
         self.generation: GenerationService | None = None
+        self.sampler: StatsSampler | None = None  # the live view's history, once loaded
         self.on_fatal: Callable[[], None] | None = None  # the engine failed to load
         # HTTP responses, counted by server/middleware/response_metrics.py and the streams
         self.responses = ResponseStats()
@@ -83,6 +85,10 @@ class ServerState:
                                      read_responses=lambda: self.responses.responses,
                                      cache_info=engine.describe())
         engine.add_step_listener(self.metrics.observe_step)
+        self.sampler = StatsSampler(self.read_stats, lambda: self.admission.queued)
+        self.metrics.watchers.append(self.sampler.recorder)
+        engine.add_step_listener(self.sampler.recorder.observe_step)
+        self.sampler.start()
         if self.settings.profile_steps > 0:
             engine.enable_step_profile(self.settings.profile_steps, logger.info,
                                        {"SSE/JSON encoding": lambda: self.responses.encode_seconds})
@@ -98,6 +104,8 @@ class ServerState:
             engine.describe().kv_cache_dtype)
 
     async def close(self) -> None:
+        if self.sampler is not None:
+            await self.sampler.stop()
         if self.generation is not None:
             self.generation.abort_all()
         if self.engine is not None and self.ready:
