@@ -29,7 +29,11 @@ API_KEY = "test-key-123"
 SERVED_NAME = "smol-test"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 SHUTDOWN_TIMEOUT_S = 5
-LONG = {"prompt": "Count:", "max_tokens": 450, "temperature": 0, "ignore_eos": True,
+# Longer than any CPU writes in SHUTDOWN_TIMEOUT_S (it would take 800 tokens/s for one
+# stream), so the drain's timeout, not the request, ends it; an aborted request costs no
+# more than the timeout.
+LONG_TOKENS = 4000
+LONG = {"prompt": "Count:", "max_tokens": LONG_TOKENS, "temperature": 0, "ignore_eos": True,
         "stream": True}
 WAIT_S = 60.0
 
@@ -39,10 +43,10 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Serv
     """Both small servers, loading their models at the same time."""
     log_dir = tmp_path_factory.mktemp("ops-logs")
     ops = launch_server([*SMALL_ARGS, "--api-key", API_KEY, "--served-model-name", SERVED_NAME,
-                         "--max-num-seqs", "1",
+                         "--max-num-seqs", "1", "--max-model-len", str(LONG_TOKENS + 64),
                          "--max-num-queued-reqs", "2", "--shutdown-timeout",
                          str(SHUTDOWN_TIMEOUT_S)], log_dir, name="ops")
-    dying = launch_server([*SMALL_ARGS, "--log-requests-text",
+    dying = launch_server([*SMALL_ARGS, "--max-model-len", str(LONG_TOKENS + 64), "--log-requests-text",
                            "--engine-factory", "tests.dying_server:DyingEngine"], log_dir,
                           name="dying")
     try:
@@ -238,8 +242,8 @@ def finish_reason(data: list[str]) -> str:
 
 async def test_sigterm_drains_then_aborts_and_exits_0(
         servers: dict[str, ServerProcess]) -> None:
-    # Whatever the machine's speed, all three are in flight at SIGTERM: the first runs (450
-    # tokens; it has sent one), the others wait behind it (--max-num-seqs 1). The client lets
+    # Whatever the machine's speed, all three are in flight at SIGTERM: the first runs (it
+    # has sent one token), the others wait behind it (--max-num-seqs 1). The client lets
     # the first go once the drain has begun, so the short one (one token: one step) runs and
     # finishes inside --shutdown-timeout, and the long one after it is still running when
     # that ends.
