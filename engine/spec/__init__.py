@@ -1,0 +1,1 @@
+"""Speculative decoding: cheap drafts that the target model checks in one pass."""
