@@ -23,12 +23,13 @@ from engine.config import (
     EngineConfig,
 )
 from engine.io.request_limits import RequestCaps
+from engine.spec.config import SpeculativeConfig, parse_speculative_config
 
 # EngineConfig fields that the flags set, each from the flag of the same name.
 FLAG_FIELDS = ("model", "batching", "kv_cache_memory", "block_size", "max_model_len", "max_num_seqs",
                "max_num_batched_tokens", "watermark", "enable_prefix_caching", "dtype", "device",
                "attention_backend", "seed", "enforce_eager", "kv_cache_dtype", "quantization",
-               "fused_decode_limit", "scheduling_policy", "logprobs_mode")
+               "fused_decode_limit", "scheduling_policy", "logprobs_mode", "speculative_config")
 
 
 def default_of(cls: type, name: str) -> object:
@@ -122,8 +123,20 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup
     group.add_argument("--fused-decode-limit", type=int, default=engine_default("fused_decode_limit"),
                        metavar="N", help="most decodes per step that run as one fused C++ call on a "
                                          "block-quantized CPU model (default: measured at load; 0: off)")
+    group.add_argument("--speculative-config", type=speculative_flag, default=None, metavar="JSON",
+                       help='speculative decoding in vLLM\'s shape, e.g. \'{"method": "ngram", '
+                            '"num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 5}\' '
+                            "(default: off; greedy requests only; docs/speculative.md)")
     add_request_cap_flags(parser)
     return group
+
+
+def speculative_flag(text: str) -> SpeculativeConfig | None:
+    """argparse type: a bad config is a usage error naming the rule it breaks."""
+    try:
+        return parse_speculative_config(text)
+    except ValueError as err:  # json.JSONDecodeError is a ValueError too
+        raise argparse.ArgumentTypeError(str(err)) from err
 
 
 def add_request_cap_flags(parser: argparse.ArgumentParser) -> None:

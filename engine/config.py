@@ -9,6 +9,7 @@ from typing import Literal
 import torch
 
 from engine.io.request_limits import RequestCaps
+from engine.spec.config import SpeculativeConfig
 
 # How requests share the batch and the KV cache (engine/core/scheduler.py).
 Batching = Literal["paged", "continuous", "static"]
@@ -87,6 +88,7 @@ class EngineConfig:
     quantization: str = "none"  # auto | none | int8 | int4 (engine/quant/modes.py)
     scheduling_policy: SchedulingPolicy = "fcfs"  # priority: waiting queue by (priority, arrival)
     fused_decode_limit: int | None = None  # None: measured at load; N pins the fused C++ step's limit
+    speculative_config: SpeculativeConfig | None = None  # None: off (docs/speculative.md)
 
     def __post_init__(self) -> None:
         if self.batching not in BATCHING_MODES:
