@@ -29,6 +29,7 @@ from engine.runner.logprob_values import finite_logprob
 from engine.runner.model_runner import ModelRunner
 from engine.runner.sampler import RawLogprob
 from engine.sampling_params import SamplingParams
+from engine.spec.drafter import Drafter
 from engine.structured_output import StructuredOutputManager
 from engine.tokenizer import Tokenizer
 
@@ -55,6 +56,8 @@ class LLMEngine:
         self.runner.enable_cuda_graphs(config, self.max_model_len)
         self.block_manager = BlockManager(self.num_blocks, self.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.block_manager, self.max_model_len)
+        if config.speculative_config is not None:
+            self.scheduler.drafter = Drafter(config.speculative_config, self.max_model_len)
         self.limits = self._build_limits()
         self.requests: dict[str, RequestState] = {}
         self.eos_ids = frozenset(self.model_config.eos_token_ids) | (
@@ -148,20 +151,29 @@ class LLMEngine:
             prompt_logprobs.collect(self.requests, prompt_logits, plans, self._token_text)
             clock = phases.lap("forward", clock)
             self.scheduler.advance(out)
+            drafts = [s.seq.drop_draft() for s in to_sample]  # verified below, token by token
             states = [self.requests[s.seq.request_id] for s in to_sample]
-            raw = row_sampling.unmasked_logits(logits, states, self.config.logprobs_mode)
-            self.structured.apply_masks(logits, [st.grammar for st in states])  # structured outputs
+            # A drafted sequence has one logits row per position checked, all sampled alike.
+            row_states = [st for st, d in zip(states, drafts, strict=True) for _ in range(1 + len(d))]
+            raw = row_sampling.unmasked_logits(logits, row_states, self.config.logprobs_mode)
+            self.structured.apply_masks(logits, [st.grammar for st in row_states])  # structured outputs
         except Exception as err:  # the batch is lost; its requests fail, the engine goes on
             log.exception("step failed; failing its %d requests", len(out.scheduled))
             return [self._fail(self.requests[s.seq.request_id], err) for s in out.scheduled]
-        picks = row_sampling.sample_states(self.runner, logits, states, raw)
+        picks = row_sampling.sample_states(self.runner, logits, row_states, raw)
         clock = phases.lap("sample", clock)
         deltas = []
-        for state, picked in zip(states, picks, strict=True):
+        row = 0
+        for state, draft in zip(states, drafts, strict=True):
+            rows, row = picks[row:row + 1 + len(draft)], row + 1 + len(draft)
             try:
-                if isinstance(picked, BaseException):
-                    raise picked
-                deltas.append(self._postprocess(state, *picked))
+                if draft:
+                    deltas.append(self._verify(state, draft, rows))
+                else:
+                    picked = rows[0]
+                    if isinstance(picked, BaseException):
+                        raise picked
+                    deltas.append(self._postprocess(state, *picked))
             except Exception as err:  # one request's fault fails that request alone
                 log.exception("request %s failed", state.seq.request_id)
                 deltas.append(self._fail(state, err))
@@ -181,6 +193,37 @@ class LLMEngine:
         if reason is not None:
             return self._finish(state, reason, [token], logprobs)
         return state.delta([token], logprobs)
+
+    def _verify(self, state: RequestState, draft: list[int],
+                rows: list[tuple[int, RawLogprob | None] | BaseException]) -> StreamDelta:
+        """Greedy verification: emit the target's token at each checked position until one
+        differs from the draft (that one is still the target's, so it is kept), or a stop
+        rule ends the output. Each token goes through the same append as a plain decode, so
+        stop strings, EOS, max_tokens and logprobs come out exactly as without a draft."""
+        seq = state.seq
+        tokens: list[int] = []
+        logprobs: list[TokenLogprob] = []
+        reason = None
+        for j, picked in enumerate(rows):
+            if isinstance(picked, BaseException):
+                raise picked
+            token, lp = picked
+            reason = state.append(token, self.max_model_len)
+            tokens.append(token)
+            if lp is not None:
+                logprobs.append(self._logprob(token, lp))
+            if reason is not None or j == len(draft) or token != draft[j]:
+                break
+        accepted = sum(1 for t, d in zip(tokens, draft, strict=False) if t == d)
+        assert self.scheduler.drafter is not None
+        self.scheduler.drafter.record(seq, len(draft), accepted)
+        now = time.monotonic()
+        seq.times.first_token = seq.times.first_token or now
+        seq.times.last_token = now
+        if reason is not None:
+            return self._finish(state, reason, tokens, logprobs or None)
+        self.scheduler.finish_draft(seq)
+        return state.delta(tokens, logprobs or None)
 
     def _logprob(self, token: int, lp: RawLogprob) -> TokenLogprob:
         top = [(i, self._token_text(i), finite_logprob(v)) for i, v in lp[1]]

@@ -48,6 +48,7 @@ class SamplingParams:
     logit_bias: dict[int, float] = field(default_factory=dict)
     skip_special_tokens: bool = True
     structured_outputs: StructuredOutputSpec | None = None  # constrained decoding (xgrammar)
+    speculative: bool = True  # may draft when the server speculates (greedy only; docs/speculative.md)
     prompt_logprobs: int | None = None  # logprobs of the prompt's tokens, with N alternatives
     priority: int = 0  # --scheduling-policy priority: lower runs earlier (vLLM's request field)
 

@@ -131,6 +131,20 @@ class BlockManager:
                 self.free_ids[block_id] = None
         seq.block_table = []
 
+    def trim(self, seq: Sequence, num_tokens: int) -> None:
+        """Give back the blocks past the first `num_tokens` positions (a rejected draft's) and
+        forget hashes of blocks that are no longer full of settled tokens."""
+        keep = self.blocks_for(num_tokens)
+        for block_id in reversed(seq.block_table[keep:]):
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self.num_used -= 1
+                self.free_ids[block_id] = None
+                self.free_ids.move_to_end(block_id, last=False)  # no hash: reuse it first
+        del seq.block_table[keep:]
+        del seq.block_hashes[len(seq) // self.block_size:]
+
     def commit_full_blocks(self, seq: Sequence) -> None:
         """Publish newly computed full blocks to the prefix cache."""
         if not self.enable_prefix_caching:

@@ -26,12 +26,14 @@ from dataclasses import dataclass, field
 from engine.config import EngineConfig
 from engine.core.block_manager import BlockManager
 from engine.core.sequence import Sequence, SequenceStatus
+from engine.spec.drafter import Drafter
 
 
 @dataclass
 class ScheduledSeq:
     seq: Sequence
     num_new_tokens: int
+    num_draft: int = 0  # of num_new_tokens, draft tokens to verify (engine/spec/)
 
     @property
     def completes_prefill(self) -> bool:
@@ -62,6 +64,7 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.num_preemptions = 0
         self.max_concurrent = 0
+        self.drafter: Drafter | None = None  # set when the engine speculates
 
     @property
     def reserves_whole_context(self) -> bool:
@@ -124,16 +127,30 @@ class Scheduler:
         return out
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+        decode_tokens = sum(1 for seq in self.running if not seq.is_prefilling)
         for seq in list(self.running):
             if budget == 0 or seq.status is not SequenceStatus.RUNNING:
                 break
             n = 1 if not seq.is_prefilling else min(seq.num_uncomputed_tokens, budget)
             if not self._make_room(seq, n, out):
                 break  # seq itself was the newest and is preempted; so were all after it
-            self.block_manager.append_slots(seq, n)
-            out.scheduled.append(ScheduledSeq(seq, n))
-            budget -= n
+            draft = self._draft(seq, n, budget, decode_tokens)
+            decode_tokens += len(draft)
+            self.block_manager.append_slots(seq, n + len(draft))
+            out.scheduled.append(ScheduledSeq(seq, n + len(draft), len(draft)))
+            budget -= n + len(draft)
         return budget
+
+    def _draft(self, seq: Sequence, n: int, budget: int, decode_tokens: int) -> list[int]:
+        """Append a draft to a decoding seq when one fits without preempting anyone."""
+        if self.drafter is None or n != 1 or seq.is_prefilling:
+            return []
+        draft = self.drafter.propose(seq, budget, decode_tokens)
+        while draft and not self.block_manager.can_append(seq, 1 + len(draft)):
+            draft.pop()
+        seq.draft = draft
+        seq.token_ids.extend(draft)
+        return draft
 
     def _make_room(self, seq: Sequence, n: int, out: SchedulerOutput) -> bool:
         while not self.block_manager.can_append(seq, n):
@@ -148,7 +165,7 @@ class Scheduler:
         """Free seq's blocks and put it back at the head of the queue, to recompute."""
         self.running.remove(seq)
         self.block_manager.free(seq)
-        seq.reset_for_recompute()
+        seq.reset_for_recompute()  # drops an unverified draft too
         if self.by_priority:
             self._insert_by_priority(seq)
         else:
@@ -182,8 +199,18 @@ class Scheduler:
     def advance(self, out: SchedulerOutput) -> None:
         """Record the K/V computed this step and publish full blocks to the prefix cache."""
         for s in out.scheduled:
+            if s.num_draft:
+                continue  # finished by finish_draft once the draft is verified
             s.seq.num_computed_tokens += s.num_new_tokens
             self.block_manager.commit_full_blocks(s.seq)
+
+    def finish_draft(self, seq: Sequence) -> None:
+        """After verification: the accepted tokens have K/V, the newest token has none yet;
+        blocks past it are handed back, and only then are full blocks published, so no block
+        holding a rejected draft is ever registered in the prefix cache."""
+        seq.num_computed_tokens = len(seq) - 1
+        self.block_manager.trim(seq, len(seq))
+        self.block_manager.commit_full_blocks(seq)
 
 
 def priority_key(seq: Sequence) -> tuple[int, float]:

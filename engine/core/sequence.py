@@ -31,6 +31,11 @@ class Sequence:
     stop_reason: str | int | None = None
     error: str | None = None
     skip_prefix_cache: bool = False  # reads its whole prompt (prompt logprobs)
+    # Speculative decoding: draft tokens appended to token_ids for this step only, until
+    # verified (engine/spec/); the recent acceptance average and the steps left to back off.
+    draft: list[int] = field(default_factory=list)
+    spec_acceptance: float = 1.0
+    spec_backoff: int = 0
 
     def __post_init__(self) -> None:
         self.num_prompt_tokens = len(self.token_ids)
@@ -66,8 +71,17 @@ class Sequence:
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(token_id)
 
+    def drop_draft(self) -> list[int]:
+        """Take the unverified draft tokens back off token_ids; return them."""
+        draft = self.draft
+        if draft:
+            del self.token_ids[len(self.token_ids) - len(draft):]
+            self.draft = []
+        return draft
+
     def reset_for_recompute(self) -> None:
         """Preempted: K/V dropped; the tokens so far become the prompt to read again."""
+        self.drop_draft()
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0
         self.block_table = []

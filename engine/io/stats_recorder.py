@@ -98,4 +98,6 @@ def finished_request_stats(state: RequestState) -> FinishedRequestStats:
 
 def is_prompt_work(s: ScheduledSeq) -> bool:
     """Tokens read from the prompt (or recomputed), not the one newest generated token."""
+    if s.num_draft:
+        return False  # a verified draft is generation, not prompt
     return s.seq.num_computed_tokens - s.num_new_tokens < s.seq.num_prompt_tokens or s.num_new_tokens > 1

@@ -32,6 +32,7 @@ class StepInputs:
     positions: torch.Tensor
     meta: AttentionMetadata
     sample_indices: list[int]  # rows of the packed tokens whose logits are sampled
+    # (a drafted sequence has 1 + its draft's length rows, in order: engine/spec/)
 
 
 class ModelRunner:
@@ -117,7 +118,7 @@ class ModelRunner:
             tables[row, :len(s.seq.block_table)] = s.seq.block_table
         slots = tables[seq_index, positions // bs].astype(np.int64) * bs + positions % bs
         completes = np.fromiter((s.completes_prefill for s in scheduled), bool, n)
-        sample_indices = (starts[1:][completes] - 1).tolist()
+        sample_indices = _sample_rows(scheduled, starts, completes)
         num_decodes = int(np.count_nonzero(counts == 1))
         seq_lens_list = seq_lens.tolist()
         meta = AttentionMetadata(
@@ -159,6 +160,19 @@ class ModelRunner:
     def sample(self, logits: torch.Tensor, rows: list[SamplingRow],
                raw_logits: torch.Tensor | None = None) -> SampleResult:
         return sample(logits, rows, self.logprobs_mode, raw_logits)
+
+
+def _sample_rows(scheduled: list[ScheduledSeq], starts: np.ndarray, completes: np.ndarray) -> list[int]:
+    """The last row of each sequence that completes; a drafted one's last 1 + draft rows,
+    since the logits after its newest token and after each draft token are all checked."""
+    ends = starts[1:]
+    if not any(s.num_draft for s in scheduled):
+        return (ends[completes] - 1).tolist()
+    rows: list[int] = []
+    for s, end, done in zip(scheduled, ends.tolist(), completes.tolist(), strict=True):
+        if done:
+            rows.extend(range(end - 1 - s.num_draft, end))
+    return rows
 
 
 def _every_row_in_order(indices: list[int], num_rows: int) -> bool:
