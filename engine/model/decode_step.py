@@ -31,6 +31,7 @@ from cpu_kernels.decode_step_kernel import CACHE_TYPES, KINDS, PROJECTIONS, Deco
 from engine import autotune, envs, native
 from engine.attention import AttentionBackend, AttentionMetadata
 from engine.autotune import Crossover
+from engine.model.layers import PagedAttention
 from engine.model.llama import DecoderLayer, LlamaForCausalLM
 from engine.quant.linear import QuantLinear
 
@@ -96,6 +97,11 @@ def unsupported(model: LlamaForCausalLM, kv_caches: list[torch.Tensor], backend:
         return "not an fp32 model on the CPU"
     if not backend.supports_fused_cpu_step(kv_caches[0]):
         return f"the {backend.name} attention backend does not read this cache with the C++ kernel"
+    # The fused step's C++ attention call takes no window or soft-cap: it would attend
+    # fully and uncapped, so such models run layer by layer.
+    for attn in model.modules():
+        if isinstance(attn, PagedAttention) and (attn.window is not None or attn.softcap is not None):
+            return "a layer has a sliding window or a logit soft-cap"
     for layer in model.layers:
         for name in PROJECTIONS:
             proj = layer.get_submodule(name)

@@ -110,12 +110,19 @@ class RotaryCacheWrite(nn.Module):
 
 
 class PagedAttention(nn.Module):
-    """Attention of the step's queries over the paged cache (already written)."""
+    """Attention of the step's queries over the paged cache (already written).
 
-    def __init__(self, backend: AttentionBackend, scale: float) -> None:
+    window: a sliding-window layer's window (Mistral, Gemma's local layers); softcap:
+    Gemma 2's attention logit soft-cap. None: full attention, no cap.
+    """
+
+    def __init__(self, backend: AttentionBackend, scale: float, window: int | None = None,
+                 softcap: float | None = None) -> None:
         super().__init__()
         self.backend = backend
         self.scale = scale
+        self.window = window
+        self.softcap = softcap
 
     def forward(self, query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        return self.backend.attend(query, kv_cache, meta, self.scale)
+        return self.backend.attend(query, kv_cache, meta, self.scale, window=self.window, softcap=self.softcap)
