@@ -56,9 +56,9 @@ def window_args(window: int | None, softcap: float | None) -> dict[str, object]:
 @triton.jit
 def _decode_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
-    out_ptr, m_ptr, l_ptr, scale, window, softcap,
+    out_ptr, m_ptr, l_ptr, scale,
     stride_qb, stride_qh, stride_cb, stride_cs, stride_ch, stride_bt,
-    stride_ob, stride_oh, stride_os, stride_mb, stride_mh,
+    stride_ob, stride_oh, stride_os, stride_mb, stride_mh, window, softcap,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
     NUM_SPLITS: tl.constexpr, UPCAST: tl.constexpr, HAS_WINDOW: tl.constexpr,
