@@ -126,3 +126,12 @@ class PagedAttention(nn.Module):
 
     def forward(self, query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         return self.backend.attend(query, kv_cache, meta, self.scale, window=self.window, softcap=self.softcap)
+
+
+def kv_window(model: nn.Module) -> int | None:
+    """The sliding window every attention layer of the model has (the widest), or None when
+    any layer attends fully: only then may a sequence's old KV blocks be freed."""
+    windows = [m.window for m in model.modules() if isinstance(m, PagedAttention)]
+    if not windows or any(w is None for w in windows):
+        return None
+    return max(w for w in windows if w is not None)
