@@ -8,6 +8,7 @@ import logging
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import torch
 
@@ -16,6 +17,7 @@ from engine.attention import AttentionBackend
 from engine.model.config import ModelConfig
 from engine.model.gguf_file import GGUFModel
 from engine.model.llama import LlamaForCausalLM
+from engine.model.registry import model_class
 from engine.model.weights import iter_safetensors, load_weights, read_hf_config
 from engine.quant import quantize_model, resolve_mode
 from engine.quant.dense_linear import speed_up_fp32_linears
@@ -72,10 +74,10 @@ def load_model(source: ModelSource, cfg: ModelConfig, backend: AttentionBackend,
                max_positions: int, dtype: torch.dtype, device: torch.device,
                quantization: str = "none", max_tokens: int = 512) -> LlamaForCausalLM:
     with torch.device("meta"):
-        model = LlamaForCausalLM(cfg, backend, max_positions)
+        model = cast(LlamaForCausalLM, model_class(cfg)(cfg, backend, max_positions))
     model = model.to_empty(device="cpu")
     with torch.device("cpu"):
-        model.rope.build()  # shared by all layers
+        model.build_rope()  # shared by all layers
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
     if source.is_gguf:
@@ -83,9 +85,10 @@ def load_model(source: ModelSource, cfg: ModelConfig, backend: AttentionBackend,
         load_weights(model, gguf.weights(), total=gguf.num_tensors)
     else:
         load_weights(model, iter_safetensors(source.path))
+    model.finish_loading()
     model = model.to(device=device, dtype=dtype).eval()
     with torch.device(device):
-        model.rope.build()  # keep the table in fp32 whatever the dtype
+        model.build_rope()  # keep the table in fp32 whatever the dtype
     apply_quantization(model, source, quantization, device, dtype, max_tokens)
     return model
 
@@ -100,6 +103,10 @@ def apply_quantization(model: LlamaForCausalLM, source: ModelSource, requested: 
         log.info("quantization: none (%s): linear layers in %s%s", why, dtype, f" ({on})" if on else "")
         return mode
     raw = GGUFModel(source.path).raw_blocks() if source.is_gguf else None
+    if raw is not None and model.config.rotary_dim != model.config.head_dim:
+        # Partial rotary reorders Q/K rows after loading; the file's blocks keep the old order.
+        log.info("quantization: partial rotary reorders Q/K rows, so no GGUF block is reused as is")
+        raw = None
     report = quantize_model(model, mode, raw, max_tokens)
     log.info("quantization: %s (%s): %s", mode, why, report.summary())
     return mode

@@ -14,15 +14,28 @@ from engine.model.llama import LlamaForCausalLM
 
 
 def iter_safetensors(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every tensor of the folder's checkpoint, one file after another; a sharded checkpoint's
+    files are those its model.safetensors.index.json names (stray *.safetensors are not)."""
     from safetensors.torch import safe_open
 
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no *.safetensors file in {folder}")
-    for path in files:
+    for path in checkpoint_files(folder):
         with safe_open(str(path), framework="pt") as f:
             for name in f.keys():  # noqa: SIM118 - safe_open has no __iter__
                 yield name, f.get_tensor(name)
+
+
+def checkpoint_files(folder: Path) -> list[Path]:
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        missing = [s for s in shards if not (folder / s).exists()]
+        if missing:
+            raise FileNotFoundError(f"{index} names shards that are not in {folder}: {missing[:3]}")
+        return [folder / s for s in shards]
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors file in {folder}")
+    return files
 
 
 def read_hf_config(folder: Path) -> ModelConfig:
@@ -43,7 +56,7 @@ def load_weights(model: LlamaForCausalLM, weights: Iterator[tuple[str, torch.Ten
         if "rotary_emb" in hf_name:
             continue
         name = hf_name.removeprefix("model.")
-        target, shard = _map_name(name)
+        target, shard = _map_name(name, model.packed_modules_mapping)
         if target not in params:
             if name == "lm_head.weight" and model.config.tie_word_embeddings:
                 continue
@@ -57,8 +70,8 @@ def load_weights(model: LlamaForCausalLM, weights: Iterator[tuple[str, torch.Ten
         raise KeyError(f"checkpoint lacks weights: {sorted(missing)[:5]}")
 
 
-def _map_name(name: str) -> tuple[str, int | None]:
-    for fragment, (fused, shard) in LlamaForCausalLM.packed_modules_mapping.items():
+def _map_name(name: str, packed: dict[str, tuple[str, int]]) -> tuple[str, int | None]:
+    for fragment, (fused, shard) in packed.items():
         if f".{fragment}." in name:
             return name.replace(fragment, fused), shard
     return name, None
