@@ -218,6 +218,8 @@ def _permute_blocks(data: np.ndarray, heads: int) -> np.ndarray:
 
 
 def write_metadata(writer: Any, cfg: Any, spec: TinySpec) -> None:
+    import gguf
+
     heads = cfg.num_attention_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
     writer.add_context_length(cfg.max_position_embeddings)
@@ -232,7 +234,7 @@ def write_metadata(writer: Any, cfg: Any, spec: TinySpec) -> None:
     writer.add_rope_freq_base(float(_rope(cfg).get("rope_theta", 10000.0)))
     writer.add_vocab_size(cfg.vocab_size)
     for method, value in spec.gguf_meta:
-        getattr(writer, method)(value)
+        getattr(writer, method)(gguf.RopeScalingType(value) if method == "add_rope_scaling_type" else value)
     write_tokenizer(writer)
 
 

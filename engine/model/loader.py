@@ -122,12 +122,27 @@ def load_tokenizer(source: ModelSource):  # type: ignore[no-untyped-def]
     if (cache / "tokenizer.json").exists():
         return AutoTokenizer.from_pretrained(str(cache))
     log.info("building the tokenizer from %s (once; cached in %s)", source.path.name, cache)
-    tok = AutoTokenizer.from_pretrained(str(source.path.parent), gguf_file=source.path.name)
+    tok = tokenizer_from_gguf(source.path)
     try:
         tok.save_pretrained(str(cache))
     except OSError as err:
         log.warning("could not cache the tokenizer: %s", err)
     return tok
+
+
+def tokenizer_from_gguf(path: Path):  # type: ignore[no-untyped-def]
+    """AutoTokenizer first maps the file's arch onto a transformers config, which it lacks for
+    some arches pagode serves (granite, olmo2, smollm3); the vocabulary itself reads the same
+    for any arch, so those go straight to the fast tokenizer's GGUF reader."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    try:
+        return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    except ValueError as err:
+        if "is not supported" not in str(err):
+            raise
+        log.info("transformers knows no config for this GGUF arch (%s); reading its vocabulary alone", err)
+    return PreTrainedTokenizerFast.from_pretrained(str(path.parent), gguf_file=path.name)
 
 
 def _tokenizer_cache_dir(path: Path) -> Path:

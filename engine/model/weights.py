@@ -61,7 +61,7 @@ def load_weights(model: LlamaForCausalLM, weights: Iterator[tuple[str, torch.Ten
             if name == "lm_head.weight" and model.config.tie_word_embeddings:
                 continue
             raise KeyError(f"checkpoint weight {hf_name!r} has no place in the model")
-        _copy_shard(model, params[target], tensor, shard)
+        _copy_shard(model, target, params[target], tensor, shard)
         loaded.add(target)
     missing = set(params) - loaded
     if model.config.tie_word_embeddings:
@@ -77,14 +77,14 @@ def _map_name(name: str, packed: dict[str, tuple[str, int]]) -> tuple[str, int |
     return name, None
 
 
-def _copy_shard(model: LlamaForCausalLM, param: torch.nn.Parameter, tensor: torch.Tensor,
+def _copy_shard(model: LlamaForCausalLM, target: str, param: torch.nn.Parameter, tensor: torch.Tensor,
                 shard: int | None) -> None:
     with torch.no_grad():
         if shard is None:
             param.copy_(tensor.to(param.dtype))
             return
         cfg = model.config
-        if param.shape[0] == 2 * cfg.intermediate_size:
+        if ".gate_up_proj." in target:  # by name: a qkv can be as tall as a gate_up (qwen3)
             sizes = [cfg.intermediate_size] * 2
         else:
             kv = cfg.num_key_value_heads * cfg.head_dim
