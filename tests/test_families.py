@@ -7,7 +7,9 @@ weights as the folder) or Q8_0 (checked against transformers on the dequantized 
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import pytest
 from tiny_models import TinySpec, TinyZoo, assert_engine_matches, tiny_spec
@@ -54,6 +56,9 @@ SPECS = [
               gguf_meta=(("add_embedding_scale", 3.0), ("add_residual_scale", 0.5),
                          ("add_attention_scale", 0.4), ("add_logit_scale", 2.5))),
     tiny_spec("olmo2", "Olmo2Config", "Olmo2ForCausalLM", "olmo2"),
+    # Checkpoint shapes: bf16 and tied, fp16 and sharded with model.safetensors.index.json.
+    tiny_spec("llama-bf16-tied", "LlamaConfig", "LlamaForCausalLM", dtype="bfloat16", tie_word_embeddings=True),
+    tiny_spec("llama-fp16-sharded", "LlamaConfig", "LlamaForCausalLM", dtype="float16", max_shard_size="30KB"),
     tiny_spec("smollm3", "SmolLM3Config", "SmolLM3ForCausalLM", "smollm3", num_hidden_layers=4,
               pad_token_id=0),
 ]
@@ -71,3 +76,44 @@ def test_folder_matches_transformers(tiny_zoo: TinyZoo, spec: TinySpec) -> None:
 def test_gguf_matches_transformers(tiny_zoo: TinyZoo, spec: TinySpec) -> None:
     path, reference = tiny_zoo.gguf(spec, "Q8_0" if spec.name in Q8_0 else "F32")
     assert_engine_matches(path, reference)
+
+
+def test_a_sharded_folder_has_an_index_and_several_files(tiny_zoo: TinyZoo) -> None:
+    from engine.model.weights import checkpoint_files
+
+    folder = tiny_zoo.folder(next(s for s in SPECS if s.name == "llama-fp16-sharded"))
+    assert (folder / "model.safetensors.index.json").exists()
+    assert len(checkpoint_files(folder)) > 1
+
+
+def test_dynamic_rope_beyond_its_table_is_refused(tiny_zoo: TinyZoo) -> None:
+    """Beyond max_position_embeddings transformers changes dynamic NTK's frequencies with each
+    sequence's length; one table cannot follow, so the engine says so at load."""
+    from engine import LLM
+
+    folder = tiny_zoo.folder(next(s for s in SPECS if s.name == "dynamic-rope"))
+    with pytest.raises(ValueError, match=r"'dynamic' is served only up to max_position_embeddings \(256\)"):
+        LLM(model=str(folder), max_model_len=512, kv_cache_memory="4MiB", kv_cache_dtype="fp32")
+
+
+def test_an_unknown_architecture_names_what_is_served(tiny_zoo: TinyZoo, tmp_path: Path) -> None:
+    from engine import LLM
+
+    folder = tiny_zoo.folder(SPECS[0])
+    for item in folder.iterdir():
+        (tmp_path / item.name).symlink_to(item)
+    (tmp_path / "config.json").unlink()
+    config = json.loads((folder / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "model_type": "falcon_mamba"}))
+    with pytest.raises(ValueError, match="unsupported model_type 'falcon_mamba'; pagode serves llama, .*qwen3"):
+        LLM(model=str(tmp_path), kv_cache_memory="4MiB")
+
+
+def test_layers_without_rope_use_the_identity_table(tiny_zoo: TinyZoo) -> None:
+    """SmolLM3's no_rope_layers[i] == 0 means no RoPE; with 4 layers that is layer 3 only."""
+    from engine import LLM
+
+    llm = LLM(model=str(tiny_zoo.folder(next(s for s in SPECS if s.name == "smollm3"))), max_model_len=64,
+              kv_cache_memory="4MiB", kv_cache_dtype="fp32")
+    model = llm.engine.runner.model
+    assert [layer.self_attn.rope is model.nope for layer in model.layers] == [False, False, False, True]

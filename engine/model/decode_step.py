@@ -110,10 +110,10 @@ def unsupported(model: LlamaForCausalLM, kv_caches: list[torch.Tensor], backend:
 
 def layer_shape_unsupported(cfg: ModelConfig) -> str | None:
     """Why the C++ step, which computes plain Llama layers, cannot compute this family's."""
-    if cfg.qk_norm is not None:
-        return f"{cfg.architecture}: RMSNorm on q and k"
     if cfg.post_norms_only:
         return f"{cfg.architecture}: norms after attention and MLP"
+    if cfg.qk_norm is not None:
+        return f"{cfg.architecture}: RMSNorm on q and k"
     if cfg.rotary_dim != cfg.head_dim:
         return f"{cfg.architecture}: partial rotary"
     if cfg.rope_layers is not None and not all(cfg.rope_layers):

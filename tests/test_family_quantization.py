@@ -1,0 +1,93 @@
+"""--quantization int8/int4 on every dense family, held to the quality gate of SmolLM2's
+quantized modes (tests/test_quantization.py: perplexity rise and top-1 agreement), and the
+fused C++ decode step refused, with its reason, for the layers it cannot compute.
+
+The gate compares the quantized engine with the fp32 engine on the very weights the blocks
+stand for (each projection quantized and dequantized): random tiny weights lose far more to
+4-bit rounding than a trained model does, so the rounding is taken out and what is measured
+is whether the family's quantized path computes the same model. The text read is the
+model's own greedy continuation, so each position has a clear top-1.
+"""
+
+from __future__ import annotations
+
+import copy as copy_module
+from pathlib import Path
+
+import pytest
+import torch
+from quant_paths import pinned_path
+from test_families import SPECS
+from test_quantization import GATE
+from tiny_models import TinySpec, TinyZoo, cached_greedy, prompts, save_tokenizer
+
+from engine import LLM
+from engine.model import decode_step
+from engine.quant import dispatch, formats
+from engine.quant.modes import weight_kind
+from engine.runner.teacher_forcing import Reading, read_text
+
+GATED = ("llama", "qwen2", "qwen3", "phi3-long", "granite", "olmo2", "smollm3")
+# What decode_step.unsupported() must name for each family the C++ step cannot compute.
+REASONS = {"llama": None, "qwen2": None, "qwen3": "RMSNorm on q and k", "phi3-long": "partial rotary",
+           "granite": "multipliers", "olmo2": "norms after attention and MLP", "smollm3": "layers without RoPE"}
+TEXT_TOKENS = 192
+ARGS = dict(kv_cache_memory="4MiB", max_model_len=256, kv_cache_dtype="fp32")
+
+
+def read(llm: LLM, ids: list[int]) -> Reading:
+    with torch.inference_mode():
+        return read_text(llm.engine.runner, llm.engine.block_manager, ids)
+
+
+def dequantized_folder(tiny_zoo: TinyZoo, spec: TinySpec, mode: str) -> Path:
+    """The spec's checkpoint with every projection rounded through `mode`'s blocks."""
+    path = tiny_zoo.root / f"{spec.name}-{spec.key}-dequantized-{mode}"
+    if (path / "config.json").exists():
+        return path
+    reference = tiny_zoo.reference(spec)
+    config = copy_module.deepcopy(reference.config)
+    # A tied lm_head is quantized while the embedding stays fp32: untie them here.
+    config.tie_word_embeddings = False
+    copy = type(reference)(config)
+    state = {}
+    for name, tensor in reference.state_dict().items():
+        tensor = tensor.clone()
+        if tensor.dim() == 2 and "embed_tokens" not in name and formats.quantizable(tensor.shape[1]):
+            blocks = formats.quantize(tensor.float(), weight_kind(mode, is_lm_head=name == "lm_head.weight"))
+            tensor = formats.dequantize(blocks)
+        state[name] = tensor
+    copy.load_state_dict(state)
+    copy.save_pretrained(path)
+    save_tokenizer(path)
+    return path
+
+
+@pytest.mark.parametrize("spec", [s for s in SPECS if s.name in GATED], ids=lambda s: s.name)
+def test_quantized_family_passes_the_quality_gate(tiny_zoo: TinyZoo, spec: TinySpec,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    # Keep both kernels in every layer, whatever this machine's measured crossover.
+    monkeypatch.setattr(dispatch, "_cache", {})
+    monkeypatch.setenv("PAGODE_QUANT_CROSSOVER", "16")
+    folder, reference = tiny_zoo.folder(spec), tiny_zoo.reference(spec)
+    prompt = prompts(1, seed=1)[0]
+    ids = prompt + cached_greedy(reference, prompt, TEXT_TOKENS)
+    for mode in ("int8", "int4"):
+        rounded = read(LLM(model=str(dequantized_folder(tiny_zoo, spec, mode)), quantization="none", **ARGS), ids)
+        llm = LLM(model=str(folder), quantization=mode, **ARGS)  # type: ignore[arg-type]
+        for path in ("kernel", None):  # the block kernel on every position, then each layer's own choice
+            with pinned_path(llm, path):
+                got = read(llm, ids)
+            rise, agreement = got.perplexity / rounded.perplexity - 1, got.agreement(rounded)
+            print(f"{spec.name} {mode} path={path or 'crossover'}: perplexity {got.perplexity:.3f} vs "
+                  f"{rounded.perplexity:.3f} in fp32 on the rounded weights ({rise:+.2%}), "
+                  f"top-1 agreement {agreement:.2%}")
+            max_rise, min_agreement = GATE[mode]
+            assert abs(rise) <= max_rise and agreement >= min_agreement
+        runner = llm.engine.runner
+        why = decode_step.unsupported(runner.model, runner.kv_caches, runner.backend)
+        expected = REASONS[spec.name]
+        if expected is None:
+            assert why is None
+        else:
+            assert why is not None and expected in why and runner.decode_step is None
