@@ -31,10 +31,14 @@ def _qwen2_fields(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 LLAMA = Family(model_type="llama", gguf_arch="llama", hf_fields=_llama_fields, permute_qk=True,
+               support=Support(proved=("folder", "GGUF Q8_0", "int8/int4 gate", "RoPE llama3, yarn, linear: "
+                                       "folder + GGUF", "dynamic: folder", "bf16, fp16, sharded, tied")),
                notes="RoPE scaling: linear, llama3, yarn, dynamic (up to max_position_embeddings)")
 MISTRAL = Family(model_type="mistral", gguf_arch=None, hf_fields=_llama_fields,
+                 support=Support(proved=("folder",)),
                  notes="llama.cpp writes Mistral as arch llama")
-QWEN2 = Family(model_type="qwen2", gguf_arch="qwen2", hf_fields=_qwen2_fields, notes="Q/K/V bias")
+QWEN2 = Family(model_type="qwen2", gguf_arch="qwen2", hf_fields=_qwen2_fields, notes="Q/K/V bias",
+               support=Support(proved=("folder", "GGUF F32", "int8/int4 gate")))
 
 FAMILIES: tuple[Family, ...] = (LLAMA, MISTRAL, QWEN2, qwen3.FAMILY, phi3.FAMILY, granite.FAMILY,
                                 olmo2.FAMILY, smollm3.FAMILY)
@@ -150,10 +154,12 @@ def gguf_rope_scaling(gguf: GGUFModel) -> dict[str, Any] | None:
     raise ValueError(f"unsupported GGUF rope scaling type {kind!r}; pagode reads linear, yarn and rope_freqs")
 
 
-# Registry columns for docs/models.md: what the tests prove, per family (tests/test_families.py
-# and the older tests named here), and where each family runs.
 def families_table() -> str:
-    """The Markdown table of docs/models.md (tests/test_families.py checks they are equal)."""
+    """The Markdown table of docs/models.md (tests/test_models_doc.py checks the page holds it).
+
+    "proved": what tests/test_families.py and tests/test_family_quantization.py check: greedy
+    output equal to transformers' loaded from an HF folder and from a GGUF, and the quantized
+    modes' quality gate."""
     rows = ["| family (`model_type`) | GGUF arch | proved | int8/int4 | fused CPU decode step | Triton | notes |",
             "|---|---|---|---|---|---|---|"]
     for f in FAMILIES:
