@@ -12,6 +12,7 @@ model's own greedy continuation, so each position has a clear top-1.
 from __future__ import annotations
 
 import copy as copy_module
+import logging
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ import torch
 from quant_paths import pinned_path
 from test_families import SPECS
 from test_quantization import GATE
-from tiny_models import TinySpec, TinyZoo, cached_greedy, prompts, save_tokenizer
+from tiny_models import TinySpec, TinyZoo, assert_engine_matches, cached_greedy, prompts, save_tokenizer
 
 from engine import LLM
 from engine.model import decode_step
@@ -40,12 +41,14 @@ def read(llm: LLM, ids: list[int]) -> Reading:
         return read_text(llm.engine.runner, llm.engine.block_manager, ids)
 
 
-def dequantized_folder(tiny_zoo: TinyZoo, spec: TinySpec, mode: str) -> Path:
-    """The spec's checkpoint with every projection rounded through `mode`'s blocks."""
-    path = tiny_zoo.root / f"{spec.name}-{spec.key}-dequantized-{mode}"
+def dequantized_folder(tiny_zoo: TinyZoo, spec: TinySpec, mode: str,
+                       reference: torch.nn.Module | None = None, label: str = "") -> Path:
+    """The spec's checkpoint (or `reference`'s weights) with every projection rounded through
+    `mode`'s blocks."""
+    path = tiny_zoo.root / f"{spec.name}-{spec.key}{label}-dequantized-{mode}"
     if (path / "config.json").exists():
         return path
-    reference = tiny_zoo.reference(spec)
+    reference = reference if reference is not None else tiny_zoo.reference(spec)
     config = copy_module.deepcopy(reference.config)
     # A tied lm_head is quantized while the embedding stays fp32: untie them here.
     config.tie_word_embeddings = False
@@ -75,19 +78,55 @@ def test_quantized_family_passes_the_quality_gate(tiny_zoo: TinyZoo, spec: TinyS
     for mode in ("int8", "int4"):
         rounded = read(LLM(model=str(dequantized_folder(tiny_zoo, spec, mode)), quantization="none", **ARGS), ids)
         llm = LLM(model=str(folder), quantization=mode, **ARGS)  # type: ignore[arg-type]
-        for path in ("kernel", None):  # the block kernel on every position, then each layer's own choice
-            with pinned_path(llm, path):
-                got = read(llm, ids)
-            rise, agreement = got.perplexity / rounded.perplexity - 1, got.agreement(rounded)
-            print(f"{spec.name} {mode} path={path or 'crossover'}: perplexity {got.perplexity:.3f} vs "
-                  f"{rounded.perplexity:.3f} in fp32 on the rounded weights ({rise:+.2%}), "
-                  f"top-1 agreement {agreement:.2%}")
-            max_rise, min_agreement = GATE[mode]
-            assert abs(rise) <= max_rise and agreement >= min_agreement
-        runner = llm.engine.runner
-        why = decode_step.unsupported(runner.model, runner.kv_caches, runner.backend)
-        expected = REASONS[spec.name]
-        if expected is None:
-            assert why is None
-        else:
-            assert why is not None and expected in why and runner.decode_step is None
+        assert_passes_gate(llm, ids, rounded, f"{spec.name} {mode}", mode)
+        assert_fused_step_reason(llm, REASONS[spec.name])
+
+
+def assert_passes_gate(llm: LLM, ids: list[int], rounded: Reading, label: str, mode: str) -> None:
+    """The gate through the block kernel on every position, then through each layer's own choice."""
+    for path in ("kernel", None):
+        with pinned_path(llm, path):
+            got = read(llm, ids)
+        rise, agreement = got.perplexity / rounded.perplexity - 1, got.agreement(rounded)
+        print(f"{label} path={path or 'crossover'}: perplexity {got.perplexity:.3f} vs "
+              f"{rounded.perplexity:.3f} in fp32 on the rounded weights ({rise:+.2%}), "
+              f"top-1 agreement {agreement:.2%}")
+        max_rise, min_agreement = GATE[mode]
+        assert abs(rise) <= max_rise and agreement >= min_agreement
+
+
+def assert_fused_step_reason(llm: LLM, expected: str | None) -> None:
+    runner = llm.engine.runner
+    why = decode_step.unsupported(runner.model, runner.kv_caches, runner.backend)
+    if expected is None:
+        assert why is None
+    else:
+        assert why is not None and expected in why and runner.decode_step is None
+
+
+def test_a_gguf_in_a_format_the_kernels_do_not_take_is_requantized_and_says_so(
+        tiny_zoo: TinyZoo, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """gguf-py cannot write K-quants (its Q4_K/Q6_K quantize is not implemented), so the file is
+    Q5_0, another block format the kernels do not take as it is: greedy output equals
+    transformers' on the file's dequantized weights, the start-up log names what is
+    requantized, and int8/int4 pass the gate against fp32 on the file's weights rounded once
+    more into the mode's blocks."""
+    from engine.model.gguf_file import GGUFModel
+
+    monkeypatch.setattr(dispatch, "_cache", {})
+    monkeypatch.setenv("PAGODE_QUANT_CROSSOVER", "16")
+    spec = next(s for s in SPECS if s.name == "qwen3")
+    path, reference = tiny_zoo.gguf(spec, "Q5_0")
+    assert_engine_matches(path, reference)
+    matrices = sum(1 for t in GGUFModel(path).reader.tensors if t.tensor_type.name == "Q5_0")
+    assert matrices == 2 * 7 + 2  # every projection of both layers, the embedding and the output
+    prompt = prompts(1, seed=1)[0]
+    ids = prompt + cached_greedy(reference, prompt, TEXT_TOKENS)
+    for mode in ("int8", "int4"):
+        rounded = read(LLM(model=str(dequantized_folder(tiny_zoo, spec, mode, reference, "-q5_0")),
+                           quantization="none", **ARGS), ids)  # type: ignore[arg-type]
+        with caplog.at_level(logging.INFO, logger="pagode"):
+            llm = LLM(model=str(path), quantization=mode, **ARGS)  # type: ignore[arg-type]
+        assert f"quantization: {mode}: the file's {matrices} Q5_0 tensors are dequantized and requantized" \
+            in caplog.text
+        assert_passes_gate(llm, ids, rounded, f"qwen3 Q5_0 GGUF {mode}", mode)

@@ -87,6 +87,15 @@ class GGUFModel:
                 tensor = unpermute(tensor, heads)
             yield name, tensor
 
+    def requantized_kinds(self, kept: tuple[str, ...] = ("Q4_1", "Q8_0", "F32", "F16", "BF16")) -> dict[str, int]:
+        """Block formats of the file's matrices that a quantized mode cannot reuse, with counts."""
+        counts: dict[str, int] = {}
+        for t in self.reader.tensors:
+            kind = t.tensor_type.name
+            if len(t.shape) == 2 and kind not in kept:
+                counts[kind] = counts.get(kind, 0) + 1
+        return counts
+
     def raw_blocks(self, kinds: tuple[str, ...] = ("Q4_1", "Q8_0")) -> dict[str, tuple[str, np.ndarray]]:
         """HF name -> (kind, bytes [rows, row bytes]) of the tensors stored in `kinds`, unquantized.
 

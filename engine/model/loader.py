@@ -102,7 +102,15 @@ def apply_quantization(model: LlamaForCausalLM, source: ModelSource, requested: 
         on = "; ".join(f"{n} on {g}" for g, n in sorted(Counter(gemms.values()).items()))
         log.info("quantization: none (%s): linear layers in %s%s", why, dtype, f" ({on})" if on else "")
         return mode
-    raw = GGUFModel(source.path).raw_blocks() if source.is_gguf else None
+    raw = None
+    if source.is_gguf:
+        gguf = GGUFModel(source.path)
+        raw = gguf.raw_blocks()
+        foreign = gguf.requantized_kinds()
+        if foreign:
+            log.info("quantization: %s: the file's %s are dequantized and requantized (the block kernels "
+                     "take Q4_1 and Q8_0 as they are)", mode,
+                     ", ".join(f"{n} {kind} tensors" for kind, n in sorted(foreign.items())))
     if raw is not None and model.config.rotary_dim != model.config.head_dim:
         # Partial rotary reorders Q/K rows after loading; the file's blocks keep the old order.
         log.info("quantization: partial rotary reorders Q/K rows, so no GGUF block is reused as is")
