@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tiny_models import TinySpec, TinyZoo, assert_engine_matches, tiny_spec
+from tiny_models import TinySpec, TinyZoo, assert_engine_matches, one_torch_thread, tiny_spec
 
 # Phi-3 LongRoPE: one factor per rotated pair (head_dim 16 x 0.75 = 12 rotated dims).
 SHORT = [1.0, 1.1, 1.3, 1.7, 2.2, 3.0]
@@ -64,6 +65,12 @@ SPECS = [
 ]
 # GGUF files in Q8_0 for these, F32 for the rest (which then share the folder's reference).
 Q8_0 = ("llama", "qwen3", "granite", "olmo2")
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> Iterator[None]:
+    with one_torch_thread():
+        yield
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
