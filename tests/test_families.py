@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 from tiny_models import TinySpec, TinyZoo, assert_engine_matches, one_torch_thread, tiny_spec
 
 # Phi-3 LongRoPE: one factor per rotated pair (head_dim 16 x 0.75 = 12 rotated dims).
@@ -124,3 +125,20 @@ def test_layers_without_rope_use_the_identity_table(tiny_zoo: TinyZoo) -> None:
               kv_cache_memory="4MiB", kv_cache_dtype="fp32")
     model = llm.engine.runner.model
     assert [layer.self_attn.rope is model.nope for layer in model.layers] == [False, False, False, True]
+
+
+def test_an_unknown_gguf_architecture_names_what_is_served(tmp_path: Path) -> None:
+    import gguf
+
+    from engine import LLM
+
+    path = tmp_path / "tiny-mamba.gguf"
+    writer = gguf.GGUFWriter(str(path), "mamba")
+    writer.add_block_count(1)
+    writer.add_tensor("token_embd.weight", torch.zeros(4, 32).numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ValueError, match="unsupported GGUF architecture 'mamba'; pagode serves llama, qwen2, qwen3"):
+        LLM(model=str(path), kv_cache_memory="4MiB")
