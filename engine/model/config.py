@@ -38,6 +38,8 @@ class ModelConfig:
     residual_multiplier: float = 1.0  # granite: residual + out * multiplier after attention and MLP
     attention_multiplier: float | None = None  # granite: the softmax scale; None: head_dim ** -0.5
     logits_scaling: float = 1.0  # granite: logits / logits_scaling
+    # ---- windowed and soft-capped attention (mistral, gemma2, gemma3) ----
+    sliding_window: int | None = None  # a query sees only the last sliding_window positions (itself included)
 
     @classmethod
     def from_hf(cls, cfg: dict[str, Any]) -> ModelConfig:

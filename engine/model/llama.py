@@ -44,7 +44,7 @@ class Attention(nn.Module):
         self.rope = rope
         self.backend = backend
         self.rotary_cache_write = RotaryCacheWrite(rope, backend, self.num_heads)
-        self.attn = PagedAttention(backend, self.scale)
+        self.attn = PagedAttention(backend, self.scale, window=cfg.sliding_window)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, kv_cache: torch.Tensor,
                 meta: AttentionMetadata) -> torch.Tensor:

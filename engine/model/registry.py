@@ -26,6 +26,11 @@ def _llama_fields(cfg: dict[str, Any]) -> dict[str, Any]:
     return {"attention_bias": cfg.get("attention_bias", False)}
 
 
+def _mistral_fields(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Mistral's sliding window applies to every layer (transformers' sliding-window mask)."""
+    return {**_llama_fields(cfg), "sliding_window": cfg.get("sliding_window")}
+
+
 def _qwen2_fields(cfg: dict[str, Any]) -> dict[str, Any]:
     return {"attention_bias": cfg.get("attention_bias", True)}  # Qwen2 always has Q/K/V bias
 
@@ -34,9 +39,10 @@ LLAMA = Family(model_type="llama", gguf_arch="llama", hf_fields=_llama_fields, p
                support=Support(proved=("folder", "GGUF Q8_0", "int8/int4 gate", "RoPE llama3, yarn, linear: "
                                        "folder + GGUF", "dynamic: folder", "bf16, fp16, sharded, tied")),
                notes="RoPE scaling: linear, llama3, yarn, dynamic (up to max_position_embeddings)")
-MISTRAL = Family(model_type="mistral", gguf_arch=None, hf_fields=_llama_fields,
-                 support=Support(proved=("folder",)),
-                 notes="llama.cpp writes Mistral as arch llama")
+MISTRAL = Family(model_type="mistral", gguf_arch=None, hf_fields=_mistral_fields,
+                 support=Support(proved=("folder", "sliding window: folder, KV blocks freed")),
+                 notes="llama.cpp writes Mistral as arch llama (no window in its GGUF); sliding_window on "
+                       "every layer")
 QWEN2 = Family(model_type="qwen2", gguf_arch="qwen2", hf_fields=_qwen2_fields, notes="Q/K/V bias",
                support=Support(proved=("folder", "GGUF F32", "int8/int4 gate")))
 

@@ -1,0 +1,71 @@
+"""Sliding-window families: greedy output equals transformers' on a prompt longer than the
+window (where windowed attention differs from full attention), and a long windowed
+generation holds a bounded number of KV blocks."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from reference import assert_greedy_match, reference_greedy
+from tiny_models import TinyZoo, assert_engine_matches, one_torch_thread, prompts, tiny_spec
+
+WINDOW = 24  # shorter than most prompts, and not a multiple of the 16-position block
+MISTRAL = tiny_spec("mistral-window", "MistralConfig", "MistralForCausalLM", sliding_window=WINDOW)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> Iterator[None]:
+    with one_torch_thread():
+        yield
+
+
+def full_attention_twin(model: torch.nn.Module) -> torch.nn.Module:
+    """The same weights with no window: what a server that ignores the window computes."""
+    twin = copy.deepcopy(model)
+    twin.config.sliding_window = None
+    return twin
+
+
+def test_mistral_window_matches_transformers_and_differs_from_full_attention(tiny_zoo: TinyZoo) -> None:
+    from engine.model.loader import read_config, resolve_model
+    from engine.runner.kv_cache import bytes_per_block
+
+    reference = tiny_zoo.reference(MISTRAL)
+    folder = tiny_zoo.folder(MISTRAL)
+    # Freed window blocks let every prompt run at once in the usual cache; a cache just over
+    # the longest sequence still forces preemptions, with windowed blocks among those freed.
+    block_bytes = bytes_per_block(read_config(resolve_model(str(folder))), 16, torch.float32)
+    llm = assert_engine_matches(folder, reference, kv_cache_memory=7 * block_bytes, max_model_len=112)
+    assert llm.engine.stats().num_preemptions_total > 0
+    twin = full_attention_twin(reference)
+    longest = max(prompts(), key=len)
+    assert len(longest) > WINDOW
+    assert reference_greedy(twin, longest, 32, None) != reference_greedy(reference, longest, 32, None)
+
+
+def test_long_windowed_generation_holds_bounded_blocks(tiny_zoo: TinyZoo) -> None:
+    """Blocks that fell out of the window go back to the pool as the sequence grows, and
+    the usage the engine reports is what it holds."""
+    from engine import LLM, SamplingParams
+
+    reference = tiny_zoo.reference(MISTRAL)
+    prompt, new_tokens = prompts()[0], 160
+    llm = LLM(model=str(tiny_zoo.folder(MISTRAL)), max_model_len=256, kv_cache_dtype="fp32")
+    bm = llm.engine.block_manager
+    held: list[int] = []
+
+    def record(_: Any) -> None:
+        held.append(bm.num_used)
+        assert bm.usage == bm.num_used / bm.num_blocks
+
+    llm.engine.step_listeners.append(record)
+    out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True))[0]
+    assert_greedy_match(reference, prompt, out.token_ids, reference_greedy(reference, prompt, new_tokens, None))
+    total_blocks = -(-(len(prompt) + new_tokens) // 16)
+    window_blocks = -(-WINDOW // 16) + 1  # the window straddles at most one more block
+    assert max(held) <= window_blocks + 1 < total_blocks  # +1: the block the next token goes to
+    assert bm.num_used == 0
