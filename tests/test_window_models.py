@@ -26,7 +26,11 @@ def _one_thread() -> Iterator[None]:
 def full_attention_twin(model: torch.nn.Module) -> torch.nn.Module:
     """The same weights with no window: what a server that ignores the window computes."""
     twin = copy.deepcopy(model)
-    twin.config.sliding_window = None
+    unbounded = 1 << 20  # a window past every position: full attention (some caches need an int)
+    twin.config.sliding_window = unbounded
+    for module in twin.modules():
+        if isinstance(getattr(module, "sliding_window", None), int):
+            module.sliding_window = unbounded
     return twin
 
 
@@ -69,3 +73,32 @@ def test_long_windowed_generation_holds_bounded_blocks(tiny_zoo: TinyZoo) -> Non
     window_blocks = -(-WINDOW // 16) + 1  # the window straddles at most one more block
     assert max(held) <= window_blocks + 1 < total_blocks  # +1: the block the next token goes to
     assert bm.num_used == 0
+
+
+LAYERS = ["sliding_attention", "full_attention", "sliding_attention", "sliding_attention"]
+GEMMA2 = tiny_spec("gemma2", "Gemma2Config", "Gemma2ForCausalLM", num_hidden_layers=4, head_dim=16,
+                   query_pre_attn_scalar=24, sliding_window=WINDOW, layer_types=LAYERS,
+                   attn_logit_softcapping=2.0, final_logit_softcapping=3.0)
+GEMMA3 = tiny_spec("gemma3", "Gemma3TextConfig", "Gemma3ForCausalLM", num_hidden_layers=4, head_dim=16,
+                   query_pre_attn_scalar=24, sliding_window=WINDOW, layer_types=LAYERS,
+                   rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
+                                    "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}})
+
+
+@pytest.mark.parametrize("spec", [GEMMA2, GEMMA3], ids=lambda s: s.name)
+def test_gemma_folder_matches_transformers_past_the_window(tiny_zoo: TinyZoo, spec: Any) -> None:
+    """Prompts and generations longer than the sliding layers' window, in a cache that forces
+    preemption (global layers keep every block, so none is freed early)."""
+    reference = tiny_zoo.reference(spec)
+    llm = assert_engine_matches(tiny_zoo.folder(spec), reference)
+    assert llm.engine.block_manager.window is None
+    twin = full_attention_twin(reference)
+    longest = max(prompts(), key=len)
+    assert reference_greedy(twin, longest, 32, None) != reference_greedy(reference, longest, 32, None)
+    if spec is GEMMA2:  # and the soft-caps matter too
+        uncapped = copy.deepcopy(reference)
+        uncapped.config.final_logit_softcapping = None
+        for module in uncapped.modules():
+            if hasattr(module, "attn_logit_softcapping"):
+                module.attn_logit_softcapping = None
+        assert reference_greedy(uncapped, longest, 32, None) != reference_greedy(reference, longest, 32, None)

@@ -40,6 +40,10 @@ class ModelConfig:
     logits_scaling: float = 1.0  # granite: logits / logits_scaling
     # ---- windowed and soft-capped attention (mistral, gemma2, gemma3) ----
     sliding_window: int | None = None  # a query sees only the last sliding_window positions (itself included)
+    layer_types: list[str] | None = None  # per layer "sliding_attention" or "full_attention" (gemma); None: all alike
+    attn_logit_softcapping: float | None = None  # gemma2: scores -> cap * tanh(scores / cap)
+    final_logit_softcapping: float | None = None  # gemma2: logits -> cap * tanh(logits / cap)
+    rope_local_theta: float | None = None  # gemma3: the sliding layers' RoPE base; None: rope_theta
 
     @classmethod
     def from_hf(cls, cfg: dict[str, Any]) -> ModelConfig:
