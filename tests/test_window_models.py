@@ -102,3 +102,17 @@ def test_gemma_folder_matches_transformers_past_the_window(tiny_zoo: TinyZoo, sp
             if hasattr(module, "attn_logit_softcapping"):
                 module.attn_logit_softcapping = None
         assert reference_greedy(uncapped, longest, 32, None) != reference_greedy(reference, longest, 32, None)
+
+
+def test_the_fused_decode_step_refuses_a_windowed_model(tiny_zoo: TinyZoo) -> None:
+    """The C++ fused step attends over the whole context: a windowed model runs layer by layer."""
+    from engine import LLM, native
+    from engine.model import decode_step
+
+    if native.decode_step() is None:
+        pytest.skip("no C++ compiler")
+    llm = LLM(model=str(tiny_zoo.folder(MISTRAL)), quantization="int8", max_model_len=128, kv_cache_dtype="fp32")
+    runner = llm.engine.runner
+    assert runner.decode_step is None
+    assert decode_step.unsupported(runner.model, runner.kv_caches, runner.backend) == \
+        "a layer has a sliding window or a logit soft-cap"
