@@ -52,6 +52,13 @@ class ModelConfig:
         return config_from_hf(cfg)
 
     @property
+    def kv_window(self) -> int | None:
+        """The sliding window when every layer has one (then old KV blocks can be freed), else None."""
+        if self.sliding_window is None or any(t != "sliding_attention" for t in self.layer_types or []):
+            return None
+        return self.sliding_window
+
+    @property
     def rotary_dim(self) -> int:
         return int(self.head_dim * self.partial_rotary_factor)
 
