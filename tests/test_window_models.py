@@ -5,6 +5,7 @@ generation holds a bounded number of KV blocks."""
 from __future__ import annotations
 
 import copy
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,6 +13,9 @@ import pytest
 import torch
 from reference import assert_greedy_match, reference_greedy
 from tiny_models import TinyZoo, assert_engine_matches, one_torch_thread, prompts, tiny_spec
+
+if not torch.cuda.is_available():  # the Triton kernels run interpreted: chosen before they are defined
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 WINDOW = 24  # shorter than most prompts, and not a multiple of the 16-position block
 MISTRAL = tiny_spec("mistral-window", "MistralConfig", "MistralForCausalLM", sliding_window=WINDOW)
@@ -116,3 +120,21 @@ def test_the_fused_decode_step_refuses_a_windowed_model(tiny_zoo: TinyZoo) -> No
     assert runner.decode_step is None
     assert decode_step.unsupported(runner.model, runner.kv_caches, runner.backend) == \
         "a layer has a sliding window or a logit soft-cap"
+
+
+@pytest.mark.parametrize("spec", [MISTRAL, GEMMA2, GEMMA3], ids=lambda s: s.name)
+def test_triton_backend_matches_transformers_past_the_window(tiny_zoo: TinyZoo, spec: Any) -> None:
+    """The Triton kernels' window and soft-cap (under the interpreter without CUDA), on a
+    34-token prompt prefilled in 16-token chunks over a 24-position window."""
+    import cuda_kernels
+    from engine import LLM, SamplingParams
+
+    if not cuda_kernels.triton_available():
+        pytest.skip("triton missing")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    prompt = max(prompts(), key=len)
+    llm = LLM(model=str(tiny_zoo.folder(spec)), attention_backend="triton", device=device, dtype="float32",
+              kv_cache_memory="4MiB", max_model_len=128, max_num_batched_tokens=16, kv_cache_dtype="fp32")
+    out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))[0]
+    reference = tiny_zoo.reference(spec)
+    assert_greedy_match(reference, prompt, out.token_ids, reference_greedy(reference, prompt, 8, None))

@@ -125,6 +125,6 @@ def hf_fields(cfg: dict[str, Any]) -> dict[str, Any]:
 FAMILY = Family(
     model_type="gemma2", gguf_arch=None, model_class="engine.model.gemma2:Gemma2ForCausalLM",
     hf_fields=hf_fields,
-    support=Support(quantization=False, fused_cpu_step=False, triton=False, proved=("folder",)),
+    support=Support(quantization=False, fused_cpu_step=False, proved=("folder", "Triton backend")),
     notes="sliding and global layers (layer_types); attention and final logit soft-caps; (1 + w) norms",
 )

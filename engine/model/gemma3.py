@@ -29,6 +29,6 @@ class Gemma3ForCausalLM(gemma2.Gemma2ForCausalLM):
 FAMILY = Family(
     model_type="gemma3_text", gguf_arch=None, model_class="engine.model.gemma3:Gemma3ForCausalLM",
     hf_fields=hf_fields,
-    support=Support(quantization=False, fused_cpu_step=False, triton=False, proved=("folder",)),
+    support=Support(quantization=False, fused_cpu_step=False, proved=("folder", "Triton backend")),
     notes="Gemma 2 plus q/k norms and a local RoPE base on the sliding layers",
 )

@@ -40,7 +40,7 @@ LLAMA = Family(model_type="llama", gguf_arch="llama", hf_fields=_llama_fields, p
                                        "folder + GGUF", "dynamic: folder", "bf16, fp16, sharded, tied")),
                notes="RoPE scaling: linear, llama3, yarn, dynamic (up to max_position_embeddings)")
 MISTRAL = Family(model_type="mistral", gguf_arch=None, hf_fields=_mistral_fields,
-                 support=Support(proved=("folder", "sliding window: folder, KV blocks freed")),
+                 support=Support(proved=("folder", "sliding window: folder, Triton, KV blocks freed")),
                  notes="llama.cpp writes Mistral as arch llama (no window in its GGUF); sliding_window on "
                        "every layer")
 QWEN2 = Family(model_type="qwen2", gguf_arch="qwen2", hf_fields=_qwen2_fields, notes="Q/K/V bias",
