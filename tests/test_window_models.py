@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -38,17 +39,21 @@ def full_attention_twin(model: torch.nn.Module) -> torch.nn.Module:
     return twin
 
 
-def test_mistral_window_matches_transformers_and_differs_from_full_attention(tiny_zoo: TinyZoo) -> None:
+def assert_windowed_engine_matches(path: Path, reference: torch.nn.Module) -> None:
+    """Freed window blocks let every prompt run at once in the usual cache; a cache just over
+    the longest sequence still forces preemptions, with windowed blocks among those freed."""
     from engine.model.loader import read_config, resolve_model
     from engine.runner.kv_cache import bytes_per_block
 
-    reference = tiny_zoo.reference(MISTRAL)
-    folder = tiny_zoo.folder(MISTRAL)
-    # Freed window blocks let every prompt run at once in the usual cache; a cache just over
-    # the longest sequence still forces preemptions, with windowed blocks among those freed.
-    block_bytes = bytes_per_block(read_config(resolve_model(str(folder))), 16, torch.float32)
-    llm = assert_engine_matches(folder, reference, kv_cache_memory=7 * block_bytes, max_model_len=112)
+    block_bytes = bytes_per_block(read_config(resolve_model(str(path))), 16, torch.float32)
+    llm = assert_engine_matches(path, reference, kv_cache_memory=7 * block_bytes, max_model_len=112)
+    assert llm.engine.block_manager.window == WINDOW
     assert llm.engine.stats().num_preemptions_total > 0
+
+
+def test_mistral_window_matches_transformers_and_differs_from_full_attention(tiny_zoo: TinyZoo) -> None:
+    reference = tiny_zoo.reference(MISTRAL)
+    assert_windowed_engine_matches(tiny_zoo.folder(MISTRAL), reference)
     twin = full_attention_twin(reference)
     longest = max(prompts(), key=len)
     assert len(longest) > WINDOW
@@ -138,3 +143,31 @@ def test_triton_backend_matches_transformers_past_the_window(tiny_zoo: TinyZoo, 
     out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))[0]
     reference = tiny_zoo.reference(spec)
     assert_greedy_match(reference, prompt, out.token_ids, reference_greedy(reference, prompt, 8, None))
+
+
+# llama.cpp's gemma graphs fix what the file does not say: gemma2's even layers slide, gemma3's
+# every 6th layer is global (so all 4 here slide) with a local RoPE base of 10000, and the
+# softmax scale is the head size's.
+GGUF_META = (("add_sliding_window", WINDOW),)
+GEMMA2_GGUF = tiny_spec("gemma2-gguf", "Gemma2Config", "Gemma2ForCausalLM", "gemma2", num_hidden_layers=4,
+                        head_dim=16, query_pre_attn_scalar=16, sliding_window=WINDOW,
+                        layer_types=["sliding_attention", "full_attention"] * 2, attn_logit_softcapping=2.0,
+                        final_logit_softcapping=3.0,
+                        gguf_meta=(*GGUF_META, ("add_attn_logit_softcapping", 2.0),
+                                   ("add_final_logit_softcapping", 3.0)))
+GEMMA3_GGUF = tiny_spec("gemma3-gguf", "Gemma3TextConfig", "Gemma3ForCausalLM", "gemma3", num_hidden_layers=4,
+                        head_dim=16, query_pre_attn_scalar=16, sliding_window=WINDOW,
+                        layer_types=["sliding_attention"] * 4,
+                        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+                                         "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}},
+                        gguf_meta=GGUF_META)
+
+
+@pytest.mark.parametrize("spec", [GEMMA2_GGUF, GEMMA3_GGUF], ids=lambda s: s.name)
+def test_gemma_gguf_matches_transformers_past_the_window(tiny_zoo: TinyZoo, spec: Any) -> None:
+    """F32 GGUFs with llama.cpp's names and its (1 + w) norm weights."""
+    path, reference = tiny_zoo.gguf(spec, "F32")
+    if spec is GEMMA3_GGUF:  # every layer slides: its old blocks are freed
+        assert_windowed_engine_matches(path, reference)
+    else:
+        assert_engine_matches(path, reference)

@@ -31,6 +31,7 @@ COMMON: dict[str, Any] = dict(hidden_size=64, intermediate_size=128, num_hidden_
 # llama.cpp's converter interleaves Q/K rotary halves for NORM-RoPE arches only
 # (llama_model_rope_type); NEOX arches (qwen2/3, phi3, olmo2, gemma) keep HF's row order.
 PERMUTED_ARCHS = ("llama", "granite", "smollm3")
+PLUS_ONE_NORM_ARCHS = ("gemma2", "gemma3")  # llama.cpp's converter stores Gemma norm weights as 1 + w
 
 
 def save_tokenizer(path: Path) -> None:
@@ -178,7 +179,12 @@ def write_gguf(path: Path, model: torch.nn.Module, spec: TinySpec, quant: str) -
         name = names.get_name(hf, try_suffixes=(".weight", ".bias"))
         assert name is not None, f"gguf-py has no {arch} name for {hf}"
         data = tensor.float().numpy()
-        data, dequantized[hf] = _encode(writer, name, data, quant)
+        if arch in PLUS_ONE_NORM_ARCHS and hf.endswith("norm.weight"):
+            data = data + 1.0  # what the file stands for is still w: the engine takes the 1 off
+            data, _ = _encode(writer, name, data, quant)
+            dequantized[hf] = tensor.float().clone()
+        else:
+            data, dequantized[hf] = _encode(writer, name, data, quant)
         if arch in PERMUTED_ARCHS and hf.endswith(("q_proj.weight", "k_proj.weight")):
             heads = cfg.num_attention_heads if "q_proj" in hf else cfg.num_key_value_heads
             data = _permute_blocks(data, heads)

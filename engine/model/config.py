@@ -44,6 +44,7 @@ class ModelConfig:
     attn_logit_softcapping: float | None = None  # gemma2: scores -> cap * tanh(scores / cap)
     final_logit_softcapping: float | None = None  # gemma2: logits -> cap * tanh(logits / cap)
     rope_local_theta: float | None = None  # gemma3: the sliding layers' RoPE base; None: rope_theta
+    norms_stored_plus_one: bool = False  # gemma GGUF: llama.cpp's converter stores (1 + w) norm weights
 
     @classmethod
     def from_hf(cls, cfg: dict[str, Any]) -> ModelConfig:

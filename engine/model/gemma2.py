@@ -96,6 +96,16 @@ class Gemma2ForCausalLM(LlamaForCausalLM):
     def make_layer(self, cfg: ModelConfig, rope: RotaryEmbedding, backend: AttentionBackend) -> nn.Module:
         return GemmaDecoderLayer(cfg, rope, backend)
 
+    def finish_loading(self) -> None:
+        """A GGUF holds each norm weight as 1 + w (llama.cpp's converter adds the 1, so its
+        kernels multiply by w): take it back off, since these norms add it themselves."""
+        super().finish_loading()
+        if self.config.norms_stored_plus_one:
+            with torch.no_grad():
+                for module in self.modules():
+                    if isinstance(module, GemmaRMSNorm):
+                        module.weight.sub_(1.0)
+
     def build_rope(self) -> None:
         super().build_rope()
         if self.local_rope is not None:
@@ -122,9 +132,35 @@ def hf_fields(cfg: dict[str, Any]) -> dict[str, Any]:
             "tie_word_embeddings": cfg.get("tie_word_embeddings", True)}
 
 
+# GGUF: llama.cpp names the four norms and q/k norms these; its gemma2 graph makes every even
+# layer a sliding one and takes the softmax scale from the head size (so a GGUF stands for a
+# model whose query_pre_attn_scalar is its head_dim).
+GGUF_TENSORS = {"ffn_norm": "pre_feedforward_layernorm", "post_attention_norm": "post_attention_layernorm",
+                "post_ffw_norm": "post_feedforward_layernorm", "attn_q_norm": "self_attn.q_norm",
+                "attn_k_norm": "self_attn.k_norm"}
+
+
+def gguf_common(gguf: Any) -> dict[str, Any]:
+    head_dim = int(gguf.arch_field("attention.key_length"))
+    window = gguf.arch_field("attention.sliding_window")
+    return {"sliding_window": None if window is None else int(window), "norms_stored_plus_one": True,
+            "attention_multiplier": head_dim ** -0.5, "rms_norm_eps": float(
+                gguf.arch_field("attention.layer_norm_rms_epsilon", 1e-6))}
+
+
+def gguf_fields(gguf: Any) -> dict[str, Any]:
+    layers = int(gguf.arch_field("block_count"))
+    attn_cap, final_cap = gguf.arch_field("attn_logit_softcapping"), gguf.arch_field("final_logit_softcapping")
+    return {**gguf_common(gguf),
+            "layer_types": [SLIDING if i % 2 == 0 else "full_attention" for i in range(layers)],
+            "attn_logit_softcapping": None if attn_cap is None else float(attn_cap),
+            "final_logit_softcapping": None if final_cap is None else float(final_cap)}
+
+
 FAMILY = Family(
-    model_type="gemma2", gguf_arch=None, model_class="engine.model.gemma2:Gemma2ForCausalLM",
+    model_type="gemma2", gguf_arch="gemma2", model_class="engine.model.gemma2:Gemma2ForCausalLM",
+    gguf_fields=gguf_fields, gguf_tensors=GGUF_TENSORS,
     hf_fields=hf_fields,
-    support=Support(quantization=False, fused_cpu_step=False, proved=("folder", "Triton backend")),
+    support=Support(quantization=False, fused_cpu_step=False, proved=("folder", "GGUF F32", "Triton backend")),
     notes="sliding and global layers (layer_types); attention and final logit soft-caps; (1 + w) norms",
 )
