@@ -96,3 +96,11 @@ def overrides(small_llm):  # type: ignore[no-untyped-def]
 
     yield apply
     vars(config).update(saved)
+
+
+@pytest.fixture(scope="session")
+def tiny_zoo(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """Tiny random checkpoints of any family (tests/tiny_models.py), built once per session."""
+    from tiny_models import TinyZoo
+
+    return TinyZoo(tmp_path_factory.mktemp("tiny-zoo"))
