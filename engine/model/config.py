@@ -38,12 +38,24 @@ class ModelConfig:
     residual_multiplier: float = 1.0  # granite: residual + out * multiplier after attention and MLP
     attention_multiplier: float | None = None  # granite: the softmax scale; None: head_dim ** -0.5
     logits_scaling: float = 1.0  # granite: logits / logits_scaling
+    # mixture of experts (engine/model/moe.py); num_experts 0: every layer dense
+    num_experts: int = 0
+    num_experts_per_tok: int = 0  # top-k experts per token
+    moe_intermediate_size: int = 0  # each expert's MLP width
+    norm_topk_prob: bool = False  # renormalise the top-k routing weights to sum to 1
+    decoder_sparse_step: int = 1  # layer i is sparse iff (i + 1) % step == 0 and i not in mlp_only_layers
+    mlp_only_layers: list[int] = field(default_factory=list)
 
     @classmethod
     def from_hf(cls, cfg: dict[str, Any]) -> ModelConfig:
         from engine.model.registry import config_from_hf
 
         return config_from_hf(cfg)
+
+    def is_sparse_layer(self, i: int) -> bool:
+        """Whether layer i has the MoE block, by transformers' Qwen3MoeDecoderLayer rule."""
+        return (self.num_experts > 0 and i not in self.mlp_only_layers
+                and (i + 1) % self.decoder_sparse_step == 0)
 
     @property
     def rotary_dim(self) -> int:
