@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from test_family_quantization import ARGS, TEXT_TOKENS, assert_fused_step_reason, assert_passes_gate, read
+from test_family_triton import greedy  # sets up Triton's interpreter where there is no CUDA
 from tiny_models import TinyZoo, assert_engine_matches, cached_greedy, prompts, save_tokenizer, tiny_spec
 
 from engine import LLM
@@ -102,3 +103,14 @@ def test_quantized_moe_passes_the_quality_gate(tiny_zoo: TinyZoo, monkeypatch: p
             assert not isinstance(block.gate, QuantLinear)
         assert_passes_gate(llm, ids, rounded, f"qwen3_moe {mode}", mode)
         assert_fused_step_reason(llm, "mixture-of-experts")
+
+
+def test_triton_backend_matches_cpu_backend(tiny_zoo: TinyZoo) -> None:
+    """The MoE block is plain torch whatever the attention backend; the Triton backend (under
+    its interpreter without CUDA) gives the CPU backend's tokens."""
+    import cuda_kernels
+
+    if not cuda_kernels.triton_available():
+        pytest.skip("triton missing")
+    folder = str(tiny_zoo.folder(QWEN3_MOE))
+    assert greedy(folder, "triton") == greedy(folder, "cpu")

@@ -71,29 +71,41 @@ class SparseMoeBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, experts = self.route(x)
-        out = torch.zeros_like(x)
-        for expert, tokens, token_weights in self.groups(weights, experts):
-            y = self.experts[expert](x[tokens]) * token_weights.unsqueeze(1)
-            out.index_add_(0, tokens, y.to(out.dtype))
-        return out
+        order = torch.argsort(experts.reshape(-1), stable=True)
+        outs = torch.empty(order.numel(), x.shape[-1], dtype=x.dtype, device=x.device)
+        for expert, start, stop in self.runs(experts.reshape(-1)[order]):
+            slots = order[start:stop]
+            y = self.experts[expert](x[slots // self.top_k])
+            outs[start:stop] = y * weights.reshape(-1)[slots].unsqueeze(1)
+        return self.sum_slots(outs, order, experts)
 
-    def groups(self, weights: torch.Tensor,
-               experts: torch.Tensor) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
-        """(expert, its tokens, their routing weights) for each expert with tokens, in expert order.
+    def runs(self, sorted_experts: torch.Tensor) -> Iterator[tuple[int, int, int]]:
+        """(expert, start, stop) of each expert's run of (token, slot) pairs sorted by expert.
 
-        One stable sort of the (token, slot) pairs by expert gives every expert's tokens as
-        one contiguous run, so each expert is a single GEMM over all of them."""
-        flat = experts.reshape(-1)
-        order = torch.argsort(flat, stable=True)
-        tokens = order // self.top_k
-        sorted_weights = weights.reshape(-1)[order]
-        counts = torch.bincount(flat, minlength=len(self.experts)).tolist()
+        One stable sort puts every expert's tokens in one contiguous run, so each expert is a
+        single GEMM over all of them and its weights are read once per step."""
+        counts = torch.bincount(sorted_experts, minlength=len(self.experts)).tolist()
         start = 0
         for expert, count in enumerate(counts):
             if count:
                 self.tokens_routed[expert] += count
-                yield expert, tokens[start:start + count], sorted_weights[start:start + count]
+                yield expert, start, start + count
                 start += count
+
+    def sum_slots(self, outs: torch.Tensor, order: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
+        """Each token's k expert outputs summed in increasing expert order, as transformers'
+        index_add_ over experts does (fp32 addition is not associative beyond two terms).
+        Gathering beats index_add_, whose scattered writes cost more than the GEMMs here."""
+        tokens, k = experts.shape
+        by_slot = torch.empty_like(outs)
+        by_slot[order] = outs
+        by_slot = by_slot.view(tokens, k, -1)
+        rank = experts.argsort(dim=-1, stable=True)
+        ordered = by_slot.gather(1, rank.unsqueeze(-1).expand(-1, -1, by_slot.shape[-1]))
+        total = ordered[:, 0]
+        for j in range(1, k):
+            total = total + ordered[:, j]
+        return total
 
 
 def split_stacked_experts(weights: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
