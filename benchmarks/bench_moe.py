@@ -44,7 +44,8 @@ def build(path: Path, moe: bool, width: int, args: argparse.Namespace) -> None:
 
 
 def decode_rate(path: Path, args: argparse.Namespace) -> float:
-    from engine import LLM, SamplingParams
+    from engine.llm import LLM
+    from engine.sampling_params import SamplingParams
 
     llm = LLM(model=str(path), max_model_len=256, kv_cache_memory="64MiB", kv_cache_dtype="fp32",
               quantization=args.quantization)
