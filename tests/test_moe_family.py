@@ -29,6 +29,10 @@ QWEN3_MOE = tiny_spec("qwen3_moe", "Qwen3MoeConfig", "Qwen3MoeForCausalLM", "qwe
 QWEN3_MOE_MIXED = tiny_spec("qwen3_moe-mixed", "Qwen3MoeConfig", "Qwen3MoeForCausalLM", norm_topk_prob=False,
                             num_hidden_layers=3, mlp_only_layers=[1], **MOE)
 
+# OLMoE: experts as wide as intermediate_size, raw top-k weights, q/k norm over the projection.
+OLMOE = tiny_spec("olmoe", "OlmoeConfig", "OlmoeForCausalLM", num_experts=8, num_experts_per_tok=2,
+                  intermediate_size=64, norm_topk_prob=False, pad_token_id=0)
+
 
 def moe_blocks(llm: LLM) -> list[SparseMoeBlock]:
     return [m for m in llm.engine.runner.model.modules() if isinstance(m, SparseMoeBlock)]
@@ -50,6 +54,11 @@ def test_mixed_layers_without_renormalisation_match_transformers(tiny_zoo: TinyZ
     llm = assert_engine_matches(tiny_zoo.folder(QWEN3_MOE_MIXED), tiny_zoo.reference(QWEN3_MOE_MIXED))
     assert_routing_spreads(llm, 2)  # layer 1 is dense (mlp_only_layers)
     assert not isinstance(llm.engine.runner.model.layers[1].mlp, SparseMoeBlock)
+
+
+def test_olmoe_folder_matches_transformers(tiny_zoo: TinyZoo) -> None:
+    llm = assert_engine_matches(tiny_zoo.folder(OLMOE), tiny_zoo.reference(OLMOE))
+    assert_routing_spreads(llm, 2)
 
 
 def test_gguf_matches_transformers(tiny_zoo: TinyZoo) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from engine.model import granite, olmo2, phi3, qwen3, qwen3_moe, smollm3
+from engine.model import granite, olmo2, olmoe, phi3, qwen3, qwen3_moe, smollm3
 from engine.model.config import ModelConfig
 from engine.model.family import Family, Support, rope_from_hf
 
@@ -41,7 +41,7 @@ QWEN2 = Family(model_type="qwen2", gguf_arch="qwen2", hf_fields=_qwen2_fields, n
                support=Support(proved=("folder", "GGUF F32", "int8/int4 gate")))
 
 FAMILIES: tuple[Family, ...] = (LLAMA, MISTRAL, QWEN2, qwen3.FAMILY, phi3.FAMILY, granite.FAMILY,
-                                olmo2.FAMILY, smollm3.FAMILY, qwen3_moe.FAMILY)
+                                olmo2.FAMILY, smollm3.FAMILY, qwen3_moe.FAMILY, olmoe.FAMILY)
 
 
 def served() -> str:
