@@ -1,6 +1,7 @@
-"""Qwen3-MoE (and OLMoE, engine/model/olmoe.py, on the same class): Qwen3's layers (per-head q/k RMSNorm, no QKV bias) with the sparse MoE block
-(engine/model/moe.py) in place of the MLP on the layers ModelConfig.is_sparse_layer names;
-the others keep a dense MLP of `intermediate_size`."""
+"""Qwen3-MoE (and OLMoE, engine/model/olmoe.py, on the same class): Qwen3's layers (per-head
+q/k RMSNorm, no QKV bias) with the sparse MoE block (engine/model/moe.py) in place of the MLP
+on the layers ModelConfig.is_sparse_layer names; the others keep a dense MLP of
+`intermediate_size`."""
 
 from __future__ import annotations
 
