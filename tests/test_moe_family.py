@@ -50,6 +50,16 @@ def test_folder_matches_transformers(tiny_zoo: TinyZoo) -> None:
     assert_routing_spreads(llm, 2)
 
 
+def test_the_planner_counts_every_expert(tiny_zoo: TinyZoo) -> None:
+    """Every expert is resident, so the memory plan counts them all (and the dense layer's MLP)."""
+    from engine.model.loader import read_config, resolve_model
+    from planner.memory import count_parameters
+
+    for spec in (QWEN3_MOE, QWEN3_MOE_MIXED, OLMOE):
+        cfg = read_config(resolve_model(str(tiny_zoo.folder(spec))))
+        assert count_parameters(cfg) == sum(p.numel() for p in tiny_zoo.reference(spec).parameters())
+
+
 def test_mixed_layers_without_renormalisation_match_transformers(tiny_zoo: TinyZoo) -> None:
     llm = assert_engine_matches(tiny_zoo.folder(QWEN3_MOE_MIXED), tiny_zoo.reference(QWEN3_MOE_MIXED))
     assert_routing_spreads(llm, 2)  # layer 1 is dense (mlp_only_layers)
