@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tiny_models import TinySpec, TinyZoo, assert_engine_matches, tiny_spec
+import torch
+from tiny_models import TinySpec, TinyZoo, assert_engine_matches, one_torch_thread, tiny_spec
 
 # Phi-3 LongRoPE: one factor per rotated pair (head_dim 16 x 0.75 = 12 rotated dims).
 SHORT = [1.0, 1.1, 1.3, 1.7, 2.2, 3.0]
@@ -66,6 +68,12 @@ SPECS = [
 Q8_0 = ("llama", "qwen3", "granite", "olmo2")
 
 
+@pytest.fixture(autouse=True)
+def _one_thread() -> Iterator[None]:
+    with one_torch_thread():
+        yield
+
+
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
 def test_folder_matches_transformers(tiny_zoo: TinyZoo, spec: TinySpec) -> None:
     assert_engine_matches(tiny_zoo.folder(spec), tiny_zoo.reference(spec))
@@ -117,3 +125,20 @@ def test_layers_without_rope_use_the_identity_table(tiny_zoo: TinyZoo) -> None:
               kv_cache_memory="4MiB", kv_cache_dtype="fp32")
     model = llm.engine.runner.model
     assert [layer.self_attn.rope is model.nope for layer in model.layers] == [False, False, False, True]
+
+
+def test_an_unknown_gguf_architecture_names_what_is_served(tmp_path: Path) -> None:
+    import gguf
+
+    from engine import LLM
+
+    path = tmp_path / "tiny-mamba.gguf"
+    writer = gguf.GGUFWriter(str(path), "mamba")
+    writer.add_block_count(1)
+    writer.add_tensor("token_embd.weight", torch.zeros(4, 32).numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ValueError, match="unsupported GGUF architecture 'mamba'; pagode serves llama, qwen2, qwen3"):
+        LLM(model=str(path), kv_cache_memory="4MiB")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy as copy_module
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,15 @@ import torch
 from quant_paths import pinned_path
 from test_families import SPECS
 from test_quantization import GATE
-from tiny_models import TinySpec, TinyZoo, assert_engine_matches, cached_greedy, prompts, save_tokenizer
+from tiny_models import (
+    TinySpec,
+    TinyZoo,
+    assert_engine_matches,
+    cached_greedy,
+    one_torch_thread,
+    prompts,
+    save_tokenizer,
+)
 
 from engine import LLM
 from engine.model import decode_step
@@ -64,6 +73,12 @@ def dequantized_folder(tiny_zoo: TinyZoo, spec: TinySpec, mode: str,
     copy.save_pretrained(path)
     save_tokenizer(path)
     return path
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> Iterator[None]:
+    with one_torch_thread():
+        yield
 
 
 @pytest.mark.parametrize("spec", [s for s in SPECS if s.name in GATED], ids=lambda s: s.name)

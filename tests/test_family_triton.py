@@ -6,11 +6,12 @@ interpreter, as in tests/test_kernels_model.py, so a few short generations suffi
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import pytest
 import torch
 from test_families import SPECS
-from tiny_models import TinySpec, TinyZoo, prompts
+from tiny_models import TinySpec, TinyZoo, one_torch_thread, prompts
 
 import cuda_kernels
 
@@ -30,6 +31,12 @@ def greedy(spec_folder: str, backend: str) -> list[list[int]]:
               kv_cache_memory="4MiB", max_model_len=128, max_num_batched_tokens=16, kv_cache_dtype="fp32")
     outs = llm.generate(prompts(2), SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
     return [out.token_ids for out in outs]
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> Iterator[None]:
+    with one_torch_thread():
+        yield
 
 
 @pytest.mark.parametrize("spec", [s for s in SPECS if s.name in FEATURES], ids=lambda s: s.name)

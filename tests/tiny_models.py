@@ -10,8 +10,10 @@ the engine's GGUF reader is checked against llama.cpp's conventions, not against
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -287,6 +289,18 @@ def write_tokenizer(writer: Any) -> None:
     writer.add_token_scores([0.0] * len(tokens))
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
+
+
+@contextlib.contextmanager
+def one_torch_thread() -> Iterator[None]:
+    """Tiny models on one thread: their matmuls are microseconds, and on a shared machine
+    torch's thread pool spends far longer waking its threads than computing."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 # ---- the equality check --------------------------------------------------------------------
