@@ -9,13 +9,22 @@ sent tokens to many of them, so a router that always picked the same experts wou
 from __future__ import annotations
 
 import copy as copy_module
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 from test_family_quantization import ARGS, TEXT_TOKENS, assert_fused_step_reason, assert_passes_gate, read
 from test_family_triton import greedy  # sets up Triton's interpreter where there is no CUDA
-from tiny_models import TinyZoo, assert_engine_matches, cached_greedy, prompts, save_tokenizer, tiny_spec
+from tiny_models import (
+    TinyZoo,
+    assert_engine_matches,
+    cached_greedy,
+    one_torch_thread,
+    prompts,
+    save_tokenizer,
+    tiny_spec,
+)
 
 from engine import LLM
 from engine.model.moe import SparseMoeBlock
@@ -32,6 +41,12 @@ QWEN3_MOE_MIXED = tiny_spec("qwen3_moe-mixed", "Qwen3MoeConfig", "Qwen3MoeForCau
 # OLMoE: experts as wide as intermediate_size, raw top-k weights, q/k norm over the projection.
 OLMOE = tiny_spec("olmoe", "OlmoeConfig", "OlmoeForCausalLM", num_experts=8, num_experts_per_tok=2,
                   intermediate_size=64, norm_topk_prob=False, pad_token_id=0)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> Iterator[None]:
+    with one_torch_thread():
+        yield
 
 
 def moe_blocks(llm: LLM) -> list[SparseMoeBlock]:
