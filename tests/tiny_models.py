@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 from reference import assert_greedy_match, reference_greedy
+from tiny_moe import stacked_expert_tensors, write_moe_metadata
 
 WORDS = 200
 VOCAB = WORDS + 3
@@ -176,6 +177,12 @@ def write_gguf(path: Path, model: torch.nn.Module, spec: TinySpec, quant: str) -
     for hf, tensor in model.state_dict().items():
         if hf == "lm_head.weight" and cfg.tie_word_embeddings:
             continue
+        experts = stacked_expert_tensors(hf, tensor)
+        if experts is not None:  # 3-D, so F32 whatever `quant` says, as _encode keeps it
+            dequantized[hf] = tensor.float()
+            for part, stacked in experts:
+                writer.add_tensor(f"{names.get_name(part)}.weight", stacked)
+            continue
         name = names.get_name(hf, try_suffixes=(".weight", ".bias"))
         assert name is not None, f"gguf-py has no {arch} name for {hf}"
         data = tensor.float().numpy()
@@ -241,6 +248,7 @@ def write_metadata(writer: Any, cfg: Any, spec: TinySpec) -> None:
     writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     writer.add_rope_freq_base(float(_rope(cfg).get("rope_theta", 10000.0)))
     writer.add_vocab_size(cfg.vocab_size)
+    write_moe_metadata(writer, cfg)
     for method, value in spec.gguf_meta:
         getattr(writer, method)(gguf.RopeScalingType(value) if method == "add_rope_scaling_type" else value)
     write_tokenizer(writer)

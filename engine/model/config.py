@@ -45,12 +45,24 @@ class ModelConfig:
     final_logit_softcapping: float | None = None  # gemma2: logits -> cap * tanh(logits / cap)
     rope_local_theta: float | None = None  # gemma3: the sliding layers' RoPE base; None: rope_theta
     norms_stored_plus_one: bool = False  # gemma GGUF: llama.cpp's converter stores (1 + w) norm weights
+    # mixture of experts (engine/model/moe.py); num_experts 0: every layer dense
+    num_experts: int = 0
+    num_experts_per_tok: int = 0  # top-k experts per token
+    moe_intermediate_size: int = 0  # each expert's MLP width
+    norm_topk_prob: bool = False  # renormalise the top-k routing weights to sum to 1
+    decoder_sparse_step: int = 1  # layer i is sparse iff (i + 1) % step == 0 and i not in mlp_only_layers
+    mlp_only_layers: list[int] = field(default_factory=list)
 
     @classmethod
     def from_hf(cls, cfg: dict[str, Any]) -> ModelConfig:
         from engine.model.registry import config_from_hf
 
         return config_from_hf(cfg)
+
+    def is_sparse_layer(self, i: int) -> bool:
+        """Whether layer i has the MoE block, by transformers' Qwen3MoeDecoderLayer rule."""
+        return (self.num_experts > 0 and i not in self.mlp_only_layers
+                and (i + 1) % self.decoder_sparse_step == 0)
 
     @property
     def kv_window(self) -> int | None:

@@ -116,6 +116,8 @@ def unsupported(model: LlamaForCausalLM, kv_caches: list[torch.Tensor], backend:
 
 def layer_shape_unsupported(cfg: ModelConfig) -> str | None:
     """Why the C++ step, which computes plain Llama layers, cannot compute this family's."""
+    if cfg.num_experts:
+        return f"{cfg.architecture}: mixture-of-experts layers (the C++ step computes one dense MLP)"
     if cfg.post_norms_only:
         return f"{cfg.architecture}: norms after attention and MLP"
     if cfg.qk_norm is not None:

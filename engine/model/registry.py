@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from engine.model import gemma2, gemma3, granite, olmo2, phi3, qwen3, smollm3
+from engine.model import gemma2, gemma3, granite, olmo2, olmoe, phi3, qwen3, qwen3_moe, smollm3
 from engine.model.config import ModelConfig
 from engine.model.family import Family, Support, rope_from_hf
 
@@ -47,8 +47,8 @@ QWEN2 = Family(model_type="qwen2", gguf_arch="qwen2", hf_fields=_qwen2_fields, n
                support=Support(proved=("folder", "GGUF F32", "int8/int4 gate")))
 
 FAMILIES: tuple[Family, ...] = (LLAMA, MISTRAL, QWEN2, qwen3.FAMILY, phi3.FAMILY, granite.FAMILY,
-                                olmo2.FAMILY, smollm3.FAMILY,
-                                gemma2.FAMILY, gemma3.FAMILY)  # windowed and soft-capped families
+                                olmo2.FAMILY, smollm3.FAMILY, qwen3_moe.FAMILY, olmoe.FAMILY,
+                                gemma2.FAMILY, gemma3.FAMILY)  # gemma: windowed and soft-capped
 
 
 def served() -> str:

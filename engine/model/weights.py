@@ -11,6 +11,7 @@ import torch
 from engine.io.progress import progress
 from engine.model.config import ModelConfig
 from engine.model.llama import LlamaForCausalLM
+from engine.model.moe import split_stacked_experts
 
 
 def iter_safetensors(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
@@ -51,6 +52,7 @@ def read_hf_config(folder: Path) -> ModelConfig:
 def load_weights(model: LlamaForCausalLM, weights: Iterator[tuple[str, torch.Tensor]],
                  total: int | None = None) -> None:
     params = dict(model.named_parameters())
+    weights = split_stacked_experts(weights)
     loaded: set[str] = set()
     for hf_name, tensor in progress(weights, total=total, description="loading weights"):
         if "rotary_emb" in hf_name:
@@ -85,7 +87,7 @@ def _copy_shard(model: LlamaForCausalLM, target: str, param: torch.nn.Parameter,
             return
         cfg = model.config
         if ".gate_up_proj." in target:  # by name: a qkv can be as tall as a gate_up (qwen3)
-            sizes = [cfg.intermediate_size] * 2
+            sizes = [param.shape[0] // 2] * 2  # an expert's is moe_intermediate_size wide
         else:
             kv = cfg.num_key_value_heads * cfg.head_dim
             sizes = [cfg.num_attention_heads * cfg.head_dim, kv, kv]
