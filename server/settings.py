@@ -60,6 +60,23 @@ class ServerSettings:
         None, "build the engine with MODULE:CALLABLE, called with the EngineConfig, instead of "
         "engine.async_engine:AsyncEngine (a custom engine, or a test double)",
         metavar="MODULE:CALLABLE")
+    # How chats are rendered and read back (server/respond/chat_format.py)
+    chat_template: str | None = option(
+        None, "a Jinja chat template, as a file or inline text, to use instead of the model's "
+        "own (default: the model's, from tokenizer_config.json or the GGUF)", group="chat",
+        metavar="FILE|TEMPLATE")
+    tool_call_parser: str = option(
+        "auto", "how the model writes tool calls: hermes, llama3_json, mistral, phi4_mini_json, "
+        "granite, or auto: picked from the chat template's text (docs/server.md)", group="chat",
+        metavar="NAME")
+    reasoning_parser: str = option(
+        "auto", "how the model writes its reasoning, split into the message's reasoning and "
+        "reasoning_content: qwen3, deepseek_r1, none, or auto: qwen3 or deepseek_r1 when the "
+        "chat template writes <think>, else none", group="chat", metavar="NAME")
+    structured_outputs_in_reasoning: bool = option(
+        False, "apply structured outputs (response_format, structured_outputs, forced tool "
+        "calls) to the reasoning too; by default they start once the reasoning has ended",
+        group="chat")
     # Slow and hostile clients (server/middleware/http_limits.py, server/api/body.py)
     max_body_bytes: int = option(4 * 2**20, "largest request body; past it 413",
                                  group="connection limits", bound=POSITIVE)
@@ -86,6 +103,22 @@ class ServerSettings:
             check_bound(item.name, getattr(self, item.name), item.metadata.get("bound"))
         if self.engine_factory is not None and not FACTORY_SPEC.fullmatch(self.engine_factory):
             raise ValueError(f"engine_factory must be MODULE:CALLABLE, got {self.engine_factory!r}")
+        check_parsers(self.tool_call_parser, self.reasoning_parser)
+        if self.chat_template is not None:
+            from server.translate.chat_template import load_chat_template
+
+            load_chat_template(self.chat_template)
+
+
+def check_parsers(tool_call_parser: str, reasoning_parser: str) -> None:
+    from server.respond import reasoning, tool_parsers
+
+    if tool_call_parser not in tool_parsers.CHOICES:
+        raise ValueError(f"tool_call_parser must be one of {', '.join(tool_parsers.CHOICES)}, "
+                         f"got {tool_call_parser!r}")
+    if reasoning_parser not in reasoning.CHOICES:
+        raise ValueError(f"reasoning_parser must be one of {', '.join(reasoning.CHOICES)}, "
+                         f"got {reasoning_parser!r}")
 
 
 def check_bound(name: str, value: Any, bound: str | None) -> None:

@@ -23,6 +23,7 @@ from engine.io.request_limits import RequestLimits, check_fan_out
 from engine.structured_output import StructuredOutputSpec
 from engine.tokenizer import Tokenizer
 from server.api.protocol import ChatCompletionRequest, CompletionRequest
+from server.respond.chat_format import ChatFormat
 from server.translate.choices import Constraints, SubRequest, fan_out
 from server.translate.fields import check_fields, check_priority
 from server.translate.prompts import (
@@ -31,6 +32,7 @@ from server.translate.prompts import (
     encode_prompts,
     render_chat,
     split_prompts,
+    template_kwargs,
 )
 from server.translate.structured import spec_from_request
 from server.translate.tool_prompt import render_chat_with_tools, tool_spec, uses_tools
@@ -90,17 +92,28 @@ def completion_requests(request_id: str, body: CompletionRequest, plan: Plan,
 
 
 def chat_requests(request_id: str, body: ChatCompletionRequest, tokenizer: Tokenizer,
-                  limits: RequestLimits, compile_grammar: CompileGrammar) -> EngineRequests:
+                  limits: RequestLimits, compile_grammar: CompileGrammar,
+                  chat_format: ChatFormat | None = None) -> EngineRequests:
+    """`chat_format`: the model's tool-call and reasoning formats (hermes, none if not given)."""
+    fmt = chat_format or ChatFormat("hermes", "none")
     encoder = plain_text_encoder(tokenizer)
+    extra = template_kwargs(body.chat_template_kwargs, body.reasoning_effort)
     if uses_tools(body.messages, body.tools):
         prompt = render_chat_with_tools(tokenizer, encoder, body.messages, body.tools, limits,
-                                        body.add_generation_prompt, body.continue_final_message)
+                                        body.add_generation_prompt, body.continue_final_message,
+                                        extra)
     else:
         prompt = render_chat(tokenizer, encoder, body.messages, limits,
-                             body.add_generation_prompt, body.continue_final_message)
+                             body.add_generation_prompt, body.continue_final_message, extra)
     spec = tool_spec(body) or spec_from_request(body)
+    if spec is not None and fmt.grammar_start(body):
+        spec = spec.starting_after(fmt.grammar_start(body))  # the reasoning is left free
     if spec is not None:
         compile_grammar(spec)
+    if body.tool_mode() is not None and fmt.tools().keeps_special_tokens:
+        # The call markers may be special tokens ([TOOL_CALLS], <|python_tag|>): the
+        # parser must see them, as vLLM's parsers ask for.
+        body = body.model_copy(update={"skip_special_tokens": False})
     # Neither given: whatever the context leaves (check_prompt resolves None).
     max_tokens = body.max_completion_tokens or body.max_tokens
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
