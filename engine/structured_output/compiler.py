@@ -89,16 +89,18 @@ def compile_with(compiler: Any, spec: StructuredOutputSpec) -> Any:
 
 
 def grammar_after(spec: StructuredOutputSpec) -> Any:
-    """Free text up to and including `spec.after`, then the spec's own grammar: xgrammar's
-    any_text runs until its end tag, so the grammar takes over at the marker's first
-    occurrence."""
+    """Free text up to and including `spec.after`, then whitespace, then the spec's own
+    grammar: xgrammar's any_text runs until its end tag, so the grammar takes over at the
+    marker's first occurrence."""
     import xgrammar as xgr
 
     free = {"type": "structural_tag", "format": {"type": "tag", "begin": "",
                                                  "content": {"type": "any_text"},
                                                  "end": spec.after}}
+    # The blank lines a template writes after the reasoning's end (Qwen3's "</think>\n\n")
+    # are allowed before the grammar begins.
     return xgr.Grammar.concat(xgr.Grammar.from_structural_tag(json.dumps(free)),
-                              own_grammar(spec))
+                              xgr.Grammar.from_regex(r"[ \t\n]*"), own_grammar(spec))
 
 
 def own_grammar(spec: StructuredOutputSpec) -> Any:
