@@ -30,7 +30,6 @@ from server.routes import chat, completions, health, metrics, models, stats, tok
 from server.runtime.engine_client import EngineClient
 from server.runtime.state import ServerState
 from server.settings import ServerSettings
-from server.translate.chat_template import load_chat_template
 from server.translate.user_text import plain_text_encoder
 from server.ui import pages
 
@@ -46,8 +45,8 @@ def prepare_serving(engine: EngineClient, settings: ServerSettings) -> None:
     """Put `--chat-template` in place of the model's, then build, while the engine loads,
     what the first chat request would otherwise wait for: the tokenizer's plain-text copy
     (server/translate/user_text.py)."""
-    if settings.chat_template is not None:
-        engine.tokenizer.chat_template = load_chat_template(settings.chat_template)
+    if settings.chat_template_text is not None:
+        engine.tokenizer.chat_template = settings.chat_template_text
     plain_text_encoder(engine.tokenizer)
 
 

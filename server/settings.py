@@ -15,10 +15,16 @@ import argparse
 import re
 import typing
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
 from engine import envs
 
+# The formats server/respond/tool_parsers/ and server/respond/reasoning/ register (a test
+# holds these lists to the registries; settings import no other part of the server).
+TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json", "mistral", "phi4_mini_json", "granite")
+REASONING_PARSERS = ("auto", "none", "qwen3", "deepseek_r1")
+JINJA_MARKS = ("{{", "{%")
 POSITIVE = "positive"
 NON_NEGATIVE = "non-negative"
 FACTORY_SPEC = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
@@ -94,6 +100,7 @@ class ServerSettings:
     timeout_keep_alive_s: float = option(5.0, "seconds an idle keep-alive connection stays open",
                                          group="connection limits", bound=POSITIVE)
     retry_after_s: int = 1  # Retry-After on 429 and 503
+    chat_template_text: str | None = None  # what --chat-template names, read at start-up
     url: str | None = None  # where it listens, for the startup log line
     cors: dict[str, object] = field(default_factory=dict)  # CORSMiddleware's arguments; {}: off
 
@@ -103,22 +110,41 @@ class ServerSettings:
             check_bound(item.name, getattr(self, item.name), item.metadata.get("bound"))
         if self.engine_factory is not None and not FACTORY_SPEC.fullmatch(self.engine_factory):
             raise ValueError(f"engine_factory must be MODULE:CALLABLE, got {self.engine_factory!r}")
-        check_parsers(self.tool_call_parser, self.reasoning_parser)
-        if self.chat_template is not None:
-            from server.translate.chat_template import load_chat_template
+        check_choice("tool_call_parser", self.tool_call_parser, TOOL_CALL_PARSERS)
+        check_choice("reasoning_parser", self.reasoning_parser, REASONING_PARSERS)
+        if self.chat_template is not None and self.chat_template_text is None:
+            self.chat_template_text = read_chat_template(self.chat_template)
 
-            load_chat_template(self.chat_template)
+
+def check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
 
 
-def check_parsers(tool_call_parser: str, reasoning_parser: str) -> None:
-    from server.respond import reasoning, tool_parsers
+def read_chat_template(value: str) -> str:
+    """`--chat-template`: a file, or the template's text inline (as vLLM takes either).
+    ValueError for a path that names no file, or a template that does not parse, so that
+    the server refuses to start rather than fail every chat."""
+    if not any(mark in value for mark in JINJA_MARKS):
+        path = Path(value).expanduser()
+        if not path.is_file():
+            raise ValueError(f"--chat-template {value!r}: no such file, and not a Jinja template")
+        value = path.read_text(encoding="utf-8")
+    check_template_syntax(value)
+    return value
 
-    if tool_call_parser not in tool_parsers.CHOICES:
-        raise ValueError(f"tool_call_parser must be one of {', '.join(tool_parsers.CHOICES)}, "
-                         f"got {tool_call_parser!r}")
-    if reasoning_parser not in reasoning.CHOICES:
-        raise ValueError(f"reasoning_parser must be one of {', '.join(reasoning.CHOICES)}, "
-                         f"got {reasoning_parser!r}")
+
+def check_template_syntax(text: str) -> None:
+    """Parse in the environment transformers renders in (sandboxed, loop controls)."""
+    from jinja2 import TemplateSyntaxError
+    from jinja2.ext import loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    try:
+        ImmutableSandboxedEnvironment(extensions=[loopcontrols]).parse(text)
+    except TemplateSyntaxError as exc:
+        raise ValueError(f"the chat template does not parse: {exc.message} (line {exc.lineno})") \
+            from exc
 
 
 def check_bound(name: str, value: Any, bound: str | None) -> None:

@@ -82,3 +82,50 @@ def test_grammar_starts_after_the_reasoning(default_model_path: str) -> None:
     assert not accepts(gated, thinking + "plain text")[0]
     assert not accepts(plain, thinking)[0]
     assert accepts(plain, '{"x": 12}') == (True, True)
+
+
+@pytest.mark.parametrize("fields,parser,in_reasoning,after", [
+    ({}, "qwen3", False, "</think>"),
+    ({"chat_template_kwargs": {"enable_thinking": False}}, "qwen3", False, ""),
+    ({"reasoning_effort": "none"}, "qwen3", False, ""),
+    ({}, "deepseek_r1", False, "</think>"),
+    ({}, "none", False, ""),
+    ({}, "qwen3", True, ""),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required"},
+     "qwen3", False, "</think>"),
+], ids=["qwen3", "thinking-off", "effort-none", "deepseek_r1", "no-parser", "in-reasoning",
+        "forced-call"])
+def test_chat_grammar_starts_after_the_reasoning(default_model_path: str, fields: dict,
+                                                 parser: str, in_reasoning: bool,
+                                                 after: str) -> None:
+    """The chat route's engine requests, as its ChatFormat directs: the request's structured
+    output (or the grammar of a forced call) starts after `</think>` when the request reasons
+    first, from the first token otherwise; calls are read with special tokens kept."""
+    from engine.io.request_limits import RequestLimits
+    from engine.model.loader import load_tokenizer, resolve_model
+    from server.api.protocol import ChatCompletionRequest
+    from server.respond.chat_format import ChatFormat
+    from server.translate.engine_requests import chat_requests
+
+    tokenizer = load_tokenizer(resolve_model(default_model_path))
+    limits = RequestLimits(vocab_size=len(tokenizer), max_model_len=2048, max_prompt_tokens=2048)
+    body = ChatCompletionRequest.model_validate({
+        "messages": [{"role": "user", "content": "Hi"}],
+        "response_format": {"type": "json_object"}, **fields})
+    compiled: list = []
+    fmt = ChatFormat("hermes", parser, in_reasoning)
+    requests = chat_requests("r", body, tokenizer, limits, compiled.append,
+                             fmt.grammar_start(body), fmt.tools().keeps_special_tokens)
+    assert [spec.after for spec in compiled] == [after]
+    assert requests.subs[0].params.structured_outputs.after == after
+    assert requests.subs[0].params.skip_special_tokens == ("tools" not in fields)
+
+
+def test_the_flags_name_the_registered_parsers() -> None:
+    """server/settings.py lists the names (it imports no other part of the server): they are
+    the registries' own."""
+    from server import settings
+    from server.respond import reasoning, tool_parsers
+
+    assert settings.TOOL_CALL_PARSERS == tool_parsers.CHOICES
+    assert settings.REASONING_PARSERS == reasoning.CHOICES

@@ -1,12 +1,12 @@
 """Chat templates, tool-call formats and reasoning over real HTTP, through the openai SDK.
 
-Two small servers of the default model share a Qwen3-style template given with
-`--chat-template` (tests/qwen3_template.jinja), so `auto` picks the qwen3 reasoning parser:
-- "hermes": the tool-call parser `auto` picks (hermes), with structured outputs allowed to
-  constrain the reasoning too, so that a forced reply can hold a whole `<think>` block;
-- "mistral": `--tool-call-parser mistral`, structured outputs starting after `</think>`
-  (the default).
-A small model writes no call by itself: the replies are forced with structured outputs.
+One small server of the default model runs a Qwen3-style template given with
+`--chat-template` (tests/qwen3_template.jinja), so `auto` picks the qwen3 reasoning parser,
+with `--tool-call-parser mistral` (Hermes calls go end to end on the shared server, in
+test_server_constraints.py) and `--structured-outputs-in-reasoning`, so that a forced reply
+can hold a whole `<think>` block: a small model writes no call by itself, so the replies are
+forced with structured outputs. That structured outputs otherwise wait for `</think>` is
+tested without a server, on the engine requests the chat route builds.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 from openai import AsyncOpenAI
-from server_fixtures import SMALL_ARGS, ServerProcess, json_error, launch_server, wait_all_healthy
+from server_fixtures import SMALL_ARGS, ServerProcess, json_error, running_server
 
 pytestmark = pytest.mark.slow
 
@@ -28,35 +28,24 @@ WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "requir
 TOOLS: list[Any] = [{"type": "function", "function": {"name": "get_weather",
                                                       "parameters": WEATHER}}]
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
-THOUGHT = "\nThe user wants the weather in Paris: I call get_weather.\n"
-HERMES_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+THOUGHT = "\nI call get_weather.\n"
 MISTRAL_CALL = '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}'
 NO_THINKING = {"chat_template_kwargs": {"enable_thinking": False}}
 
 
 @pytest.fixture(scope="module")
-def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, ServerProcess]]:
-    log_dir = tmp_path_factory.mktemp("chat-format-logs")
-    common = [*SMALL_ARGS, "--chat-template", str(TEMPLATE)]
-    started = {
-        "hermes": launch_server([*common, "--structured-outputs-in-reasoning"], log_dir,
-                                name="hermes"),
-        "mistral": launch_server([*common, "--tool-call-parser", "mistral"], log_dir,
-                                 name="mistral"),
-    }
-    try:
-        wait_all_healthy(list(started.values()))
-        yield started
-    finally:
-        for proc in started.values():
-            proc.stop()
+def qwen3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    args = [*SMALL_ARGS, "--chat-template", str(TEMPLATE), "--tool-call-parser", "mistral",
+            "--structured-outputs-in-reasoning"]
+    with running_server(args, tmp_path_factory.mktemp("chat-format-logs"), name="qwen3") as proc:
+        yield proc
 
 
-async def reply(server: ServerProcess, stream: bool, **fields: Any) -> dict[str, Any]:
+async def reply(qwen3_server: ServerProcess, stream: bool, **fields: Any) -> dict[str, Any]:
     """The reply's content, reasoning, reasoning_content, calls [(id, name, arguments)] and
     finish_reason, streamed or whole, as the SDK reads them."""
     request = {"model": "SmolLM2-135M-Instruct", "messages": ASK, "temperature": 0, **fields}
-    async with AsyncOpenAI(base_url=server.api_url, api_key="x", max_retries=0) as sdk:
+    async with AsyncOpenAI(base_url=qwen3_server.api_url, api_key="x", max_retries=0) as sdk:
         if not stream:
             choice = (await sdk.chat.completions.create(**request)).choices[0]
             extra = choice.message.model_extra or {}
@@ -86,52 +75,35 @@ async def reply(server: ServerProcess, stream: bool, **fields: Any) -> dict[str,
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
-async def test_think_block_and_hermes_call(servers: dict[str, ServerProcess],
-                                           stream: bool) -> None:
-    """A forced `<think>` block lands in reasoning and reasoning_content, and the Hermes call
-    after it in tool_calls; only the blank lines between them stay content."""
-    forced = f"<think>{THOUGHT}</think>\n\n{HERMES_CALL}"
-    got = await reply(servers["hermes"], stream, tools=TOOLS, max_tokens=80,
+async def test_think_block_and_mistral_call(qwen3_server: ServerProcess, stream: bool) -> None:
+    """A forced `<think>` block lands in reasoning and reasoning_content, and the Mistral call
+    after it in tool_calls, with Mistral's 9-character ids; only the blank lines between them
+    stay content."""
+    forced = f"<think>{THOUGHT}</think>\n\n{MISTRAL_CALL}"
+    got = await reply(qwen3_server, stream, tools=TOOLS, max_tokens=80,
                       extra_body={"structured_outputs": {"choice": [forced]}})
     assert got["reasoning"] == got["reasoning_content"] == THOUGHT
     assert [(name, args) for _, name, args in got["calls"]] == [("get_weather", {"city": "Paris"})]
-    assert got["calls"][0][0].startswith("chatcmpl-tool-")
+    call_id = got["calls"][0][0]
+    assert len(call_id) == 9 and call_id.isalnum()
     assert (got["content"] or "").strip() == "" and got["finish"] == "tool_calls"
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
-async def test_mistral_call_without_thinking(servers: dict[str, ServerProcess],
-                                             stream: bool) -> None:
-    """With enable_thinking false the template closes the reasoning in the prompt: the whole
-    reply is content, the grammar applies from its first token, and the Mistral call parses
-    with Mistral's 9-character ids."""
-    got = await reply(servers["mistral"], stream, tools=TOOLS, max_tokens=40, extra_body={
-        **NO_THINKING, "structured_outputs": {"choice": [MISTRAL_CALL]}})
+async def test_no_thinking_is_all_content(qwen3_server: ServerProcess, stream: bool) -> None:
+    """With enable_thinking false the template closes the reasoning in the prompt and the
+    parser reads the whole reply as content, `<think>` tags and all."""
+    forced = "<think>x</think>Hello"
+    got = await reply(qwen3_server, stream, max_tokens=20, extra_body={
+        **NO_THINKING, "structured_outputs": {"choice": [forced]}})
     assert got["reasoning"] is None and got["reasoning_content"] is None
-    assert [(name, args) for _, name, args in got["calls"]] == [("get_weather", {"city": "Paris"})]
-    call_id = got["calls"][0][0]
-    assert len(call_id) == 9 and call_id.isalnum() and got["finish"] == "tool_calls"
+    assert got["content"] == forced and got["finish"] == "stop"
 
 
-@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
-async def test_structured_output_waits_for_the_reasoning(servers: dict[str, ServerProcess],
-                                                         stream: bool) -> None:
-    """By default a structured output starts after `</think>`: while the model reasons, its
-    text is free (it is not the forced choice) and it is all reasoning; the same request with
-    thinking off is held to the choice from the start."""
-    fields = {"max_tokens": 12, "extra_body": {"structured_outputs": {"choice": ["yes", "no"]}}}
-    thinking = await reply(servers["mistral"], stream, **fields)
-    assert thinking["reasoning"] and thinking["reasoning"] == thinking["reasoning_content"]
-    assert thinking["content"] is None and thinking["finish"] == "length"
-    fields["extra_body"] = {**fields["extra_body"], **NO_THINKING}
-    plain = await reply(servers["mistral"], stream, **fields)
-    assert plain["content"] in ("yes", "no") and plain["reasoning"] is None
-
-
-async def test_template_kwargs_change_the_prompt(servers: dict[str, ServerProcess]) -> None:
+async def test_template_kwargs_change_the_prompt(qwen3_server: ServerProcess) -> None:
     """chat_template_kwargs reach the template, in /tokenize as in chat: enable_thinking false
     appends the empty think block to the same prompt."""
-    async with httpx.AsyncClient(base_url=servers["hermes"].base_url, timeout=60) as http:
+    async with httpx.AsyncClient(base_url=qwen3_server.base_url, timeout=60) as http:
         default = (await http.post("/tokenize", json={"messages": ASK})).json()["tokens"]
         off = (await http.post("/tokenize", json={"messages": ASK, **NO_THINKING})).json()
         tail = (await http.post("/detokenize", json={"tokens": off["tokens"][len(default):]}))
@@ -145,10 +117,10 @@ async def test_template_kwargs_change_the_prompt(servers: dict[str, ServerProces
     ({"messages": [{"role": "robot", "content": "beep"}]}, "Unexpected message role: robot"),
 ], ids=["not-an-object", "reserved-name", "template-raises"])
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/tokenize"])
-async def test_bad_template_input_is_a_400(servers: dict[str, ServerProcess],
+async def test_bad_template_input_is_a_400(qwen3_server: ServerProcess,
                                            fields: dict[str, Any], words: str,
                                            path: str) -> None:
-    async with httpx.AsyncClient(base_url=servers["hermes"].base_url, timeout=60) as http:
+    async with httpx.AsyncClient(base_url=qwen3_server.base_url, timeout=60) as http:
         response = await http.post(path, json={"messages": ASK, "max_tokens": 4, **fields})
     assert response.status_code == 400, response.text
     assert words in json_error(response)["message"]

@@ -31,7 +31,8 @@ async def create_chat_completion(request: Request) -> Response:
     fmt = chat_format(settings.tool_call_parser, settings.reasoning_parser,
                       engine.tokenizer.chat_template, settings.structured_outputs_in_reasoning)
     requests = await run_blocking(chat_requests, request_id, body, engine.tokenizer,
-                                  engine.limits, engine.compile_grammar, fmt)
+                                  engine.limits, engine.compile_grammar, fmt.grammar_start(body),
+                                  fmt.tools().keeps_special_tokens)
     builder = ChatBuilder(request_id, state.served_model_name, requests.prompts[0], body, fmt)
     stream = admitted.start_choices(requests.subs)
     return await respond(request, body, stream, builder, client_id,

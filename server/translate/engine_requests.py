@@ -23,7 +23,6 @@ from engine.io.request_limits import RequestLimits, check_fan_out
 from engine.structured_output import StructuredOutputSpec
 from engine.tokenizer import Tokenizer
 from server.api.protocol import ChatCompletionRequest, CompletionRequest
-from server.respond.chat_format import ChatFormat
 from server.translate.choices import Constraints, SubRequest, fan_out
 from server.translate.fields import check_fields, check_priority
 from server.translate.prompts import (
@@ -93,9 +92,11 @@ def completion_requests(request_id: str, body: CompletionRequest, plan: Plan,
 
 def chat_requests(request_id: str, body: ChatCompletionRequest, tokenizer: Tokenizer,
                   limits: RequestLimits, compile_grammar: CompileGrammar,
-                  chat_format: ChatFormat | None = None) -> EngineRequests:
-    """`chat_format`: the model's tool-call and reasoning formats (hermes, none if not given)."""
-    fmt = chat_format or ChatFormat("hermes", "none")
+                  grammar_start: str = "", keep_special_tokens: bool = True) -> EngineRequests:
+    """`grammar_start`: the marker after which structured outputs apply (the reasoning's end
+    when this request reasons first; "" from the first token). `keep_special_tokens`: the
+    tool-call format's markers are special tokens, which the output must keep when it is
+    parsed for calls (as vLLM's parsers ask for)."""
     encoder = plain_text_encoder(tokenizer)
     extra = template_kwargs(body.chat_template_kwargs, body.reasoning_effort)
     if uses_tools(body.messages, body.tools):
@@ -106,13 +107,11 @@ def chat_requests(request_id: str, body: ChatCompletionRequest, tokenizer: Token
         prompt = render_chat(tokenizer, encoder, body.messages, limits,
                              body.add_generation_prompt, body.continue_final_message, extra)
     spec = tool_spec(body) or spec_from_request(body)
-    if spec is not None and fmt.grammar_start(body):
-        spec = spec.starting_after(fmt.grammar_start(body))  # the reasoning is left free
+    if spec is not None and grammar_start:
+        spec = spec.starting_after(grammar_start)  # the reasoning is left free
     if spec is not None:
         compile_grammar(spec)
-    if body.tool_mode() is not None and fmt.tools().keeps_special_tokens:
-        # The call markers may be special tokens ([TOOL_CALLS], <|python_tag|>): the
-        # parser must see them, as vLLM's parsers ask for.
+    if body.tool_mode() is not None and keep_special_tokens:
         body = body.model_copy(update={"skip_special_tokens": False})
     # Neither given: whatever the context leaves (check_prompt resolves None).
     max_tokens = body.max_completion_tokens or body.max_tokens
