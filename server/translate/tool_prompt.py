@@ -10,7 +10,9 @@ server/respond/tool_calls.py.
 - `tool_choice`: "required" forces a JSON array of {"name", "parameters"} (one item when
   parallel_tool_calls is false) and a named function forces its `parameters` schema, both
   through structured outputs, so even a small model returns valid arguments. "auto" lets the
-  model write Hermes `<tool_call>` blocks (or one bare generic JSON call), parsed after.
+  model write calls in its own format, parsed after by the server's tool-call parser
+  (respond/tool_parsers/); the generic prompt asks for Hermes blocks, which is what `auto`
+  picks for a template that knows no tools.
 """
 
 from __future__ import annotations
