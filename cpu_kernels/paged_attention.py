@@ -30,7 +30,8 @@ class PagedAttentionKernel:
         self.lib = lib
         for suffix in _SUFFIX.values():
             fn = getattr(lib, f"paged_decode_attention_{suffix}")
-            fn.restype, fn.argtypes = None, [_P] * 6 + [_I64] * 6 + [ctypes.c_float, ctypes.c_int]
+            fn.restype, fn.argtypes = None, [_P] * 6 + [_I64] * 6 + [ctypes.c_float, _I64, ctypes.c_float,
+                                                                    ctypes.c_int]
             fn = getattr(lib, f"rope_write_kv_{suffix}")
             fn.restype, fn.argtypes = None, [_P, _I64] + [_P] * 7 + [_I64] * 4 + [ctypes.c_int]
 
@@ -40,8 +41,12 @@ class PagedAttentionKernel:
         return device.type == "cpu" and query_dtype == torch.float32 and cache_dtype in _SUFFIX
 
     def decode(self, query: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
-               seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
-        """query [B, H, D] fp32 -> [B, H, D], reading kv_cache [2, NB, BS, KVH, D] in place."""
+               seq_lens: torch.Tensor, scale: float, window: int | None = None,
+               softcap: float | None = None) -> torch.Tensor:
+        """query [B, H, D] fp32 -> [B, H, D], reading kv_cache [2, NB, BS, KVH, D] in place.
+
+        window: each decode sees only its last `window` positions; softcap: scores become
+        softcap * tanh(score / softcap). The kernel takes 0 for either as none."""
         q = query.contiguous()
         tables = block_tables.to(torch.int32).contiguous()
         lens = seq_lens.to(torch.int32).contiguous()
@@ -50,7 +55,7 @@ class PagedAttentionKernel:
         fn = getattr(self.lib, f"paged_decode_attention_{_SUFFIX[kv_cache.dtype]}")
         fn(q.data_ptr(), kv_cache[0].data_ptr(), kv_cache[1].data_ptr(), tables.data_ptr(),
            lens.data_ptr(), out.data_ptr(), q.shape[0], q.shape[1], head_dim, block_size, kv_heads,
-           tables.shape[1], scale, torch.get_num_threads())
+           tables.shape[1], scale, window or 0, softcap or 0.0, torch.get_num_threads())
         return out
 
     def can_rope_write(self, qkv: torch.Tensor, kv_cache: torch.Tensor, positions: torch.Tensor,

@@ -40,22 +40,42 @@ def _mma(a, b, UPCAST: tl.constexpr):
 
 
 @triton.jit
+def _soft_cap(s, softcap):
+    """softcap * tanh(s / softcap): Gemma 2's logit cap (tanh through a sigmoid, which
+    Triton has on every backend: tanh(x) = 2 sigmoid(2x) - 1)."""
+    return softcap * (2.0 * tl.sigmoid(2.0 * (s / softcap)) - 1.0)
+
+
+def window_args(window: int | None, softcap: float | None) -> dict[str, object]:
+    """The kernels' window/softcap arguments: 0 stands for none, and the two flags are
+    constexpr so a layer without either compiles to the plain kernel."""
+    return {"window": window or 0, "softcap": softcap or 0.0,
+            "HAS_WINDOW": window is not None, "HAS_SOFTCAP": softcap is not None}
+
+
+@triton.jit
 def _decode_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
     out_ptr, m_ptr, l_ptr, scale,
     stride_qb, stride_qh, stride_cb, stride_cs, stride_ch, stride_bt,
-    stride_ob, stride_oh, stride_os, stride_mb, stride_mh,
+    stride_ob, stride_oh, stride_os, stride_mb, stride_mh, window, softcap,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, UPCAST: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, UPCAST: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + b)
+    # A window's first visible position; the tiles before its tile are never read.
+    first = 0
+    if HAS_WINDOW:
+        first = tl.maximum(seq_len - window, 0)
+    first_tile = first // BLOCK_N
     num_tiles = tl.cdiv(seq_len, BLOCK_N)
-    tiles_per_split = tl.cdiv(num_tiles, NUM_SPLITS)
-    tile_lo = split * tiles_per_split
+    tiles_per_split = tl.cdiv(num_tiles - first_tile, NUM_SPLITS)
+    tile_lo = first_tile + split * tiles_per_split
     tile_hi = tl.minimum(tile_lo + tiles_per_split, num_tiles)
 
     g = tl.arange(0, GROUP_PAD)
@@ -71,12 +91,14 @@ def _decode_kernel(
     table = block_tables_ptr + b * stride_bt
     for tile in range(tile_lo, tile_hi):
         pos = tile * BLOCK_N + tl.arange(0, BLOCK_N)
-        valid = pos < seq_len
+        valid = (pos < seq_len) & (pos >= first)
         block = tl.load(table + pos // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
         rows = block * stride_cb + (pos % BLOCK_SIZE) * stride_cs + kv_head * stride_ch
         kv_mask = valid[:, None] & (dims[None, :] < HEAD_DIM)
         k = tl.load(k_cache_ptr + rows[:, None] + dims[None, :], mask=kv_mask, other=0.0)
         s = _mma(q, tl.trans(k.to(q.dtype)), UPCAST) * scale
+        if HAS_SOFTCAP:
+            s = _soft_cap(s, softcap)
         s = tl.where(valid[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp(m_i - m_new)
@@ -141,13 +163,16 @@ def upcast_dots(dtype: torch.dtype) -> bool:
 def paged_decode_attention(query: torch.Tensor, kv_cache: torch.Tensor,
                            block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
                            num_splits: int | None = None,
-                           max_seq_len: int | None = None) -> torch.Tensor:
+                           max_seq_len: int | None = None, window: int | None = None,
+                           softcap: float | None = None) -> torch.Tensor:
     """query [B, H, d] over kv_cache [2, nb, bs, kvh, d] -> [B, H, d].
 
     block_tables [B, max_blocks] int32, seq_lens [B] int32 (cached positions including
     the new token, already written). num_splits None picks one from max_seq_len
     (read from seq_lens when not given, which syncs on a GPU). Under CUDA graphs pass
     a fixed num_splits or max_seq_len: any split count is correct for any seq_lens.
+    window / softcap: a sliding window over the last `window` positions, and Gemma 2's
+    logit soft-cap (AttentionBackend.decode).
     """
     batch, num_heads, head_dim = query.shape
     _, _, block_size, kv_heads, _ = kv_cache.shape
@@ -180,6 +205,7 @@ def paged_decode_attention(query: torch.Tensor, kv_cache: torch.Tensor,
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
         DIM_PAD=dim_pad, BLOCK_SIZE=block_size, BLOCK_N=max(64, block_size),
         NUM_SPLITS=num_splits, UPCAST=upcast_dots(query.dtype), num_warps=4,
+        **window_args(window, softcap),
     )
     if num_splits > 1:
         _reduce_kernel[(batch, num_heads)](

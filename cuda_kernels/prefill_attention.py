@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from cuda_kernels.decode_attention import M_INIT, _mma, upcast_dots
+from cuda_kernels.decode_attention import M_INIT, _mma, _soft_cap, upcast_dots, window_args
 from cuda_kernels.launch import check_device, last_dim_contiguous
 
 
@@ -25,9 +25,10 @@ def _prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, cu_seqlens_ptr,
     out_ptr, scale,
     stride_qt, stride_qh, stride_cb, stride_cs, stride_ch, stride_bt, stride_ot, stride_oh,
+    window, softcap,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    UPCAST: tl.constexpr,
+    UPCAST: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
@@ -50,12 +51,18 @@ def _prefill_kernel(
     last_tok = tl.minimum((pid_m * BLOCK_M + BLOCK_M - 1) // GROUP, q_len - 1)
     kv_end = tl.where(pid_m * BLOCK_M < q_len * GROUP, context + last_tok + 1, 0)
     limit = context + tok  # last visible position per row
+    # A window hides positions <= limit - window; keys before the tile's first row's
+    # window are never read.
+    kv_start = 0
+    if HAS_WINDOW:
+        first_tok = tl.minimum(pid_m * BLOCK_M // GROUP, q_len - 1)
+        kv_start = tl.maximum(context + first_tok - window + 1, 0) // BLOCK_N * BLOCK_N
 
     m_i = tl.full([BLOCK_M], M_INIT, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, DIM_PAD], dtype=tl.float32)
     table = block_tables_ptr + b * stride_bt
-    for start in range(0, kv_end, BLOCK_N):
+    for start in range(kv_start, kv_end, BLOCK_N):
         pos = start + tl.arange(0, BLOCK_N)
         valid = pos < kv_end
         block = tl.load(table + pos // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
@@ -63,7 +70,12 @@ def _prefill_kernel(
         kv_mask = valid[:, None] & (dims[None, :] < HEAD_DIM)
         k = tl.load(k_cache_ptr + rows[:, None] + dims[None, :], mask=kv_mask, other=0.0)
         s = _mma(q, tl.trans(k.to(q.dtype)), UPCAST) * scale
-        s = tl.where(valid[None, :] & (pos[None, :] <= limit[:, None]), s, float("-inf"))
+        if HAS_SOFTCAP:
+            s = _soft_cap(s, softcap)
+        visible = valid[None, :] & (pos[None, :] <= limit[:, None])
+        if HAS_WINDOW:
+            visible = visible & (pos[None, :] > limit[:, None] - window)
+        s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(s - m_new[:, None])
@@ -80,11 +92,13 @@ def _prefill_kernel(
 def paged_prefill_attention(query: torch.Tensor, kv_cache: torch.Tensor,
                             cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor,
                             block_tables: torch.Tensor, scale: float,
-                            max_query_len: int) -> torch.Tensor:
+                            max_query_len: int, window: int | None = None,
+                            softcap: float | None = None) -> torch.Tensor:
     """query [Tq, H, d] packed by cu_seqlens_q [B+1] int32 -> [Tq, H, d].
 
     seq_lens [B] int32 count cached + new positions; block_tables [B, max_blocks] int32.
-    The chunk's own K/V must already be in the cache (write_kv runs first).
+    The chunk's own K/V must already be in the cache (write_kv runs first). window /
+    softcap as AttentionBackend.prefill.
     """
     num_tokens, num_heads, head_dim = query.shape
     _, _, block_size, kv_heads, _ = kv_cache.shape
@@ -106,6 +120,6 @@ def paged_prefill_attention(query: torch.Tensor, kv_cache: torch.Tensor,
         k_cache.stride(2), block_tables.stride(0), out.stride(0), out.stride(1),
         GROUP=group, HEAD_DIM=head_dim, DIM_PAD=triton.next_power_of_2(head_dim),
         BLOCK_SIZE=block_size, BLOCK_M=block_m, BLOCK_N=max(32, block_size),
-        UPCAST=upcast_dots(query.dtype), num_warps=4,
+        UPCAST=upcast_dots(query.dtype), num_warps=4, **window_args(window, softcap),
     )
     return out

@@ -33,12 +33,16 @@ def gather_kv(kv_cache: torch.Tensor, block_table: torch.Tensor,
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-           visible: torch.Tensor) -> torch.Tensor:
-    """q [n, H, d], k/v [L, kvh, d], visible [n, L] bool -> [n, H, d] in fp32."""
+           visible: torch.Tensor, softcap: float | None = None) -> torch.Tensor:
+    """q [n, H, d], k/v [L, kvh, d], visible [n, L] bool -> [n, H, d] in fp32.
+
+    softcap: scores become softcap * tanh(score / softcap) before the mask (Gemma 2)."""
     group = q.shape[1] // k.shape[1]
     k = k.float().repeat_interleave(group, dim=1)
     v = v.float().repeat_interleave(group, dim=1)
     scores = torch.einsum("nhd,lhd->hnl", q.float(), k) * scale
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
     scores = scores.masked_fill(~visible, float("-inf"))
     probs = torch.softmax(scores, dim=-1)
     return torch.einsum("hnl,lhd->nhd", probs, v)
@@ -46,23 +50,27 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
 
 def paged_decode_attention_ref(query: torch.Tensor, kv_cache: torch.Tensor,
                                block_tables: torch.Tensor, seq_lens: torch.Tensor,
-                               scale: float) -> torch.Tensor:
-    """One query token per sequence [B, H, d] attending to all its seq_len positions."""
+                               scale: float, window: int | None = None,
+                               softcap: float | None = None) -> torch.Tensor:
+    """One query token per sequence [B, H, d] attending to all its seq_len positions
+    (only the last `window` of them with a window)."""
     out = torch.empty_like(query)
     for b, length in enumerate(seq_lens.tolist()):
         k, v = gather_kv(kv_cache, block_tables[b], length)
-        visible = torch.ones(1, length, dtype=torch.bool, device=query.device)
-        out[b] = attend(query[b : b + 1], k, v, scale, visible)[0].to(query.dtype)
+        visible = torch.arange(length, device=query.device)[None, :] > length - 1 - (window or length)
+        out[b] = attend(query[b : b + 1], k, v, scale, visible, softcap)[0].to(query.dtype)
     return out
 
 
 def paged_prefill_attention_ref(query: torch.Tensor, kv_cache: torch.Tensor,
                                 cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor,
                                 block_tables: torch.Tensor, scale: float,
-                                max_query_len: int | None = None) -> torch.Tensor:
+                                max_query_len: int | None = None, window: int | None = None,
+                                softcap: float | None = None) -> torch.Tensor:
     """Chunks of new tokens [Tq, H, d] packed by cu_seqlens_q, on top of cached positions.
 
-    Token i of a chunk of q_len tokens sees positions [0, seq_len - q_len + i].
+    Token i of a chunk of q_len tokens sees positions [0, seq_len - q_len + i], and with a
+    window only those > seq_len - q_len + i - window (transformers' sliding window).
     max_query_len is accepted for signature parity with the kernel and unused.
     """
     out = torch.empty_like(query)
@@ -73,5 +81,8 @@ def paged_prefill_attention_ref(query: torch.Tensor, kv_cache: torch.Tensor,
         k, v = gather_kv(kv_cache, block_tables[b], length)
         rows = torch.arange(hi - lo, device=query.device)[:, None]
         cols = torch.arange(length, device=query.device)[None, :]
-        out[lo:hi] = attend(query[lo:hi], k, v, scale, cols <= context + rows).to(query.dtype)
+        visible = cols <= context + rows
+        if window is not None:
+            visible &= cols > context + rows - window
+        out[lo:hi] = attend(query[lo:hi], k, v, scale, visible, softcap).to(query.dtype)
     return out

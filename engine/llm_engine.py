@@ -22,6 +22,7 @@ from engine.io.profiler import StepProfiler
 from engine.io.request_limits import RequestLimits, check_request
 from engine.io.stats import EngineStats, FinishedRequestStats, StepStats
 from engine.io.stats_recorder import StatsRecorder, finished_request_stats
+from engine.model.layers import kv_window
 from engine.model.loader import load_tokenizer, read_config, resolve_model
 from engine.runner import prompt_logprobs, row_sampling
 from engine.runner.kv_cache import bytes_per_block
@@ -54,7 +55,8 @@ class LLMEngine:
         self.block_size = config.block_size
         self.max_model_len = self._fit_max_model_len(config.max_model_len)
         self.runner.enable_cuda_graphs(config, self.max_model_len)
-        self.block_manager = BlockManager(self.num_blocks, self.block_size, config.enable_prefix_caching)
+        self.block_manager = BlockManager(self.num_blocks, self.block_size, config.enable_prefix_caching,
+                                          window=kv_window(self.runner.model))
         self.scheduler = Scheduler(config, self.block_manager, self.max_model_len)
         if config.speculative_config is not None:
             self.scheduler.drafter = Drafter(config.speculative_config, self.max_model_len)

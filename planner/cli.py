@@ -97,7 +97,7 @@ def build_plan(args: argparse.Namespace) -> dict[str, Any]:
     sim = SimConfig(num_blocks=mem.num_blocks, block_size=args.block_size, max_model_len=max_len,
                     max_num_seqs=max_seqs, max_num_batched_tokens=config.token_budget,
                     watermark=args.watermark, batching=config.batching,
-                    enable_prefix_caching=config.enable_prefix_caching)
+                    enable_prefix_caching=config.enable_prefix_caching, kv_window=cfg.kv_window)
     workload = Workload(args.input_len, args.output_len, args.num_prompts, args.burstiness, args.seed)
     plan["step_model"] = {**model.to_json(), "path": str(fit_path)}
     plan["prediction"] = predict_at(sim, model, workload, args.rate, args.slo, args.slo_attainment)

@@ -41,11 +41,22 @@ def count_parameters(cfg: ModelConfig) -> int:
     attn = h * cfg.num_attention_heads * hd * 2 + h * cfg.num_key_value_heads * hd * 2
     if cfg.attention_bias:
         attn += (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * hd
-    mlp = 3 * h * cfg.intermediate_size
-    per_layer = attn + mlp + 2 * h  # two RMSNorm weights
+    if cfg.qk_norm == "head":
+        attn += 2 * hd
+    elif cfg.qk_norm == "proj":
+        attn += (cfg.num_attention_heads + cfg.num_key_value_heads) * hd
+    layers = sum(attn + mlp_parameters(cfg, i) + 2 * h for i in range(cfg.num_hidden_layers))  # + two RMSNorms
     embed = cfg.vocab_size * h
     head = 0 if cfg.tie_word_embeddings else cfg.vocab_size * h
-    return cfg.num_hidden_layers * per_layer + embed + head + h
+    return layers + embed + head + h
+
+
+def mlp_parameters(cfg: ModelConfig, layer: int) -> int:
+    """A dense MLP's, or a sparse layer's every expert (all are resident) and its router."""
+    h = cfg.hidden_size
+    if cfg.is_sparse_layer(layer):
+        return cfg.num_experts * (3 * h * cfg.moe_intermediate_size + h)
+    return 3 * h * cfg.intermediate_size
 
 
 def weight_bytes(cfg: ModelConfig, weights_dtype: str) -> int:

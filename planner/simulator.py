@@ -66,6 +66,7 @@ class SimConfig:
     watermark: float = 0.10
     batching: Batching = "paged"
     enable_prefix_caching: bool = True
+    kv_window: int | None = None  # every layer's sliding window: older blocks are freed as in the engine
 
     def engine_config(self) -> EngineConfig:
         return EngineConfig(batching=self.batching, block_size=self.block_size,
@@ -98,7 +99,7 @@ class Simulator:
         self.rng = np.random.default_rng(seed)
         self.check = check_invariants
         self.block_manager = BlockManager(config.num_blocks, config.block_size,
-                                          config.enable_prefix_caching)
+                                          config.enable_prefix_caching, window=config.kv_window)
         self.scheduler = Scheduler(config.engine_config(), self.block_manager, config.max_model_len)
         self.now = 0.0
 

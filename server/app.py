@@ -41,9 +41,12 @@ ROUTE_MODULES = (completions, chat, tokenize, models, health, metrics, stats)
 AppStatus.disable_automatic_graceful_drain()
 
 
-def prepare_serving(engine: EngineClient) -> None:
-    """Build, while the engine loads, what the first chat request would otherwise wait for:
-    the tokenizer's plain-text copy (server/translate/user_text.py)."""
+def prepare_serving(engine: EngineClient, settings: ServerSettings) -> None:
+    """Put `--chat-template` in place of the model's, then build, while the engine loads,
+    what the first chat request would otherwise wait for: the tokenizer's plain-text copy
+    (server/translate/user_text.py)."""
+    if settings.chat_template_text is not None:
+        engine.tokenizer.chat_template = settings.chat_template_text
     plain_text_encoder(engine.tokenizer)
 
 
@@ -51,7 +54,8 @@ def create_app(settings: ServerSettings, engine: EngineClient | None = None,
                engine_config: EngineConfig | None = None) -> FastAPI:
     """Serve `engine` (started here if it is not running), or build one from `engine_config`
     once the server is up (with settings.engine_factory; AsyncEngine by default)."""
-    state = ServerState(settings, engine, engine_config, prepare=prepare_serving)
+    state = ServerState(settings, engine, engine_config,
+                        prepare=lambda loaded: prepare_serving(loaded, settings))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -15,10 +15,16 @@ import argparse
 import re
 import typing
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
 from engine import envs
 
+# The formats server/respond/tool_parsers/ and server/respond/reasoning/ register (a test
+# holds these lists to the registries; settings import no other part of the server).
+TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json", "mistral", "phi4_mini_json", "granite")
+REASONING_PARSERS = ("auto", "none", "qwen3", "deepseek_r1")
+JINJA_MARKS = ("{{", "{%")
 POSITIVE = "positive"
 NON_NEGATIVE = "non-negative"
 FACTORY_SPEC = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
@@ -60,6 +66,23 @@ class ServerSettings:
         None, "build the engine with MODULE:CALLABLE, called with the EngineConfig, instead of "
         "engine.async_engine:AsyncEngine (a custom engine, or a test double)",
         metavar="MODULE:CALLABLE")
+    # How chats are rendered and read back (server/respond/chat_format.py)
+    chat_template: str | None = option(
+        None, "a Jinja chat template, as a file or inline text, to use instead of the model's "
+        "own (default: the model's, from tokenizer_config.json or the GGUF)", group="chat",
+        metavar="FILE|TEMPLATE")
+    tool_call_parser: str = option(
+        "auto", "how the model writes tool calls: hermes, llama3_json, mistral, phi4_mini_json, "
+        "granite, or auto: picked from the chat template's text (docs/server.md)", group="chat",
+        metavar="NAME")
+    reasoning_parser: str = option(
+        "auto", "how the model writes its reasoning, split into the message's reasoning and "
+        "reasoning_content: qwen3, deepseek_r1, none, or auto: qwen3 or deepseek_r1 when the "
+        "chat template writes <think>, else none", group="chat", metavar="NAME")
+    structured_outputs_in_reasoning: bool = option(
+        False, "apply structured outputs (response_format, structured_outputs, forced tool "
+        "calls) to the reasoning too; by default they start once the reasoning has ended",
+        group="chat")
     # Slow and hostile clients (server/middleware/http_limits.py, server/api/body.py)
     max_body_bytes: int = option(4 * 2**20, "largest request body; past it 413",
                                  group="connection limits", bound=POSITIVE)
@@ -77,6 +100,7 @@ class ServerSettings:
     timeout_keep_alive_s: float = option(5.0, "seconds an idle keep-alive connection stays open",
                                          group="connection limits", bound=POSITIVE)
     retry_after_s: int = 1  # Retry-After on 429 and 503
+    chat_template_text: str | None = None  # what --chat-template names, read at start-up
     url: str | None = None  # where it listens, for the startup log line
     cors: dict[str, object] = field(default_factory=dict)  # CORSMiddleware's arguments; {}: off
 
@@ -86,6 +110,41 @@ class ServerSettings:
             check_bound(item.name, getattr(self, item.name), item.metadata.get("bound"))
         if self.engine_factory is not None and not FACTORY_SPEC.fullmatch(self.engine_factory):
             raise ValueError(f"engine_factory must be MODULE:CALLABLE, got {self.engine_factory!r}")
+        check_choice("tool_call_parser", self.tool_call_parser, TOOL_CALL_PARSERS)
+        check_choice("reasoning_parser", self.reasoning_parser, REASONING_PARSERS)
+        if self.chat_template is not None and self.chat_template_text is None:
+            self.chat_template_text = read_chat_template(self.chat_template)
+
+
+def check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
+
+
+def read_chat_template(value: str) -> str:
+    """`--chat-template`: a file, or the template's text inline (as vLLM takes either).
+    ValueError for a path that names no file, or a template that does not parse, so that
+    the server refuses to start rather than fail every chat."""
+    if not any(mark in value for mark in JINJA_MARKS):
+        path = Path(value).expanduser()
+        if not path.is_file():
+            raise ValueError(f"--chat-template {value!r}: no such file, and not a Jinja template")
+        value = path.read_text(encoding="utf-8")
+    check_template_syntax(value)
+    return value
+
+
+def check_template_syntax(text: str) -> None:
+    """Parse in the environment transformers renders in (sandboxed, loop controls)."""
+    from jinja2 import TemplateSyntaxError
+    from jinja2.ext import loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    try:
+        ImmutableSandboxedEnvironment(extensions=[loopcontrols]).parse(text)
+    except TemplateSyntaxError as exc:
+        raise ValueError(f"the chat template does not parse: {exc.message} (line {exc.lineno})") \
+            from exc
 
 
 def check_bound(name: str, value: Any, bound: str | None) -> None:

@@ -10,16 +10,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from tests_support import cache_sharing_builds
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 pytest_plugins = [p for p in ("server_fixtures",)
                   if os.path.exists(os.path.join(os.path.dirname(__file__), f"{p}.py"))]
 
-# What a cache holds that was measured (step-time fits, batch caps, kernel races) must not
-# leak from a developer's earlier runs into the tests; what is only derived from sources
-# (compiled kernels, tokenizers built from the GGUF) is shared, so no test run rebuilds it.
-SHARED_CACHE_PARTS = ("kernels", "tokenizers")
 PRIVATE_CACHE = pytest.StashKey[Path]()
 
 
@@ -28,11 +25,8 @@ def pytest_configure(config: pytest.Config) -> None:
     test run's own."""
     from engine import envs
 
-    user_cache = envs.CACHE_DIR.get()
-    private = Path(tempfile.mkdtemp(prefix="pagode-test-cache-"))
-    for part in SHARED_CACHE_PARTS:
-        (user_cache / part).mkdir(parents=True, exist_ok=True)
-        (private / part).symlink_to(user_cache / part, target_is_directory=True)
+    private = cache_sharing_builds(Path(tempfile.mkdtemp(prefix="pagode-test-cache-")),
+                                   envs.CACHE_DIR.get())
     config.stash[PRIVATE_CACHE] = private
     os.environ["PAGODE_CACHE_DIR"] = str(private)
 
@@ -102,3 +96,11 @@ def overrides(small_llm):  # type: ignore[no-untyped-def]
 
     yield apply
     vars(config).update(saved)
+
+
+@pytest.fixture(scope="session")
+def tiny_zoo(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """Tiny random checkpoints of any family (tests/tiny_models.py), built once per session."""
+    from tiny_models import TinyZoo
+
+    return TinyZoo(tmp_path_factory.mktemp("tiny-zoo"))

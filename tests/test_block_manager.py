@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.config import Batching, EngineConfig
-from engine.core.block_manager import BlockManager
+from engine.core.block_manager import FREED, BlockManager
 from engine.core.scheduler import Scheduler
 from engine.core.sequence import Sequence
 from engine.io.outputs import RequestTimes
@@ -40,15 +40,16 @@ def _simulate_step(sched: Scheduler, rng: random.Random, max_len: int) -> None:
     prefix_caching=st.booleans(),
     prompts=st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=12), min_size=1, max_size=14),
     seed=st.integers(0, 2**16),
+    window=st.one_of(st.none(), st.integers(1, 11)),  # blocks freed out of a sliding window
 )
 def test_invariants_hold_after_every_step(batching: Batching, num_blocks: int, budget: int,
                                           prefix_caching: bool, prompts: list[list[int]],
-                                          seed: int) -> None:
+                                          seed: int, window: int | None) -> None:
     rng = random.Random(seed)
     max_len = 6 * BLOCK
     config = EngineConfig(batching=batching, block_size=BLOCK, max_num_seqs=6,
                           max_num_batched_tokens=budget, enable_prefix_caching=prefix_caching)
-    bm = BlockManager(num_blocks, BLOCK, prefix_caching)
+    bm = BlockManager(num_blocks, BLOCK, prefix_caching, window=window)
     sched = Scheduler(config, bm, max_model_len=max_len)
     alive: list[Sequence] = []
     for step in range(200):
@@ -61,6 +62,10 @@ def test_invariants_hold_after_every_step(batching: Batching, num_blocks: int, b
         _simulate_step(sched, rng, max_len)
         alive = [s for s in alive if not s.is_finished]
         bm.check_invariants(list(sched.running) + list(sched.waiting))
+        if window is not None:  # a running sequence holds only blocks its last step's window saw
+            for s in sched.running:  # that step's first query was at most `budget` positions back
+                dead = max(0, s.num_computed_tokens - budget - window + 1) // BLOCK
+                assert all(b == FREED for b in s.block_table[:dead])
         if batching == "continuous":  # every running sequence holds its whole context's blocks
             assert all(len(s.block_table) * BLOCK >= max_len for s in sched.running)
             if not prefix_caching:  # shared prefix blocks let more sequences fit than this
@@ -107,3 +112,24 @@ def test_last_prompt_token_is_always_recomputed() -> None:
     assert b.num_cached_tokens == 4  # not 8: the last token must produce logits
     bm.check_invariants([a, b])
     assert bm.blocks[a.block_table[0]].ref_count == 2
+
+
+def test_blocks_out_of_the_window_return_to_the_pool_and_are_never_prefix_hits() -> None:
+    """A window of 6 over blocks of 4: once the next query is at position 13 it sees 8..13,
+    so blocks 0 (0-3) and 1 (4-7) are released, and a prompt sharing them misses."""
+    bm = BlockManager(num_blocks=8, block_size=BLOCK, window=6)
+    a = _seq(0, list(range(13)))
+    bm.allocate(a, 14)
+    a.num_computed_tokens = 13
+    bm.commit_full_blocks(a)
+    held = bm.num_used
+    bm.free_outside_window(a, 12)  # a query at 12 still sees 7, in block 1
+    assert a.block_table[0] == FREED and a.block_table[1] != FREED and bm.num_used == held - 1
+    bm.free_outside_window(a, 13)
+    assert a.block_table[:2] == [FREED, FREED] and bm.num_used == held - 2
+    bm.check_invariants([a])
+    b = _seq(1, list(range(13)))
+    assert bm.match_prefix(b) == []  # the released blocks were taken out of the prefix cache
+    bm.free(a)
+    bm.check_invariants([])
+    assert bm.num_used == 0 and bm.num_free == 8

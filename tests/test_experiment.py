@@ -13,13 +13,13 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from tests_support import cache_sharing_builds
 
 from engine import envs
 
@@ -38,13 +38,8 @@ INPUT_LEN, OUTPUT_LEN = (8, 16), (16, 24)
 
 def private_cache(tmp_path: Path) -> Path:
     """A cache of its own, without any step-time fit that would size the servers' batches,
-    holding copies of the compiled kernels and tokenizers so that no server rebuilds them."""
-    cache = tmp_path / "cache"
-    cache.mkdir()
-    for part in ("kernels", "tokenizers"):
-        if (envs.CACHE_DIR.get() / part).is_dir():
-            shutil.copytree(envs.CACHE_DIR.get() / part, cache / part)
-    return cache
+    sharing the compiled kernels and tokenizers so that no server rebuilds them."""
+    return cache_sharing_builds(tmp_path / "cache", envs.CACHE_DIR.get())
 
 
 def run_experiment(tmp_path: Path) -> tuple[Path, Path, list[str]]:

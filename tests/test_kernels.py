@@ -355,3 +355,48 @@ def test_kernels_take_a_cache_of_another_dtype(device: str, query_dtype: torch.d
     decode_q = query[[6]]
     out = cuda_kernels.paged_decode_attention(decode_q, cache, tables[1:], seq_lens[1:], scale, num_splits=2)
     assert_close(out, paged_decode_attention_ref(decode_q, widened, tables[1:], seq_lens[1:], scale))
+
+
+# (window, softcap): windows shorter than most contexts and not multiples of the block
+WINDOW_CASES = [(23, None), (37, 5.0), (None, 5.0), (1, None)]
+
+
+@needs_triton
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("window", "softcap"), WINDOW_CASES)
+def test_windowed_softcapped_decode_matches_reference(device: str, window: int | None,
+                                                      softcap: float | None) -> None:
+    """GQA, split and unsplit: a split whose tiles all precede the window stays empty."""
+    gen = torch.Generator().manual_seed(11)
+    lens = [1, 23, 150, 300]
+    cache, tables = scattered_cache(lens, 2, 64, 16, F32, device, gen)
+    query = (8 * torch.randn(len(lens), 6, 64, generator=gen)).to(device)  # large scores: the cap bites
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device=device)
+    ref = paged_decode_attention_ref(query, cache, tables, seq_lens, 0.125, window, softcap)
+    assert not torch.allclose(ref, paged_decode_attention_ref(query, cache, tables, seq_lens, 0.125))
+    for splits in (1, 4):
+        out = cuda_kernels.paged_decode_attention(query, cache, tables, seq_lens, 0.125,
+                                                  num_splits=splits, window=window, softcap=softcap)
+        assert_close(out, ref)
+
+
+@needs_triton
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("window", "softcap"), WINDOW_CASES)
+def test_windowed_softcapped_prefill_matches_reference(device: str, window: int | None,
+                                                       softcap: float | None) -> None:
+    """Fresh chunks and chunks over cached context, several row tiles, GQA."""
+    gen = torch.Generator().manual_seed(12)
+    chunks = [(40, 0), (3, 70), (70, 30)]  # (new, cached)
+    lens = [new + cached for new, cached in chunks]
+    cache, tables = scattered_cache(lens, 2, 64, 16, F32, device, gen)
+    starts = [0]
+    for new, _ in chunks:
+        starts.append(starts[-1] + new)
+    query = (8 * torch.randn(starts[-1], 4, 64, generator=gen)).to(device)
+    cu = torch.tensor(starts, dtype=torch.int32, device=device)
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device=device)
+    out = cuda_kernels.paged_prefill_attention(query, cache, cu, seq_lens, tables, 0.125, 70,
+                                               window=window, softcap=softcap)
+    assert_close(out, paged_prefill_attention_ref(query, cache, cu, seq_lens, tables, 0.125,
+                                                  window=window, softcap=softcap))

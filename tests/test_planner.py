@@ -275,3 +275,13 @@ def test_pagode_plan_json(calibrated: Path, capsys: pytest.CaptureFixture[str]) 
     assert slo["holds"] == (slo["attainment"] >= 0.99)
     assert slo["capacity_rate"] is None or slo["capacity_rate"] > 0
     assert pred["advice"]["next_step"] in ("more KV memory", "more replicas")
+
+
+def test_a_windowed_model_holds_only_its_window_in_the_simulated_cache() -> None:
+    """With every layer windowed, the planner frees blocks as the engine does: a long
+    generation's peak usage is its window's blocks, not its whole context's."""
+    specs = [PlannedRequest(0.0, 40, 200)]
+    full = Simulator(SimConfig(num_blocks=64), constant_model(), check_invariants=True).run(specs)
+    windowed = Simulator(SimConfig(num_blocks=64, kv_window=24), constant_model(), check_invariants=True).run(specs)
+    assert full.max_kv_usage * 64 >= -(-240 // 16)
+    assert windowed.max_kv_usage * 64 <= -(-24 // 16) + 2 + 1  # the prompt's blocks are held until it is computed

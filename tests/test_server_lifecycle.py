@@ -36,6 +36,7 @@ from server_fixtures import (
     running_server,
     wait_all_healthy,
 )
+from tests_support import cache_sharing_builds
 
 from engine import envs
 from planner import batch_cap
@@ -411,11 +412,7 @@ CALIBRATE = ("import sys; from planner.calibrate import Grid; "
 @pytest.fixture
 def private_cache(tmp_path: Path) -> Path:
     """An empty pagode cache but for the compiled kernels and tokenizers (shared, not measured)."""
-    shared = envs.CACHE_DIR.get()
-    for name in ("kernels", "tokenizers"):
-        (shared / name).mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).symlink_to(shared / name)
-    return tmp_path
+    return cache_sharing_builds(tmp_path / "cache", envs.CACHE_DIR.get())
 
 
 def test_calibration_sizes_the_served_batch(private_cache: Path, tmp_path: Path) -> None:

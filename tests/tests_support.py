@@ -1,4 +1,21 @@
-"""Prompts of different lengths shared by the engine tests."""
+"""Prompts of different lengths shared by the engine tests, and the test run's pagode cache."""
+
+from pathlib import Path
+
+# What a cache holds that was measured (step-time fits, batch caps, kernel races) must not
+# leak from a developer's earlier runs into the tests; what is only derived from sources
+# (compiled kernels, tokenizers built from the GGUF) is shared, so no test rebuilds it.
+SHARED_CACHE_PARTS = ("kernels", "tokenizers")
+
+
+def cache_sharing_builds(root: Path, shared: Path) -> Path:
+    """A pagode cache at `root` with `shared`'s builds linked in and nothing measured."""
+    root.mkdir(parents=True, exist_ok=True)
+    for part in SHARED_CACHE_PARTS:
+        (shared / part).mkdir(parents=True, exist_ok=True)
+        (root / part).symlink_to((shared / part).resolve(), target_is_directory=True)
+    return root
+
 
 PROMPTS = [
     "Hi",

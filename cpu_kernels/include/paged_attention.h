@@ -11,13 +11,16 @@ extern "C" {
 // query/out [B, H, D] fp32; k/v caches [NB, BS, KVH, D]; block_tables [B, MB]; seq_lens [B].
 void paged_decode_attention_f32(const float* q, const float* k, const float* v, const int32_t* bt,
                                 const int32_t* lens, float* out, int64_t B, int64_t H, int64_t D,
-                                int64_t BS, int64_t KVH, int64_t MB, float scale, int nt);
+                                int64_t BS, int64_t KVH, int64_t MB, float scale,
+    int64_t window, float softcap, int nt);  // window 0: none; softcap 0: none
 void paged_decode_attention_f16(const float* q, const pagode::F16* k, const pagode::F16* v,
                                 const int32_t* bt, const int32_t* lens, float* out, int64_t B, int64_t H,
-                                int64_t D, int64_t BS, int64_t KVH, int64_t MB, float scale, int nt);
+                                int64_t D, int64_t BS, int64_t KVH, int64_t MB, float scale,
+    int64_t window, float softcap, int nt);  // window 0: none; softcap 0: none
 void paged_decode_attention_bf16(const float* q, const pagode::BF16* k, const pagode::BF16* v,
                                  const int32_t* bt, const int32_t* lens, float* out, int64_t B, int64_t H,
-                                 int64_t D, int64_t BS, int64_t KVH, int64_t MB, float scale, int nt);
+                                 int64_t D, int64_t BS, int64_t KVH, int64_t MB, float scale,
+    int64_t window, float softcap, int nt);  // window 0: none; softcap 0: none
 
 // qkv [n, stride] -> rotated queries q_out [n, H, D]; rotated keys and the values go to
 // cache slots [n] (-1: not written). Requires KVH * D <= 1024.

@@ -74,7 +74,7 @@ void attend(const int64_t* p, const Dims& d, const float* qkv, const int64_t* po
     CacheKernels<T>::rope_write(qkv, row, positions, cos, sin, q, kc, vc, slots, B, d.heads, d.kv_heads,
                                 d.head_dim, nthreads);
     CacheKernels<T>::decode(q, kc, vc, tables, lens, out, B, d.heads, d.head_dim, d.block_size, d.kv_heads, MB,
-                            scale, nthreads);
+                            scale, /*window=*/0, /*softcap=*/0.f, nthreads);  // unsupported() refuses both
 }
 
 struct Scratch {

@@ -105,6 +105,19 @@ inline void softmax(float* s, int64_t L) {
   for (t = 0; t < L; ++t) s[t] *= inv;
 }
 
+// Gemma 2's logit soft-cap, softcap * tanh(s / softcap), on scores already scaled; 0 = none.
+inline void soft_cap(float* s, int64_t L, float softcap) {
+  if (softcap <= 0.f) return;
+  const float inv = 1.f / softcap;
+  for (int64_t t = 0; t < L; ++t) s[t] = softcap * std::tanh(s[t] * inv);
+}
+
+// The first position a decode at the end of a sequence of L sees: a sliding window of W
+// keeps the last W positions, itself included (transformers: kv > q - W); 0 = no window.
+inline int64_t window_start(int64_t L, int64_t window) {
+  return window > 0 && L > window ? L - window : 0;
+}
+
 #ifdef PAGODE_AVX512
 // ---- decode attention, avx512 ----------------------------------------------
 // Chunk c (16 elements) of a cache row, as fp32.
@@ -122,12 +135,12 @@ constexpr int64_t GROUP_TILE = 4;  // query heads whose output rows are held in 
 // Scores of up to GROUP_TILE query heads (NV chunks of 16) against the task's L keys.
 template <int NV, typename T>
 void scores512(const float* q, int64_t D, int64_t g_count, const T* k_cache, const int32_t* table,
-               int64_t BS, int64_t row, int64_t kv, int64_t L, float scale, float* scores) {
+               int64_t BS, int64_t row, int64_t kv, int64_t start, int64_t L, float scale, float* scores) {
   __m512 qv[GROUP_TILE][NV];
   for (int64_t g = 0; g < g_count; ++g)
     for (int c = 0; c < NV; ++c) qv[g][c] = _mm512_loadu_ps(q + g * D + 16 * c);
   for (int64_t t = 0; t < L; ++t) {
-    const T* k = cache_row(k_cache, table, t, BS, row, kv);
+    const T* k = cache_row(k_cache, table, start + t, BS, row, kv);
     __m512 kc[NV];
     for (int c = 0; c < NV; ++c) kc[c] = load16(k + 16 * c);
     for (int64_t g = 0; g < g_count; ++g) {
@@ -141,12 +154,12 @@ void scores512(const float* q, int64_t D, int64_t g_count, const T* k_cache, con
 // out rows of up to GROUP_TILE query heads = their probabilities times the task's L values.
 template <int NV, typename T>
 void values512(const float* probs, int64_t g_count, const T* v_cache, const int32_t* table, int64_t BS,
-               int64_t row, int64_t kv, int64_t L, int64_t D, float* out) {
+               int64_t row, int64_t kv, int64_t start, int64_t L, int64_t D, float* out) {
   __m512 acc[GROUP_TILE][NV];
   for (int64_t g = 0; g < g_count; ++g)
     for (int c = 0; c < NV; ++c) acc[g][c] = _mm512_setzero_ps();
   for (int64_t t = 0; t < L; ++t) {
-    const T* v = cache_row(v_cache, table, t, BS, row, kv);
+    const T* v = cache_row(v_cache, table, start + t, BS, row, kv);
     __m512 vc[NV];
     for (int c = 0; c < NV; ++c) vc[c] = load16(v + 16 * c);
     for (int64_t g = 0; g < g_count; ++g) {
@@ -161,7 +174,7 @@ void values512(const float* probs, int64_t g_count, const T* v_cache, const int3
 template <int NV, typename T>
 void decode512(const float* query, const T* k_cache, const T* v_cache, const int32_t* block_tables,
                const int32_t* seq_lens, float* out, int64_t B, int64_t H, int64_t BS, int64_t KVH,
-               int64_t MB, float scale, int num_threads) {
+               int64_t MB, float scale, int64_t window, float softcap, int num_threads) {
   constexpr int64_t D = 16 * NV;
   const int64_t G = H / KVH, row = KVH * D;
 #pragma omp parallel num_threads(num_threads)
@@ -169,19 +182,23 @@ void decode512(const float* query, const T* k_cache, const T* v_cache, const int
     thread_local std::vector<float> scores;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < B * KVH; ++task) {
-      const int64_t b = task / KVH, kv = (task % KVH) * D, L = seq_lens[b];
+      const int64_t b = task / KVH, kv = (task % KVH) * D;
+      const int64_t start = window_start(seq_lens[b], window), L = seq_lens[b] - start;
       const float* q = query + (b * H + (task % KVH) * G) * D;
       float* o = out + (b * H + (task % KVH) * G) * D;
       const int32_t* table = block_tables + b * MB;
       scores.resize(G * L);
       for (int64_t g0 = 0; g0 < G; g0 += GROUP_TILE) {
         const int64_t n = std::min(GROUP_TILE, G - g0);
-        scores512<NV>(q + g0 * D, D, n, k_cache, table, BS, row, kv, L, scale, scores.data() + g0 * L);
+        scores512<NV>(q + g0 * D, D, n, k_cache, table, BS, row, kv, start, L, scale, scores.data() + g0 * L);
       }
-      for (int64_t g = 0; g < G; ++g) softmax(scores.data() + g * L, L);
+      for (int64_t g = 0; g < G; ++g) {
+        soft_cap(scores.data() + g * L, L, softcap);
+        softmax(scores.data() + g * L, L);
+      }
       for (int64_t g0 = 0; g0 < G; g0 += GROUP_TILE) {
         const int64_t n = std::min(GROUP_TILE, G - g0);
-        values512<NV>(scores.data() + g0 * L, n, v_cache, table, BS, row, kv, L, D, o + g0 * D);
+        values512<NV>(scores.data() + g0 * L, n, v_cache, table, BS, row, kv, start, L, D, o + g0 * D);
       }
     }
   }
@@ -190,16 +207,17 @@ void decode512(const float* query, const T* k_cache, const T* v_cache, const int
 // The avx512 body for D in {16, 32, ..., 256}; false (nothing done) for any other head size.
 template <typename T>
 bool dispatch512(const float* q, const T* k, const T* v, const int32_t* bt, const int32_t* lens, float* out,
-                 int64_t B, int64_t H, int64_t D, int64_t BS, int64_t KVH, int64_t MB, float scale, int nt) {
+                 int64_t B, int64_t H, int64_t D, int64_t BS, int64_t KVH, int64_t MB, float scale,
+                 int64_t window, float softcap, int nt) {
   switch (D) {
-    case 16: decode512<1>(q, k, v, bt, lens, out, B, H, BS, KVH, MB, scale, nt); return true;
-    case 32: decode512<2>(q, k, v, bt, lens, out, B, H, BS, KVH, MB, scale, nt); return true;
-    case 48: decode512<3>(q, k, v, bt, lens, out, B, H, BS, KVH, MB, scale, nt); return true;
-    case 64: decode512<4>(q, k, v, bt, lens, out, B, H, BS, KVH, MB, scale, nt); return true;
-    case 80: decode512<5>(q, k, v, bt, lens, out, B, H, BS, KVH, MB, scale, nt); return true;
-    case 96: decode512<6>(q, k, v, bt, lens, out, B, H, BS, KVH, MB, scale, nt); return true;
-    case 128: decode512<8>(q, k, v, bt, lens, out, B, H, BS, KVH, MB, scale, nt); return true;
-    case 256: decode512<16>(q, k, v, bt, lens, out, B, H, BS, KVH, MB, scale, nt); return true;
+    case 16: decode512<1>(q, k, v, bt, lens, out, B, H, BS, KVH, MB, scale, window, softcap, nt); return true;
+    case 32: decode512<2>(q, k, v, bt, lens, out, B, H, BS, KVH, MB, scale, window, softcap, nt); return true;
+    case 48: decode512<3>(q, k, v, bt, lens, out, B, H, BS, KVH, MB, scale, window, softcap, nt); return true;
+    case 64: decode512<4>(q, k, v, bt, lens, out, B, H, BS, KVH, MB, scale, window, softcap, nt); return true;
+    case 80: decode512<5>(q, k, v, bt, lens, out, B, H, BS, KVH, MB, scale, window, softcap, nt); return true;
+    case 96: decode512<6>(q, k, v, bt, lens, out, B, H, BS, KVH, MB, scale, window, softcap, nt); return true;
+    case 128: decode512<8>(q, k, v, bt, lens, out, B, H, BS, KVH, MB, scale, window, softcap, nt); return true;
+    case 256: decode512<16>(q, k, v, bt, lens, out, B, H, BS, KVH, MB, scale, window, softcap, nt); return true;
     default: return false;
   }
 }
@@ -211,9 +229,10 @@ bool dispatch512(const float* q, const T* k, const T* v, const int32_t* bt, cons
 template <typename T>
 void decode(const float* query, const T* k_cache, const T* v_cache, const int32_t* block_tables,
             const int32_t* seq_lens, float* out, int64_t B, int64_t H, int64_t D, int64_t BS,
-            int64_t KVH, int64_t MB, float scale, int num_threads) {
+            int64_t KVH, int64_t MB, float scale, int64_t window, float softcap, int num_threads) {
 #ifdef PAGODE_AVX512
-  if (dispatch512(query, k_cache, v_cache, block_tables, seq_lens, out, B, H, D, BS, KVH, MB, scale, num_threads))
+  if (dispatch512(query, k_cache, v_cache, block_tables, seq_lens, out, B, H, D, BS, KVH, MB, scale, window,
+                  softcap, num_threads))
     return;
 #endif
   const int64_t G = H / KVH, row = KVH * D;
@@ -224,19 +243,22 @@ void decode(const float* query, const T* k_cache, const T* v_cache, const int32_
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < B * KVH; ++task) {
       const int64_t b = task / KVH, kv = (task % KVH) * D;
-      const int64_t L = seq_lens[b];
+      const int64_t start = window_start(seq_lens[b], window), L = seq_lens[b] - start;
       const float* q = query + (b * H + (task % KVH) * G) * D;
       float* o = out + (b * H + (task % KVH) * G) * D;
       const int32_t* table = block_tables + b * MB;
       scores.resize(G * L);
       for (int64_t t = 0; t < L; ++t) {
-        to_float(cache_row(k_cache, table, t, BS, row, kv), buf.data(), D);
+        to_float(cache_row(k_cache, table, start + t, BS, row, kv), buf.data(), D);
         for (int64_t g = 0; g < G; ++g) scores[g * L + t] = dot(q + g * D, buf.data(), D) * scale;
       }
-      for (int64_t g = 0; g < G; ++g) softmax(scores.data() + g * L, L);
+      for (int64_t g = 0; g < G; ++g) {
+        soft_cap(scores.data() + g * L, L, softcap);
+        softmax(scores.data() + g * L, L);
+      }
       std::fill(o, o + G * D, 0.f);
       for (int64_t t = 0; t < L; ++t) {
-        to_float(cache_row(v_cache, table, t, BS, row, kv), buf.data(), D);
+        to_float(cache_row(v_cache, table, start + t, BS, row, kv), buf.data(), D);
         for (int64_t g = 0; g < G; ++g) axpy(scores[g * L + t], buf.data(), o + g * D, D);
       }
     }
@@ -285,18 +307,21 @@ extern "C" {
 // query/out [B, H, D] fp32; k_cache/v_cache [NB, BS, KVH, D]; block_tables [B, MB]; seq_lens [B].
 void paged_decode_attention_f32(const float* q, const float* k, const float* v, const int32_t* bt,
                                 const int32_t* lens, float* out, int64_t B, int64_t H, int64_t D,
-                                int64_t BS, int64_t KVH, int64_t MB, float scale, int nt) {
-  decode(q, k, v, bt, lens, out, B, H, D, BS, KVH, MB, scale, nt);
+                                int64_t BS, int64_t KVH, int64_t MB, float scale, int64_t window,
+                                float softcap, int nt) {
+  decode(q, k, v, bt, lens, out, B, H, D, BS, KVH, MB, scale, window, softcap, nt);
 }
 void paged_decode_attention_f16(const float* q, const F16* k, const F16* v, const int32_t* bt,
                                 const int32_t* lens, float* out, int64_t B, int64_t H, int64_t D,
-                                int64_t BS, int64_t KVH, int64_t MB, float scale, int nt) {
-  decode(q, k, v, bt, lens, out, B, H, D, BS, KVH, MB, scale, nt);
+                                int64_t BS, int64_t KVH, int64_t MB, float scale, int64_t window,
+                                float softcap, int nt) {
+  decode(q, k, v, bt, lens, out, B, H, D, BS, KVH, MB, scale, window, softcap, nt);
 }
 void paged_decode_attention_bf16(const float* q, const BF16* k, const BF16* v, const int32_t* bt,
                                  const int32_t* lens, float* out, int64_t B, int64_t H, int64_t D,
-                                 int64_t BS, int64_t KVH, int64_t MB, float scale, int nt) {
-  decode(q, k, v, bt, lens, out, B, H, D, BS, KVH, MB, scale, nt);
+                                 int64_t BS, int64_t KVH, int64_t MB, float scale, int64_t window,
+                                float softcap, int nt) {
+  decode(q, k, v, bt, lens, out, B, H, D, BS, KVH, MB, scale, window, softcap, nt);
 }
 
 // Requires KVH * D <= 1024.

@@ -24,15 +24,22 @@ class AttentionBackend(ABC):
 
     @abstractmethod
     def decode(self, query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,
-               scale: float) -> torch.Tensor:
-        """query [num_decodes, heads, head_dim] -> same shape; one new token per sequence."""
+               scale: float, *, window: int | None = None, softcap: float | None = None) -> torch.Tensor:
+        """query [num_decodes, heads, head_dim] -> same shape; one new token per sequence.
+
+        window: a query at position p sees only keys at positions > p - window (the last
+        `window` positions, itself included), as transformers' sliding-window mask;
+        softcap: scores (already scaled) become softcap * tanh(score / softcap) before the
+        mask, as Gemma 2. None: neither.
+        """
 
     @abstractmethod
     def prefill(self, query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,
-                scale: float) -> torch.Tensor:
+                scale: float, *, window: int | None = None, softcap: float | None = None) -> torch.Tensor:
         """query [prefill_tokens, heads, head_dim] of the chunks after the decodes.
 
-        Causal within each chunk, full over the sequence's cached positions.
+        Causal within each chunk, full over the sequence's cached positions (window and
+        softcap as in decode).
         """
 
     def rotate_and_write_kv(self, qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
@@ -58,13 +65,14 @@ class AttentionBackend(ABC):
         return False
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+                kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float, *,
+                window: int | None = None, softcap: float | None = None) -> torch.Tensor:
         """Write the step's K/V into the cache, then attend."""
         self.write_kv(key, value, kv_cache, meta.slot_mapping)
-        return self.attend(query, kv_cache, meta, scale)
+        return self.attend(query, kv_cache, meta, scale, window=window, softcap=softcap)
 
     def attend(self, query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,
-               scale: float) -> torch.Tensor:
+               scale: float, *, window: int | None = None, softcap: float | None = None) -> torch.Tensor:
         """Decodes then prefill chunks, over a cache that already holds the step's K/V.
 
         The cache may be stored in a narrower dtype than the query (--kv-cache-dtype);
@@ -72,8 +80,8 @@ class AttentionBackend(ABC):
         """
         nd = meta.num_decodes
         if meta.num_prefills == 0:
-            return self.decode(query, kv_cache, meta, scale)
+            return self.decode(query, kv_cache, meta, scale, window=window, softcap=softcap)
         if nd == 0:
-            return self.prefill(query, kv_cache, meta, scale)
-        return torch.cat([self.decode(query[:nd], kv_cache, meta, scale),
-                          self.prefill(query[nd:], kv_cache, meta, scale)])
+            return self.prefill(query, kv_cache, meta, scale, window=window, softcap=softcap)
+        return torch.cat([self.decode(query[:nd], kv_cache, meta, scale, window=window, softcap=softcap),
+                          self.prefill(query[nd:], kv_cache, meta, scale, window=window, softcap=softcap)])

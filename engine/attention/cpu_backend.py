@@ -5,7 +5,8 @@ Decodes go to a C++ kernel that reads K/V in place through the block tables, and
 the K/V cache write are one C++ pass (cpu_kernels/paged_attention.py); where they are not
 built (no compiler, PAGODE_CPU_KERNEL=0, a CPU below AVX2) or do not apply (CUDA, fp32
 queries only), the pure-torch paths of SdpaAttentionBackend run. Prefill and extend chunks
-attend without an explicit mask (maskless_prefill.py) on the CPU.
+attend without an explicit mask (maskless_prefill.py) on the CPU, except windowed or
+soft-capped ones, which take the sdpa backend's masked path.
 """
 
 from __future__ import annotations
@@ -25,11 +26,12 @@ class CpuAttentionBackend(SdpaAttentionBackend):
         self.kernel = native.paged_attention()  # None: pure torch throughout
 
     def decode(self, query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,
-               scale: float) -> torch.Tensor:
+               scale: float, *, window: int | None = None, softcap: float | None = None) -> torch.Tensor:
         if self.kernel is not None and self.kernel.supports(query.dtype, kv_cache.dtype, query.device):
             nd = meta.num_decodes
-            return self.kernel.decode(query, kv_cache, meta.block_tables[:nd], meta.seq_lens[:nd], scale)
-        return self.decode_gathered(query, kv_cache, meta, scale)
+            return self.kernel.decode(query, kv_cache, meta.block_tables[:nd], meta.seq_lens[:nd], scale,
+                                      window=window, softcap=softcap)
+        return self.decode_gathered(query, kv_cache, meta, scale, window=window, softcap=softcap)
 
     def attend_causal(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context: int,
                       scale: float) -> torch.Tensor:

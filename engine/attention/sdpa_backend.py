@@ -26,11 +26,12 @@ class SdpaAttentionBackend(AttentionBackend):
         flat[1].index_copy_(0, slot_mapping, value.to(kv_cache.dtype))
 
     def decode(self, query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,
-               scale: float) -> torch.Tensor:
-        return self.decode_gathered(query, kv_cache, meta, scale)
+               scale: float, *, window: int | None = None, softcap: float | None = None) -> torch.Tensor:
+        return self.decode_gathered(query, kv_cache, meta, scale, window=window, softcap=softcap)
 
     def decode_gathered(self, query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,
-                        scale: float) -> torch.Tensor:
+                        scale: float, *, window: int | None = None,
+                        softcap: float | None = None) -> torch.Tensor:
         """Pure torch: gather the batch's blocks, then one padded batched matmul."""
         nd = meta.num_decodes
         block_size, kv_heads, head_dim = kv_cache.shape[2:]
@@ -42,26 +43,28 @@ class SdpaAttentionBackend(AttentionBackend):
         kv = kv.to(query.dtype)
         group = query.shape[1] // kv_heads
         q = query.view(nd, kv_heads, group, head_dim)
-        scores = torch.matmul(q, kv[0].transpose(-1, -2)) * scale  # [B, kvh, g, L]
+        scores = soft_cap(torch.matmul(q, kv[0].transpose(-1, -2)) * scale, softcap)  # [B, kvh, g, L]
         positions = torch.arange(nb * block_size, device=query.device)
         pad = positions[None, :] >= meta.seq_lens[:nd, None]
+        if window is not None:
+            pad |= positions[None, :] <= meta.seq_lens[:nd, None] - 1 - window
         scores.masked_fill_(pad[:, None, None, :], float("-inf"))
         probs = torch.softmax(scores.float(), dim=-1).to(query.dtype)
         return torch.matmul(probs, kv[1]).view(nd, kv_heads * group, head_dim)
 
     def prefill(self, query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,
-                scale: float) -> torch.Tensor:
+                scale: float, *, window: int | None = None, softcap: float | None = None) -> torch.Tensor:
         nd = meta.num_decodes
         starts = meta.query_start_loc_cpu
         base = starts[nd]
         out = torch.empty_like(query)
         for i in range(nd, meta.num_seqs):
             lo, hi = starts[i] - base, starts[i + 1] - base
-            out[lo:hi] = self._prefill_one(query[lo:hi], kv_cache, meta, i, scale)
+            out[lo:hi] = self._prefill_one(query[lo:hi], kv_cache, meta, i, scale, window, softcap)
         return out
 
     def _prefill_one(self, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,
-                     i: int, scale: float) -> torch.Tensor:
+                     i: int, scale: float, window: int | None, softcap: float | None) -> torch.Tensor:
         block_size, kv_heads, head_dim = kv_cache.shape[2:]
         seq_len, q_len = meta.seq_lens_cpu[i], q.shape[0]
         nb = -(-seq_len // block_size)
@@ -73,6 +76,8 @@ class SdpaAttentionBackend(AttentionBackend):
         if group > 1:
             k = k.repeat_interleave(group, dim=0)
             v = v.repeat_interleave(group, dim=0)
+        if window is not None or softcap is not None:
+            return attend_masked(qh, k, v, seq_len - q_len, scale, window, softcap).transpose(0, 1)
         return self.attend_causal(qh, k, v, seq_len - q_len, scale).transpose(0, 1)
 
     def attend_causal(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context: int,
@@ -84,3 +89,29 @@ class SdpaAttentionBackend(AttentionBackend):
         rows = torch.arange(n, device=q.device)[:, None] + context
         mask = torch.arange(seq_len, device=q.device)[None, :] <= rows
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+
+
+def soft_cap(scores: torch.Tensor, softcap: float | None) -> torch.Tensor:
+    """Gemma 2's logit soft-cap on scaled scores, as transformers computes it; None: as is."""
+    if softcap is None:
+        return scores
+    return torch.tanh(scores / softcap) * softcap
+
+
+def attend_masked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context: int, scale: float,
+                  window: int | None, softcap: float | None) -> torch.Tensor:
+    """Causal attention with a sliding window and/or a soft-cap, on the full score matrix.
+
+    q [H, n, d] at positions context.. against k, v [H, context + n, d]. SDPA has no
+    soft-cap, so the scores are explicit here: scale, cap, mask, then an fp32 softmax.
+    """
+    n, seq_len = q.shape[1], k.shape[1]
+    rows = torch.arange(n, device=q.device)[:, None] + context
+    cols = torch.arange(seq_len, device=q.device)[None, :]
+    visible = cols <= rows
+    if window is not None:
+        visible &= cols > rows - window
+    scores = soft_cap(torch.matmul(q, k.transpose(-1, -2)) * scale, softcap)
+    scores = scores.masked_fill(~visible, float("-inf"))
+    probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+    return torch.matmul(probs, v)

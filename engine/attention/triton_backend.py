@@ -49,15 +49,17 @@ class TritonAttentionBackend(AttentionBackend):
         self._write(key, value, kv_cache, slot_mapping)
 
     def decode(self, query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,
-               scale: float) -> torch.Tensor:
+               scale: float, *, window: int | None = None, softcap: float | None = None) -> torch.Tensor:
         nd = meta.num_decodes
         return self._decode(query, kv_cache, meta.block_tables[:nd], meta.seq_lens[:nd], scale,
-                            num_splits=self.decode_num_splits, max_seq_len=meta.max_seq_len)
+                            num_splits=self.decode_num_splits, max_seq_len=meta.max_seq_len,
+                            window=window, softcap=softcap)
 
     def prefill(self, query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,
-                scale: float) -> torch.Tensor:
+                scale: float, *, window: int | None = None, softcap: float | None = None) -> torch.Tensor:
         nd = meta.num_decodes
         # Decodes come first with one token each, so the prefill chunks start at token nd.
         cu_seqlens = meta.query_start_loc[nd:] - nd
         return self._prefill(query, kv_cache, cu_seqlens, meta.seq_lens[nd:],
-                             meta.block_tables[nd:], scale, meta.max_query_len)
+                             meta.block_tables[nd:], scale, meta.max_query_len, window=window,
+                             softcap=softcap)

@@ -7,6 +7,12 @@ after CVE-2025-25183 for the same reason). When the
 last owner frees it, it goes to the tail of the free list but keeps its hash, so a
 later request with the same prefix can take it back; it is evicted only when the
 free list hands it out again (lazy, least recently freed first).
+
+When every layer of the model attends through a sliding window, a running sequence's
+blocks that fell wholly out of the window go back to the pool early; their table entries
+become FREED, so positions keep their block index. Such a block loses its hash at once:
+the sequence that owned it no longer reads it, and the prefix cache must never hand out a
+block whose contents may be overwritten before the next request reads it.
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from engine.core.sequence import Sequence
+
+FREED = -1  # a block-table entry whose block fell out of the model's sliding window
 
 
 @dataclass
@@ -40,8 +48,10 @@ def chain_hash(parent: int | None, token_ids: tuple[int, ...]) -> int:
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 window: int | None = None) -> None:
         self.block_size = block_size
+        self.window = window  # every layer's sliding window (the widest), or None: blocks are kept
         self.enable_prefix_caching = enable_prefix_caching
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free_ids: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
@@ -121,9 +131,33 @@ class BlockManager:
     def append_slots(self, seq: Sequence, num_new_tokens: int) -> None:
         self._grow(seq, self.blocks_for(seq.num_computed_tokens + num_new_tokens))
 
+    def free_outside_window(self, seq: Sequence, first_position: int) -> None:
+        """Release the blocks no query from `first_position` on can see through the window.
+
+        A query at p sees positions > p - window, so the blocks wholly below
+        first_position - window + 1 are dead for this step and every later one.
+        """
+        if self.window is None:
+            return
+        dead = min(max(0, first_position - self.window + 1) // self.block_size, len(seq.block_table))
+        for i in range(dead - 1, -1, -1):  # back to the first entry already released
+            block_id = seq.block_table[i]
+            if block_id == FREED:
+                break
+            seq.block_table[i] = FREED
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self._forget(block)
+                self.num_used -= 1
+                self.free_ids[block_id] = None
+                self.free_ids.move_to_end(block_id, last=False)  # holds nothing worth keeping: reuse first
+
     def free(self, seq: Sequence) -> None:
         # Tail blocks first, so a shared prefix is the last to be evicted.
         for block_id in reversed(seq.block_table):
+            if block_id == FREED:
+                continue
             block = self.blocks[block_id]
             block.ref_count -= 1
             if block.ref_count == 0:
@@ -152,6 +186,8 @@ class BlockManager:
         bs = self.block_size
         full = min(seq.num_computed_tokens // bs, len(seq.block_table))
         for i, h in enumerate(self.hash_blocks(seq, full)):
+            if seq.block_table[i] == FREED:
+                continue
             block = self.blocks[seq.block_table[i]]
             if block.hash is not None:
                 continue
@@ -174,6 +210,13 @@ class BlockManager:
         self.num_used += 1
         return block_id
 
+    def _forget(self, block: Block) -> None:
+        """Take a block out of the prefix cache."""
+        if block.hash is not None and self.hash_to_block.get(block.hash) == block.block_id:
+            del self.hash_to_block[block.hash]
+        block.hash = None
+        block.token_ids = ()
+
     def _take(self, block_id: int) -> None:
         block = self.blocks[block_id]
         if block.ref_count == 0:
@@ -186,8 +229,10 @@ class BlockManager:
         """free + in use == total (cached-idle blocks are free); owners match ref counts."""
         owners: dict[int, int] = {}
         for seq in seqs:
-            assert len(set(seq.block_table)) == len(seq.block_table), f"{seq.request_id} holds a block twice"
-            for b in seq.block_table:
+            held = [b for b in seq.block_table if b != FREED]
+            assert len(set(held)) == len(held), f"{seq.request_id} holds a block twice"
+            assert FREED not in seq.block_table[len(seq.block_table) - len(held):], "a freed block after a held one"
+            for b in held:
                 owners[b] = owners.get(b, 0) + 1
         in_use = {b.block_id for b in self.blocks if b.ref_count > 0}
         assert self.num_used == len(in_use), (self.num_used, len(in_use))

@@ -132,6 +132,7 @@ class Scheduler:
             if budget == 0 or seq.status is not SequenceStatus.RUNNING:
                 break
             n = 1 if not seq.is_prefilling else min(seq.num_uncomputed_tokens, budget)
+            self.block_manager.free_outside_window(seq, seq.num_computed_tokens)
             if not self._make_room(seq, n, out):
                 break  # seq itself was the newest and is preempted; so were all after it
             draft = self._draft(seq, n, budget, decode_tokens)

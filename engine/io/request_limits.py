@@ -68,15 +68,6 @@ def too_many(what: str, count: int, cap: int, flag: str, param: str) -> InvalidR
     return InvalidRequestError(f"{what}: {count} exceeds the limit of {cap} (--{flag})", param)
 
 
-def check_fan_out(num_prompts: int, n: int, limits: RequestLimits) -> None:
-    caps = limits.caps
-    if n > caps.max_n:
-        raise too_many("n", n, caps.max_n, "max-n", "n")
-    if num_prompts * n > caps.max_seqs_per_request:
-        raise too_many(f"sequences in one request ({num_prompts} prompts x n={n})",
-                       num_prompts * n, caps.max_seqs_per_request, "max-seqs-per-request", "n")
-
-
 def check_prompt_chars(text: str, limits: RequestLimits, param: str = "prompt") -> None:
     if len(text) > limits.max_prompt_chars:
         flag = "max-prompt-chars" if limits.caps.max_prompt_chars else \

@@ -1,4 +1,4 @@
-"""Llama-family decoder (Llama, SmolLM2, Mistral, Qwen2) over the paged KV cache."""
+"""Decoder-only model families over the paged KV cache (engine/model/registry.py lists them)."""
 
 from engine.model.config import ModelConfig
 from engine.model.llama import LlamaForCausalLM

@@ -31,6 +31,8 @@ from cpu_kernels.decode_step_kernel import CACHE_TYPES, KINDS, PROJECTIONS, Deco
 from engine import autotune, envs, native
 from engine.attention import AttentionBackend, AttentionMetadata
 from engine.autotune import Crossover
+from engine.model.config import ModelConfig
+from engine.model.layers import PagedAttention
 from engine.model.llama import DecoderLayer, LlamaForCausalLM
 from engine.quant.linear import QuantLinear
 
@@ -94,13 +96,39 @@ def unsupported(model: LlamaForCausalLM, kv_caches: list[torch.Tensor], backend:
         return "PAGODE_DECODE_STEP=0"
     if kv_caches[0].device.type != "cpu" or model.embed_tokens.weight.dtype != torch.float32:
         return "not an fp32 model on the CPU"
+    why = layer_shape_unsupported(model.config)
+    if why:
+        return why
     if not backend.supports_fused_cpu_step(kv_caches[0]):
         return f"the {backend.name} attention backend does not read this cache with the C++ kernel"
+    # The fused step's C++ attention call takes no window or soft-cap: it would attend
+    # fully and uncapped, so such models run layer by layer.
+    for attn in model.modules():
+        if isinstance(attn, PagedAttention) and (attn.window is not None or attn.softcap is not None):
+            return "a layer has a sliding window or a logit soft-cap"
     for layer in model.layers:
         for name in PROJECTIONS:
             proj = layer.get_submodule(name)
             if not isinstance(proj, QuantLinear) or proj.blocks is None:
                 return "not every projection is block-quantized"
+    return None
+
+
+def layer_shape_unsupported(cfg: ModelConfig) -> str | None:
+    """Why the C++ step, which computes plain Llama layers, cannot compute this family's."""
+    if cfg.num_experts:
+        return f"{cfg.architecture}: mixture-of-experts layers (the C++ step computes one dense MLP)"
+    if cfg.post_norms_only:
+        return f"{cfg.architecture}: norms after attention and MLP"
+    if cfg.qk_norm is not None:
+        return f"{cfg.architecture}: RMSNorm on q and k"
+    if cfg.rotary_dim != cfg.head_dim:
+        return f"{cfg.architecture}: partial rotary"
+    if cfg.rope_layers is not None and not all(cfg.rope_layers):
+        return f"{cfg.architecture}: layers without RoPE"
+    if (cfg.embedding_multiplier, cfg.residual_multiplier, cfg.logits_scaling) != (1.0, 1.0, 1.0) \
+            or cfg.attention_multiplier is not None:
+        return f"{cfg.architecture}: embedding/residual/attention/logits multipliers"
     return None
 
 

@@ -1,8 +1,13 @@
-"""Read a llama.cpp GGUF file: config from metadata, dequantized HF-named weights."""
+"""Read a llama.cpp GGUF file: config from metadata, dequantized HF-named weights.
+
+Tensor names follow llama.cpp (gguf-py `constants.py`, `tensor_mapping.py`); a family adds
+its own names (Family.gguf_tensors) and the tensors its config reads (rope factors).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +15,7 @@ import numpy as np
 import torch
 
 from engine.model.config import ModelConfig
+from engine.model.family import Family
 
 _LAYER_NAMES = {
     "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
@@ -18,6 +24,8 @@ _LAYER_NAMES = {
     "ffn_down": "mlp.down_proj",
 }
 _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+# Written by converters for some arches but computed by the model (llama.cpp's rotary tables).
+_IGNORED = ("rope_freqs",)
 
 
 class GGUFModel:
@@ -26,36 +34,37 @@ class GGUFModel:
 
         self.path = path
         self.reader = GGUFReader(str(path))
-        self.arch = str(self._field("general.architecture"))
+        self.arch = str(self.field("general.architecture"))
 
-    def _field(self, key: str, default: Any = None) -> Any:
+    def field(self, key: str, default: Any = None) -> Any:
         field = self.reader.fields.get(key)
         return default if field is None else field.contents()
 
+    def arch_field(self, key: str, default: Any = None) -> Any:
+        """`{arch}.{key}`, e.g. arch_field("attention.head_count")."""
+        return self.field(f"{self.arch}.{key}", default)
+
+    @cached_property
+    def tensor_names(self) -> set[str]:
+        return {t.name for t in self.reader.tensors}
+
+    def tensor_values(self, name: str) -> list[float] | None:
+        """A small tensor's values (rope factors), or None when the file has none."""
+        for t in self.reader.tensors:
+            if t.name == name:
+                return [float(x) for x in np.asarray(t.data, dtype=np.float32).reshape(-1)]
+        return None
+
+    @cached_property
+    def family(self) -> Family:
+        from engine.model.registry import family_for_gguf
+
+        return family_for_gguf(self.arch)
+
     def config(self) -> ModelConfig:
-        a = self.arch
-        heads = int(self._field(f"{a}.attention.head_count"))
-        hidden = int(self._field(f"{a}.embedding_length"))
-        names = {t.name for t in self.reader.tensors}
-        vocab = self._field(f"{a}.vocab_size") or len(self._field("tokenizer.ggml.tokens"))
-        eos = self._field("tokenizer.ggml.eos_token_id")
-        return ModelConfig(
-            architecture="qwen2" if a == "qwen2" else "llama",
-            vocab_size=int(vocab),
-            hidden_size=hidden,
-            intermediate_size=int(self._field(f"{a}.feed_forward_length")),
-            num_hidden_layers=int(self._field(f"{a}.block_count")),
-            num_attention_heads=heads,
-            num_key_value_heads=int(self._field(f"{a}.attention.head_count_kv", heads)),
-            head_dim=int(self._field(f"{a}.attention.key_length", hidden // heads)),
-            rms_norm_eps=float(self._field(f"{a}.attention.layer_norm_rms_epsilon", 1e-5)),
-            rope_theta=float(self._field(f"{a}.rope.freq_base", 10000.0)),
-            max_position_embeddings=int(self._field(f"{a}.context_length", 2048)),
-            tie_word_embeddings="output.weight" not in names,
-            attention_bias="blk.0.attn_q.bias" in names,
-            bos_token_id=self._field("tokenizer.ggml.bos_token_id"),
-            eos_token_ids=[] if eos is None else [int(eos)],
-        )
+        from engine.model.registry import config_from_gguf
+
+        return config_from_gguf(self)
 
     @property
     def num_tensors(self) -> int:
@@ -65,17 +74,27 @@ class GGUFModel:
         from gguf.quants import dequantize
 
         cfg = self.config()
+        skip = _IGNORED + self.family.gguf_config_tensors
         for t in self.reader.tensors:
+            if t.name in skip:
+                continue
             array = dequantize(t.data, t.tensor_type)
             shape = tuple(int(x) for x in reversed(t.shape))  # GGUF lists dims fastest-first
             tensor = torch.from_numpy(np.array(array, dtype=np.float32).reshape(shape))  # a writable copy
-            name = hf_name(t.name)
-            if self.arch == "llama" and name.endswith(("q_proj.weight", "q_proj.bias")):
-                tensor = unpermute(tensor, cfg.num_attention_heads)
-            elif self.arch == "llama" and name.endswith(("k_proj.weight", "k_proj.bias")):
-                tensor = unpermute(tensor, cfg.num_key_value_heads)
+            name = hf_name(t.name, self.family)
+            heads = _permuted_heads(self.family, name, cfg)
+            if heads is not None:
+                tensor = unpermute(tensor, heads)
             yield name, tensor
 
+    def requantized_kinds(self, kept: tuple[str, ...] = ("Q4_1", "Q8_0", "F32", "F16", "BF16")) -> dict[str, int]:
+        """Block formats of the file's matrices that a quantized mode cannot reuse, with counts."""
+        counts: dict[str, int] = {}
+        for t in self.reader.tensors:
+            kind = t.tensor_type.name
+            if len(t.shape) == 2 and kind not in kept:
+                counts[kind] = counts.get(kind, 0) + 1
+        return counts
 
     def raw_blocks(self, kinds: tuple[str, ...] = ("Q4_1", "Q8_0")) -> dict[str, tuple[str, np.ndarray]]:
         """HF name -> (kind, bytes [rows, row bytes]) of the tensors stored in `kinds`, unquantized.
@@ -88,29 +107,33 @@ class GGUFModel:
         for t in self.reader.tensors:
             if t.tensor_type.name not in kinds or len(t.shape) != 2:
                 continue
-            name = hf_name(t.name)
+            name = hf_name(t.name, self.family)
             data = np.asarray(t.data)
-            heads = _permuted_heads(self.arch, name, cfg)
+            heads = _permuted_heads(self.family, name, cfg)
             if heads is not None:
                 data = data[unpermute(torch.arange(data.shape[0]), heads).numpy()]
             out[name] = (t.tensor_type.name.lower(), data)
         return out
 
 
-def _permuted_heads(arch: str, name: str, cfg: ModelConfig) -> int | None:
-    if arch != "llama":
+def _permuted_heads(family: Family, name: str, cfg: ModelConfig) -> int | None:
+    if not family.permute_qk:
         return None
-    if name.endswith("q_proj.weight"):
+    if name.endswith(("q_proj.weight", "q_proj.bias")):
         return cfg.num_attention_heads
-    if name.endswith("k_proj.weight"):
+    if name.endswith(("k_proj.weight", "k_proj.bias")):
         return cfg.num_key_value_heads
     return None
 
 
-def hf_name(gguf_name: str) -> str:
+def hf_name(gguf_name: str, family: Family | None = None) -> str:
     parts = gguf_name.split(".")
+    extra = family.gguf_tensors if family is not None else {}
     if parts[0] == "blk":
-        return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.{parts[3]}"
+        part = extra.get(parts[2]) or _LAYER_NAMES.get(parts[2])
+        if part is None:
+            raise KeyError(f"GGUF tensor {gguf_name!r} has no place in a {family and family.model_type} model")
+        return f"model.layers.{parts[1]}.{part}.{parts[3]}"
     return f"{_TOP_NAMES[parts[0]]}.{parts[1]}"
 
 

@@ -8,6 +8,7 @@ import logging
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import torch
 
@@ -16,6 +17,7 @@ from engine.attention import AttentionBackend
 from engine.model.config import ModelConfig
 from engine.model.gguf_file import GGUFModel
 from engine.model.llama import LlamaForCausalLM
+from engine.model.registry import model_class
 from engine.model.weights import iter_safetensors, load_weights, read_hf_config
 from engine.quant import quantize_model, resolve_mode
 from engine.quant.dense_linear import speed_up_fp32_linears
@@ -72,10 +74,10 @@ def load_model(source: ModelSource, cfg: ModelConfig, backend: AttentionBackend,
                max_positions: int, dtype: torch.dtype, device: torch.device,
                quantization: str = "none", max_tokens: int = 512) -> LlamaForCausalLM:
     with torch.device("meta"):
-        model = LlamaForCausalLM(cfg, backend, max_positions)
+        model = cast(LlamaForCausalLM, model_class(cfg)(cfg, backend, max_positions))
     model = model.to_empty(device="cpu")
     with torch.device("cpu"):
-        model.rope.build()  # shared by all layers
+        model.build_rope()  # shared by all layers
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
     if source.is_gguf:
@@ -83,9 +85,10 @@ def load_model(source: ModelSource, cfg: ModelConfig, backend: AttentionBackend,
         load_weights(model, gguf.weights(), total=gguf.num_tensors)
     else:
         load_weights(model, iter_safetensors(source.path))
+    model.finish_loading()
     model = model.to(device=device, dtype=dtype).eval()
     with torch.device(device):
-        model.rope.build()  # keep the table in fp32 whatever the dtype
+        model.build_rope()  # keep the table in fp32 whatever the dtype
     apply_quantization(model, source, quantization, device, dtype, max_tokens)
     return model
 
@@ -99,7 +102,19 @@ def apply_quantization(model: LlamaForCausalLM, source: ModelSource, requested: 
         on = "; ".join(f"{n} on {g}" for g, n in sorted(Counter(gemms.values()).items()))
         log.info("quantization: none (%s): linear layers in %s%s", why, dtype, f" ({on})" if on else "")
         return mode
-    raw = GGUFModel(source.path).raw_blocks() if source.is_gguf else None
+    raw = None
+    if source.is_gguf:
+        gguf = GGUFModel(source.path)
+        raw = gguf.raw_blocks()
+        foreign = gguf.requantized_kinds()
+        if foreign:
+            log.info("quantization: %s: the file's %s are dequantized and requantized (the block kernels "
+                     "take Q4_1 and Q8_0 as they are)", mode,
+                     ", ".join(f"{n} {kind} tensors" for kind, n in sorted(foreign.items())))
+    if raw is not None and model.config.rotary_dim != model.config.head_dim:
+        # Partial rotary reorders Q/K rows after loading; the file's blocks keep the old order.
+        log.info("quantization: partial rotary reorders Q/K rows, so no GGUF block is reused as is")
+        raw = None
     report = quantize_model(model, mode, raw, max_tokens)
     log.info("quantization: %s (%s): %s", mode, why, report.summary())
     return mode
@@ -115,12 +130,27 @@ def load_tokenizer(source: ModelSource):  # type: ignore[no-untyped-def]
     if (cache / "tokenizer.json").exists():
         return AutoTokenizer.from_pretrained(str(cache))
     log.info("building the tokenizer from %s (once; cached in %s)", source.path.name, cache)
-    tok = AutoTokenizer.from_pretrained(str(source.path.parent), gguf_file=source.path.name)
+    tok = tokenizer_from_gguf(source.path)
     try:
         tok.save_pretrained(str(cache))
     except OSError as err:
         log.warning("could not cache the tokenizer: %s", err)
     return tok
+
+
+def tokenizer_from_gguf(path: Path):  # type: ignore[no-untyped-def]
+    """AutoTokenizer first maps the file's arch onto a transformers config, which it lacks for
+    some arches pagode serves (granite, olmo2, smollm3); the vocabulary itself reads the same
+    for any arch, so those go straight to the fast tokenizer's GGUF reader."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    try:
+        return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    except ValueError as err:
+        if "is not supported" not in str(err):
+            raise
+        log.info("transformers knows no config for this GGUF arch (%s); reading its vocabulary alone", err)
+    return PreTrainedTokenizerFast.from_pretrained(str(path.parent), gguf_file=path.name)
 
 
 def _tokenizer_cache_dir(path: Path) -> Path:

@@ -116,6 +116,8 @@ class ModelRunner:
         tables = np.zeros((n, width), np.int32)
         for row, s in enumerate(scheduled):
             tables[row, :len(s.seq.block_table)] = s.seq.block_table
+        # A block freed out of a sliding window (FREED, -1) is never read; 0 keeps the index valid.
+        np.maximum(tables, 0, out=tables)
         slots = tables[seq_index, positions // bs].astype(np.int64) * bs + positions % bs
         completes = np.fromiter((s.completes_prefill for s in scheduled), bool, n)
         sample_indices = _sample_rows(scheduled, starts, completes)

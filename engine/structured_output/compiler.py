@@ -32,7 +32,7 @@ class GrammarCache:
 
         self._compiler = xgr.GrammarCompiler(tokenizer_info, max_threads=max_threads,
                                              cache_enabled=False)
-        self._cache: OrderedDict[tuple[str, str, bool], Any] = OrderedDict()
+        self._cache: OrderedDict[tuple[str, str, bool, str], Any] = OrderedDict()
         self._max_entries = max_entries
         self._lock = threading.Lock()
         self.hits = 0
@@ -69,6 +69,8 @@ class GrammarCache:
 
 
 def compile_with(compiler: Any, spec: StructuredOutputSpec) -> Any:
+    if spec.after:
+        return compiler.compile_grammar(grammar_after(spec))
     ws = spec.any_whitespace
     if spec.kind == "json":
         return compiler.compile_json_schema(spec.text, any_whitespace=ws, strict_mode=True)
@@ -82,6 +84,42 @@ def compile_with(compiler: Any, spec: StructuredOutputSpec) -> Any:
         return compiler.compile_grammar(spec.text)
     if spec.kind == "structural_tag":
         return compiler.compile_structural_tag(spec.text)
+    raise StructuredOutputError(f"unknown structured output kind {spec.kind!r}",
+                                "structured_outputs")
+
+
+def grammar_after(spec: StructuredOutputSpec) -> Any:
+    """Free text up to and including `spec.after`, then whitespace, then the spec's own
+    grammar: xgrammar's any_text runs until its end tag, so the grammar takes over at the
+    marker's first occurrence."""
+    import xgrammar as xgr
+
+    free = {"type": "structural_tag", "format": {"type": "tag", "begin": "",
+                                                 "content": {"type": "any_text"},
+                                                 "end": spec.after}}
+    # The blank lines a template writes after the reasoning's end (Qwen3's "</think>\n\n")
+    # are allowed before the grammar begins.
+    return xgr.Grammar.concat(xgr.Grammar.from_structural_tag(json.dumps(free)),
+                              xgr.Grammar.from_regex(r"[ \t\n]*"), own_grammar(spec))
+
+
+def own_grammar(spec: StructuredOutputSpec) -> Any:
+    """The spec's grammar as an xgrammar Grammar (not yet compiled), to compose with."""
+    import xgrammar as xgr
+
+    ws = spec.any_whitespace
+    if spec.kind == "json":
+        return xgr.Grammar.from_json_schema(spec.text, any_whitespace=ws, strict_mode=True)
+    if spec.kind == "json_object":
+        return xgr.Grammar.from_json_schema('{"type": "object"}', any_whitespace=ws)
+    if spec.kind == "regex":
+        return xgr.Grammar.from_regex(spec.text)
+    if spec.kind == "choice":
+        return xgr.Grammar.from_ebnf(choice_grammar(json.loads(spec.text)))
+    if spec.kind == "grammar":
+        return xgr.Grammar.from_ebnf(spec.text)
+    if spec.kind == "structural_tag":
+        return xgr.Grammar.from_structural_tag(spec.text)
     raise StructuredOutputError(f"unknown structured output kind {spec.kind!r}",
                                 "structured_outputs")
 

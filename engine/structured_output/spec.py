@@ -8,7 +8,7 @@ is the order in which the output writes the properties.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 Kind = Literal["json", "json_object", "regex", "choice", "grammar", "structural_tag"]
@@ -22,10 +22,17 @@ class StructuredOutputSpec:
     # False (the default) constrains JSON whitespace to single spaces after ',' and ':', as
     # vLLM's disable_any_whitespace does: a small model may otherwise emit newlines forever.
     any_whitespace: bool = False
+    # Text the output writes freely before the grammar starts, ending with this marker: a
+    # reasoning model's thinking is not held to the answer's format ("</think>"); "" for none.
+    after: str = ""
 
     @property
-    def key(self) -> tuple[str, str, bool]:
-        return (self.kind, self.text, self.any_whitespace)
+    def key(self) -> tuple[str, str, bool, str]:
+        return (self.kind, self.text, self.any_whitespace, self.after)
+
+    def starting_after(self, marker: str) -> StructuredOutputSpec:
+        """This spec, applied only once the output has written `marker`."""
+        return replace(self, after=marker)
 
     @classmethod
     def json_schema(cls, schema: dict[str, Any] | str | bool, any_whitespace: bool = False

@@ -274,6 +274,10 @@ class ChatCompletionRequest(SamplingFields, StructuredFields, ToolFields):
     top_logprobs: Annotated[int, Field(strict=True, ge=0, le=MAX_LOGPROBS)] | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+    # Extra variables for the chat template (Qwen3's enable_thinking, ...); the reasoning
+    # parser reads enable_thinking too.
+    chat_template_kwargs: dict[str, Any] | None = None
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
 
     @field_validator("top_logprobs")
     @classmethod
@@ -290,6 +294,7 @@ class TokenizeRequest(OpenAIModel):
     tools: Annotated[list[ToolDefinition], Field(fail_fast=True)] | None = None  # as in chat
     add_special_tokens: bool | None = None
     add_generation_prompt: bool = True
+    chat_template_kwargs: dict[str, Any] | None = None  # as in chat
 
     @model_validator(mode="after")
     def check_one_input(self) -> TokenizeRequest:
@@ -365,6 +370,9 @@ class ChatLogprobs(BaseModel):
 class ChatResponseMessage(BaseModel):
     role: str = "assistant"
     content: str | None = None
+    # vLLM's field, and the older name that many clients still read: both carry the same.
+    reasoning: str | None = None
+    reasoning_content: str | None = None
     tool_calls: list[ToolCall] = Field(default_factory=list)
 
 
@@ -400,6 +408,8 @@ class ChatCompletionResponse(BaseModel):
 class DeltaMessage(BaseModel):
     role: str | None = None
     content: str | None = None
+    reasoning: str | None = None
+    reasoning_content: str | None = None
     tool_calls: list[DeltaToolCall] | None = None
 
 

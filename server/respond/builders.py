@@ -29,6 +29,8 @@ from server.api.protocol import (
     dump,
     now,
 )
+from server.respond.chat_format import ChatFormat
+from server.respond.reasoning.stream import ReasoningStream
 from server.respond.tool_calls import ToolCallStream
 from server.runtime.generation import ChoiceEvent
 
@@ -271,14 +273,20 @@ class CompletionBuilder(ResponseBuilder):
 
 class ChatBuilder(ResponseBuilder):
     def __init__(self, request_id: str, model: str, prompt: TokenizedPrompt,
-                 body: ChatCompletionRequest) -> None:
+                 body: ChatCompletionRequest, chat_format: ChatFormat | None = None) -> None:
+        """`chat_format`: how the model writes calls and reasoning (hermes, none if not given)."""
         super().__init__(request_id, model, [prompt], body.n)
         self.logprobs = body.logprobs
         self.top_logprobs = body.top_logprobs or 0
-        # Tool calling: each choice's output is parsed for calls (respond/tool_calls.py).
+        fmt = chat_format or ChatFormat("hermes", "none")
+        # Each choice's output is split into reasoning and content (respond/reasoning/), then
+        # the content is parsed for calls (respond/tool_calls.py).
         tools = body.tool_mode()
-        self.tool_streams = {index: ToolCallStream(*tools) for index in self.choices} if tools \
-            else {}
+        self.tool_streams = {index: ToolCallStream(*tools, parser=fmt.tools())
+                             for index in self.choices} if tools else {}
+        parser = fmt.reasoning(body)
+        self.reasoning_streams = {index: ReasoningStream(parser)
+                                  for index in self.choices} if parser else {}
 
     def fold(self, event: ChoiceEvent) -> tuple[ChoiceState, str, ChatLogprobs | None]:
         choice, text = self.update(event)
@@ -301,13 +309,20 @@ class ChatBuilder(ResponseBuilder):
             return None
         message = DeltaMessage(role="assistant" if first else None, content=text)
         finish_reason = delta.finish_reason if delta.finished else None
+        reasoning = self.reasoning_streams.get(choice.index)
+        if reasoning is not None:
+            thought, text = reasoning.feed(text, delta.finished)
+            message.content = text or None
+            message.reasoning = message.reasoning_content = thought or None
         tools = self.tool_streams.get(choice.index)
         if tools is not None:
             shown, calls = tools.feed(text, delta.finished)
             message.content, message.tool_calls = shown or None, calls or None
             finish_reason = tools.finish_reason(finish_reason)
-            if not first and not delta.finished and not shown and not calls and not logprobs:
-                return None
+        parsed = reasoning is not None or tools is not None
+        if parsed and not first and not delta.finished and not logprobs and not (
+                message.content or message.reasoning or message.tool_calls):
+            return None
         body = ChatCompletionChunk(
             id=self.request_id, created=self.created, model=self.model,
             choices=[ChatStreamChoice(index=choice.index, delta=message, logprobs=logprobs,
@@ -326,11 +341,16 @@ class ChatBuilder(ResponseBuilder):
         choices = []
         for index in sorted(self.choices):
             choice = self.choices[index]
-            message = ChatResponseMessage(content="".join(choice.text))
+            text = "".join(choice.text)
+            message = ChatResponseMessage(content=text)
             finish_reason = choice.finish_reason
+            if index in self.reasoning_streams:
+                thought, text = self.reasoning_streams[index].parser.split(text, True)
+                message.content = text or None
+                message.reasoning = message.reasoning_content = thought or None
             if index in self.tool_streams:
                 message.content, message.tool_calls, finish_reason = \
-                    self.tool_streams[index].result("".join(choice.text), finish_reason)
+                    self.tool_streams[index].result(text, finish_reason)
             choices.append(ChatChoice(
                 index=index, message=message,
                 logprobs=ChatLogprobs(content=choice.chat_logprobs) if self.logprobs else None,

@@ -10,39 +10,13 @@ The prompt side (rendering tools, forcing calls) is server/translate/tool_prompt
 from __future__ import annotations
 
 import json
-import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-import partial_json_parser
-from partial_json_parser import Allow
-
 from server.api.protocol import DeltaFunctionCall, DeltaToolCall, FunctionCall, ToolCall
-from server.api.tool_markup import CALL_END, CALL_START, Mode
-
-PARTIAL = Allow.OBJ | Allow.ARR  # containers may be open; strings, numbers, literals complete
-
-
-# ---- parsing, whole and streamed -----------------------------------------------------------
-
-def new_call_id() -> str:
-    return f"chatcmpl-tool-{uuid.uuid4().hex}"
-
-
-def parse_partial(text: str) -> Any:
-    if not text.strip():
-        return None
-    try:
-        return partial_json_parser.loads(text, PARTIAL)
-    except Exception:  # noqa: BLE001 - malformed output is not a call
-        return None
-
-
-def parse_whole(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except ValueError:
-        return None
+from server.api.tool_markup import Mode
+from server.respond.tool_parsers.base import ToolParser, item_call, parse_partial, parse_whole
+from server.respond.tool_parsers.hermes import HermesParser
 
 
 def dumps(value: Any) -> str:
@@ -54,17 +28,9 @@ def stable_prefix(serialised: str) -> str:
     return serialised.rstrip("}]")
 
 
-def held_back(content: str) -> int:
-    """How many trailing characters might be the start of CALL_START."""
-    for size in range(min(len(content), len(CALL_START) - 1), 0, -1):
-        if CALL_START.startswith(content[-size:]):
-            return size
-    return 0
-
-
 @dataclass
 class CallState:
-    id: str = field(default_factory=new_call_id)
+    id: str
     name_sent: bool = False
     arguments_sent: str = ""
 
@@ -72,9 +38,13 @@ class CallState:
 class ToolCallStream:
     """One choice's output, fed as it grows; knows its content and its calls."""
 
-    def __init__(self, mode: Mode, name: str | None = None) -> None:
+    def __init__(self, mode: Mode, name: str | None = None,
+                 parser: ToolParser | None = None) -> None:
+        """`parser` reads the calls of "auto" (hermes when None); "required" and "named"
+        outputs are the JSON their grammar forced, whatever the model's own format."""
         self.mode = mode
         self.name = name
+        self.parser = parser or HermesParser()
         self.text = ""
         self.content_sent = ""
         self.calls: list[CallState] = []
@@ -91,26 +61,14 @@ class ToolCallStream:
         return self.extract_auto(final)
 
     def extract_auto(self, final: bool) -> tuple[str, list[tuple[str | None, Any]]]:
-        content, _, rest = self.text.partition(CALL_START)
-        if not rest and CALL_START not in self.text:
-            if final:
-                generic = generic_calls(content)
-                return ("", generic) if generic else (content, [])
-            if content.lstrip().startswith("{"):
-                return "", []  # perhaps a generic JSON call: decided at the end
-            return content[:len(content) - held_back(content)], []
-        calls = []
-        for block in rest.split(CALL_START):
-            body, closed, _ = block.partition(CALL_END)
-            value = parse_whole(body) if (closed or final) else parse_partial(body)
-            if isinstance(value, dict):
-                calls.append(item_call(value, "arguments"))
-        return content.rstrip(), calls
+        return self.parser.extract(self.text, final)
 
     def feed(self, text: str, final: bool) -> tuple[str, list[DeltaToolCall]]:
         """Add new output; return the content to show and the call deltas to send."""
         self.text += text
         content, calls = self.extract(final)
+        if final and self.mode == "auto" and not usable(calls):
+            content, calls = self.text, []  # as the whole response: a bad call is plain text
         new_content = content[len(self.content_sent):] if content.startswith(
             self.content_sent) else ""
         self.content_sent += new_content
@@ -120,9 +78,9 @@ class ToolCallStream:
         deltas = []
         for index, (name, arguments) in enumerate(calls):
             if name is None:
-                continue
+                break  # a call is sent in order, once its name is known
             if index == len(self.calls):
-                self.calls.append(CallState())
+                self.calls.append(CallState(self.parser.new_call_id()))
             state = self.calls[index]
             delta = DeltaToolCall(index=index, function=DeltaFunctionCall())
             if not state.name_sent:
@@ -145,9 +103,9 @@ class ToolCallStream:
         """Non-streaming: (content, calls, finish_reason) of the whole output `text`."""
         self.text = text
         content, calls = self.extract(final=True)
-        if finish_reason == "length" or not calls or any(a is None for _, a in calls):
+        if finish_reason == "length" or not calls or not usable(calls):
             return self.text, [], finish_reason
-        tool_calls = [ToolCall(id=new_call_id(), function=FunctionCall(
+        tool_calls = [ToolCall(id=self.parser.new_call_id(), function=FunctionCall(
             name=name or "", arguments=dumps(arguments))) for name, arguments in calls]
         return content or None, tool_calls, self.finish_reason(finish_reason)
 
@@ -157,23 +115,6 @@ class ToolCallStream:
         return reason
 
 
-def item_call(item: dict[str, Any], key: str) -> tuple[str | None, Any]:
-    name = item.get("name")
-    arguments = item.get(key, item.get("arguments" if key == "parameters" else "parameters"))
-    return (name if isinstance(name, str) else None), arguments
-
-
-def generic_calls(content: str) -> list[tuple[str | None, Any]]:
-    """llama-server's generic form: {"tool_call": {...}}, {"tool_calls": [...]} or one call."""
-    value = parse_whole(content.strip())
-    if not isinstance(value, dict):
-        return []
-    if isinstance(value.get("tool_calls"), list):
-        items = value["tool_calls"]
-    elif isinstance(value.get("tool_call"), dict):
-        items = [value["tool_call"]]
-    elif "name" in value and "arguments" in value:
-        items = [value]
-    else:
-        return []
-    return [item_call(i, "arguments") for i in items if isinstance(i, dict)]
+def usable(calls: list[tuple[str | None, Any]]) -> bool:
+    """Every call has its name and its arguments: one that does not makes the output text."""
+    return all(name is not None and arguments is not None for name, arguments in calls)

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from engine.config import EngineConfig
-from engine.io.request_limits import RequestLimits, check_fan_out
+from engine.io.request_limits import RequestLimits, too_many
 from engine.structured_output import StructuredOutputSpec
 from engine.tokenizer import Tokenizer
 from server.api.protocol import ChatCompletionRequest, CompletionRequest
@@ -31,6 +31,7 @@ from server.translate.prompts import (
     encode_prompts,
     render_chat,
     split_prompts,
+    template_kwargs,
 )
 from server.translate.structured import spec_from_request
 from server.translate.tool_prompt import render_chat_with_tools, tool_spec, uses_tools
@@ -74,6 +75,16 @@ def check_chat(request_id: str, body: ChatCompletionRequest, limits: RequestLimi
     return Plan(body.n)
 
 
+def check_fan_out(num_prompts: int, n: int, limits: RequestLimits) -> None:
+    """Refuse a fan-out over the server's caps before any prompt is tokenized."""
+    caps = limits.caps
+    if n > caps.max_n:
+        raise too_many("n", n, caps.max_n, "max-n", "n")
+    if num_prompts * n > caps.max_seqs_per_request:
+        raise too_many(f"sequences in one request ({num_prompts} prompts x n={n})",
+                       num_prompts * n, caps.max_seqs_per_request, "max-seqs-per-request", "n")
+
+
 def completion_requests(request_id: str, body: CompletionRequest, plan: Plan,
                         tokenizer: Tokenizer, limits: RequestLimits,
                         compile_grammar: CompileGrammar) -> EngineRequests:
@@ -90,17 +101,28 @@ def completion_requests(request_id: str, body: CompletionRequest, plan: Plan,
 
 
 def chat_requests(request_id: str, body: ChatCompletionRequest, tokenizer: Tokenizer,
-                  limits: RequestLimits, compile_grammar: CompileGrammar) -> EngineRequests:
+                  limits: RequestLimits, compile_grammar: CompileGrammar,
+                  grammar_start: str = "", keep_special_tokens: bool = True) -> EngineRequests:
+    """`grammar_start`: the marker after which structured outputs apply (the reasoning's end
+    when this request reasons first; "" from the first token). `keep_special_tokens`: the
+    tool-call format's markers are special tokens, which the output must keep when it is
+    parsed for calls (as vLLM's parsers ask for)."""
     encoder = plain_text_encoder(tokenizer)
+    extra = template_kwargs(body.chat_template_kwargs, body.reasoning_effort)
     if uses_tools(body.messages, body.tools):
         prompt = render_chat_with_tools(tokenizer, encoder, body.messages, body.tools, limits,
-                                        body.add_generation_prompt, body.continue_final_message)
+                                        body.add_generation_prompt, body.continue_final_message,
+                                        extra)
     else:
         prompt = render_chat(tokenizer, encoder, body.messages, limits,
-                             body.add_generation_prompt, body.continue_final_message)
+                             body.add_generation_prompt, body.continue_final_message, extra)
     spec = tool_spec(body) or spec_from_request(body)
+    if spec is not None and grammar_start:
+        spec = spec.starting_after(grammar_start)  # the reasoning is left free
     if spec is not None:
         compile_grammar(spec)
+    if body.tool_mode() is not None and keep_special_tokens:
+        body = body.model_copy(update={"skip_special_tokens": False})
     # Neither given: whatever the context leaves (check_prompt resolves None).
     max_tokens = body.max_completion_tokens or body.max_tokens
     logprobs = (body.top_logprobs or 0) if body.logprobs else None

@@ -77,12 +77,37 @@ def message_dicts(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     return rendered
 
 
+# Names that apply_chat_template or the render itself sets: a request may not pass them
+# as template variables.
+RESERVED_TEMPLATE_KWARGS = frozenset({
+    "messages", "conversation", "tools", "documents", "add_generation_prompt",
+    "continue_final_message", "tokenize", "return_dict", "return_tensors", "padding",
+    "truncation", "max_length", "chat_template", "tokenizer_kwargs",
+    "return_assistant_tokens_mask"})
+
+
+def template_kwargs(chat_template_kwargs: dict[str, Any] | None,
+                    reasoning_effort: str | None = None) -> dict[str, Any]:
+    """The request's extra template variables. As vLLM, a reasoning_effort without an
+    explicit enable_thinking sets it (off for "none")."""
+    kwargs = dict(chat_template_kwargs or {})
+    reserved = sorted(RESERVED_TEMPLATE_KWARGS & kwargs.keys())
+    if reserved:
+        raise bad_request(f"chat_template_kwargs may not set {', '.join(reserved)}",
+                          "chat_template_kwargs")
+    if reasoning_effort is not None and "enable_thinking" not in kwargs:
+        kwargs["enable_thinking"] = reasoning_effort != "none"
+    return kwargs
+
+
 def render_chat(tokenizer: Tokenizer, encoder: PlainTextEncoder, messages: list[ChatMessage],
                 limits: RequestLimits, add_generation_prompt: bool = True,
-                continue_final_message: bool = False) -> PromptInput:
-    """Render with the model's chat template (see render_message_dicts)."""
+                continue_final_message: bool = False,
+                extra: dict[str, Any] | None = None) -> PromptInput:
+    """Render with the model's chat template (see render_message_dicts); `extra`: the
+    request's template variables (template_kwargs)."""
     return render_message_dicts(tokenizer, encoder, message_dicts(messages), limits,
-                                add_generation_prompt, continue_final_message)
+                                add_generation_prompt, continue_final_message, **(extra or {}))
 
 
 def render_message_dicts(tokenizer: Tokenizer, encoder: PlainTextEncoder, dicts: list[dict[str, Any]],
@@ -103,6 +128,8 @@ def render_message_dicts(tokenizer: Tokenizer, encoder: PlainTextEncoder, dicts:
     except Exception as exc:  # jinja raises TemplateError for roles it cannot render
         if getattr(exc, "status", None) == 400:
             raise
+        reason = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
         raise bad_request(f"cannot render messages with the chat template: "
-                          f"{type(exc).__name__}", "messages") from exc
+                          f"{type(exc).__name__}{': ' + reason if reason else ''}",
+                          "messages") from exc
     return PromptInput(ids, text)

@@ -10,7 +10,9 @@ server/respond/tool_calls.py.
 - `tool_choice`: "required" forces a JSON array of {"name", "parameters"} (one item when
   parallel_tool_calls is false) and a named function forces its `parameters` schema, both
   through structured outputs, so even a small model returns valid arguments. "auto" lets the
-  model write Hermes `<tool_call>` blocks (or one bare generic JSON call), parsed after.
+  model write calls in its own format, parsed after by the server's tool-call parser
+  (respond/tool_parsers/); the generic prompt asks for Hermes blocks, which is what `auto`
+  picks for a template that knows no tools.
 """
 
 from __future__ import annotations
@@ -47,7 +49,8 @@ def template_supports_tools(tokenizer: Tokenizer) -> bool:
 def render_chat_with_tools(tokenizer: Tokenizer, encoder: PlainTextEncoder,
                            chat: list[ChatMessage], tool_defs: list[ToolDefinition] | None,
                            limits: RequestLimits, add_generation_prompt: bool = True,
-                           continue_final_message: bool = False) -> PromptInput:
+                           continue_final_message: bool = False,
+                           extra: dict[str, Any] | None = None) -> PromptInput:
     """The chat with its tool definitions, calls and results: through the template where it
     knows tools, else as a generic system prompt and <tool_call> blocks. The chat route and
     /tokenize both render through here, so that /tokenize counts what the chat runs."""
@@ -59,7 +62,7 @@ def render_chat_with_tools(tokenizer: Tokenizer, encoder: PlainTextEncoder,
         else:
             rewrite_generic(item, message.tool_calls)
     tools = [t.model_dump(exclude_none=True) for t in tool_defs or []]
-    kwargs: dict[str, Any] = {}
+    kwargs: dict[str, Any] = dict(extra or {})
     if native and tools:
         kwargs["tools"] = tools
     elif tools:

@@ -1,0 +1,24 @@
+"""Qwen3 (dense): RMSNorm(head_dim) on each query and key head before RoPE, no QKV bias,
+and a head_dim of its own (not hidden / heads)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine.model.family import Family, Support
+
+
+def hf_fields(cfg: dict[str, Any]) -> dict[str, Any]:
+    return {"qk_norm": "head", "attention_bias": cfg.get("attention_bias", False)}
+
+
+def gguf_fields(_: Any) -> dict[str, Any]:
+    return {"qk_norm": "head"}
+
+
+FAMILY = Family(
+    model_type="qwen3", gguf_arch="qwen3", hf_fields=hf_fields, gguf_fields=gguf_fields,
+    gguf_tensors={"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"},
+    support=Support(fused_cpu_step=False, proved=("folder", "GGUF Q8_0", "int8/int4 gate")),
+    notes="per-head q/k RMSNorm before RoPE",
+)
