@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 TORCH_SPEC ?= torch==2.13.0
 ARGS ?=
 
-.PHONY: install serve test lint bench-engine bench-structured bench-attention bench-serve profile-steps bench-kernels experiment crosscheck plan-check clean bench-quant bench-fused-ops test-docker bench-vs-vllm
+.PHONY: install serve test lint bench-engine bench-structured bench-attention bench-serve profile-steps bench-kernels experiment crosscheck plan-check clean bench-quant bench-fused-ops test-docker bench-vs-vllm bench-spec
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +46,10 @@ bench-attention: $(STAMP)
 
 bench-serve: $(STAMP)
 	$(PY) -m benchmarks.bench_serve $(ARGS)
+
+# Speculative decoding off and on, one stream and Poisson 2 and 16 req/s (docs/speculative.md).
+bench-spec: $(STAMP)
+	$(PY) -m benchmarks.bench_spec $(ARGS)
 
 profile-steps: $(STAMP)
 	$(PY) -m benchmarks.profile_steps $(ARGS)

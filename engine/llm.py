@@ -43,10 +43,13 @@ class LLM:
         texts: dict[str, list[str]] = {}
         tokens: dict[str, list[int]] = {}
         prompt_lps: dict[str, list[TokenLogprob | None]] = {}
+        lps: dict[str, list[TokenLogprob]] = {}
         for deltas in progress(self._steps(), total=None, description="generating", enabled=show):
             for d in deltas:
                 texts.setdefault(d.request_id, []).append(d.text)
                 tokens.setdefault(d.request_id, []).extend(d.token_ids)
+                if d.logprobs is not None:
+                    lps.setdefault(d.request_id, []).extend(d.logprobs)
                 if d.prompt_logprobs is not None:
                     prompt_lps[d.request_id] = d.prompt_logprobs
                 if not d.finished:
@@ -54,7 +57,7 @@ class LLM:
                 if d.error:
                     raise RuntimeError(f"request {d.request_id} failed: {d.error}")
                 output = CompletionOutput(0, "".join(texts.pop(d.request_id)), tokens.pop(d.request_id),
-                                          d.finish_reason, d.stop_reason)
+                                          d.finish_reason, d.stop_reason, lps.pop(d.request_id, None))
                 done[d.request_id] = RequestOutput(d.request_id, None, d.prompt_token_ids, [output], d.times,
                                                    prompt_logprobs=prompt_lps.pop(d.request_id, None))
         return done

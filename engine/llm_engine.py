@@ -30,6 +30,7 @@ from engine.runner.logprob_values import finite_logprob
 from engine.runner.model_runner import ModelRunner
 from engine.runner.sampler import RawLogprob
 from engine.sampling_params import SamplingParams
+from engine.spec.cost_model import measure_step_cost
 from engine.spec.drafter import Drafter
 from engine.structured_output import StructuredOutputManager
 from engine.tokenizer import Tokenizer
@@ -58,8 +59,7 @@ class LLMEngine:
         self.block_manager = BlockManager(self.num_blocks, self.block_size, config.enable_prefix_caching,
                                           window=kv_window(self.runner.model))
         self.scheduler = Scheduler(config, self.block_manager, self.max_model_len)
-        if config.speculative_config is not None:
-            self.scheduler.drafter = Drafter(config.speculative_config, self.max_model_len)
+        self.scheduler.drafter = self._build_drafter(config)
         self.limits = self._build_limits()
         self.requests: dict[str, RequestState] = {}
         self.eos_ids = frozenset(self.model_config.eos_token_ids) | (
@@ -119,6 +119,14 @@ class LLMEngine:
     def validate(self, token_ids: list[int], params: SamplingParams) -> int:
         """Check what can never be served; return the effective max_tokens."""
         return check_request(token_ids, params, self.limits)
+
+    def _build_drafter(self, config: EngineConfig) -> Drafter | None:
+        """The drafter, with this machine's step cost curve, when the engine speculates."""
+        if config.speculative_config is None:
+            return None
+        cost = measure_step_cost(self.runner, config.token_budget)
+        log.info("speculative decoding %s; step cost by tokens: %s", config.speculative_config, cost.describe())
+        return Drafter(config.speculative_config, self.max_model_len, cost)
 
     def abort_request(self, request_id: str) -> StreamDelta | None:
         state = self.requests.get(request_id)

@@ -112,6 +112,21 @@ def throughput_table(runs: list[dict[str, Any]]) -> Table:
     return table
 
 
+def spec_table(runs: list[dict[str, Any]]) -> Table:
+    """Speculative decoding over each run, from the server's counters before and after it."""
+    table = Table(title="Speculative decoding (server counters)")
+    for col in ("offered", "drafts", "draft tokens", "accepted", "acceptance rate %", "mean acceptance length"):
+        table.add_column(col, justify="right")
+    for run in runs:
+        srv = run.get("server", {})
+        table.add_row(str(run["offered_rate"]), fmt(srv.get("spec_drafts"), digits=0),
+                      fmt(srv.get("spec_draft_tokens"), digits=0),
+                      fmt(srv.get("spec_accepted_tokens"), digits=0),
+                      fmt(srv.get("spec_acceptance_rate"), 100, 1),
+                      fmt(srv.get("spec_mean_acceptance_length"), digits=2))
+    return table
+
+
 def latency_table(runs: list[dict[str, Any]]) -> Table:
     table = Table(title="Latencies (ms)")
     pcols = [k for k in runs[0]["summary"]["e2e_s"] if k.startswith("p")] if runs else []
@@ -129,6 +144,8 @@ def print_report(console: Console, results: dict[str, Any]) -> None:
     runs = results["runs"]
     console.print(throughput_table(runs))
     console.print(latency_table(runs))
+    if any(run.get("server", {}).get("spec_drafts") is not None for run in runs):
+        console.print(spec_table(runs))
     for warning in results["dataset"]["warnings"]:
         console.print(f"[yellow]warning:[/] {warning}")
     for run in runs:

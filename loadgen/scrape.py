@@ -28,6 +28,10 @@ FIELDS: dict[str, tuple[str, ...]] = {
     "preemptions": ("num_preemptions_total", "num_preemptions"),
     "queue_time_sum": ("request_queue_time_seconds_sum",),
     "queue_time_count": ("request_queue_time_seconds_count",),
+    # Speculative decoding, vLLM's counters (absent when the server does not speculate).
+    "spec_drafts": ("spec_decode_num_drafts_total",),
+    "spec_draft_tokens": ("spec_decode_num_draft_tokens_total",),
+    "spec_accepted_tokens": ("spec_decode_num_accepted_tokens_total",),
 }
 LLAMA_CPP = {
     "waiting": "llamacpp:requests_deferred",
@@ -87,10 +91,29 @@ class Sample:
     preemptions: float | None
     queue_time_sum: float | None
     queue_time_count: float | None
+    spec_drafts: float | None = None
+    spec_draft_tokens: float | None = None
+    spec_accepted_tokens: float | None = None
 
 
 def _delta(first: float | None, last: float | None) -> float | None:
     return None if first is None or last is None else last - first
+
+
+def spec_summary(first: Sample, last: Sample) -> dict[str, float | None]:
+    """The run's speculative-decoding counters and vLLM's two ratios of them: acceptance
+    rate = accepted / draft tokens, mean acceptance length = 1 + accepted / drafts. None
+    where the server does not speculate."""
+    drafts = _delta(first.spec_drafts, last.spec_drafts)
+    draft_tokens = _delta(first.spec_draft_tokens, last.spec_draft_tokens)
+    accepted = _delta(first.spec_accepted_tokens, last.spec_accepted_tokens)
+    return {
+        "spec_drafts": drafts,
+        "spec_draft_tokens": draft_tokens,
+        "spec_accepted_tokens": accepted,
+        "spec_acceptance_rate": accepted / draft_tokens if accepted is not None and draft_tokens else None,
+        "spec_mean_acceptance_length": 1.0 + accepted / drafts if accepted is not None and drafts else None,
+    }
 
 
 def _values(samples: list[Sample], key: str) -> list[float]:
@@ -156,6 +179,7 @@ class MetricsScraper:
         q_sum = _delta(s[0].queue_time_sum, s[-1].queue_time_sum)
         q_count = _delta(s[0].queue_time_count, s[-1].queue_time_count)
         return {
+            **spec_summary(s[0], s[-1]),
             "available": True,
             "samples": len(s),
             "max_running": max(running, default=None),

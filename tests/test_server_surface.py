@@ -129,6 +129,9 @@ async def test_tokenize_tools_need_messages(http: httpx.AsyncClient) -> None:
     ({"structured_outputs": {"regex": "a", "choice": ["a"]}}, "exactly one"),
     ({"tool_choice": "required"}, "tool_choice needs tools"),
     ({"priority": 3}, "scheduling-policy"),
+    ({"speculative": "no"}, "speculative"),
+    ({"speculative": 0}, "speculative"),
+    ({"speculative": None}, "speculative"),
 ])
 async def test_bad_constraints_are_400(http: httpx.AsyncClient, fields: dict[str, Any],
                                        needle: str) -> None:

@@ -121,13 +121,14 @@ class Scheduler:
             self.running.sort(key=priority_key)  # the lowest priority is preempted first
         budget = self._schedule_running(out, self.config.token_budget)
         if not out.preempted and self._may_admit():
-            self._schedule_waiting(out, budget)
+            budget = self._schedule_waiting(out, budget)
+        if self.drafter is not None:
+            self._add_drafts(out, budget)
         out.scheduled.sort(key=lambda s: s.num_new_tokens != 1)  # decodes first, stable
         self.max_concurrent = max(self.max_concurrent, len(self.running))
         return out
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
-        decode_tokens = sum(1 for seq in self.running if not seq.is_prefilling)
         for seq in list(self.running):
             if budget == 0 or seq.status is not SequenceStatus.RUNNING:
                 break
@@ -135,23 +136,35 @@ class Scheduler:
             self.block_manager.free_outside_window(seq, seq.num_computed_tokens)
             if not self._make_room(seq, n, out):
                 break  # seq itself was the newest and is preempted; so were all after it
-            draft = self._draft(seq, n, budget, decode_tokens)
-            decode_tokens += len(draft)
-            self.block_manager.append_slots(seq, n + len(draft))
-            out.scheduled.append(ScheduledSeq(seq, n + len(draft), len(draft)))
-            budget -= n + len(draft)
+            self.block_manager.append_slots(seq, n)
+            out.scheduled.append(ScheduledSeq(seq, n))
+            budget -= n
         return budget
 
-    def _draft(self, seq: Sequence, n: int, budget: int, decode_tokens: int) -> list[int]:
-        """Append a draft to a decoding seq when one fits without preempting anyone."""
-        if self.drafter is None or n != 1 or seq.is_prefilling:
-            return []
-        draft = self.drafter.propose(seq, budget, decode_tokens)
-        while draft and not self.block_manager.can_append(seq, 1 + len(draft)):
-            draft.pop()
-        seq.draft = draft
-        seq.token_ids.extend(draft)
-        return draft
+    def _add_drafts(self, out: SchedulerOutput, budget: int) -> None:
+        """Give decodes drafts from what the step has left, once everyone else is scheduled:
+        drafts never take budget from a prefill, never preempt, and the drafter sees the
+        step's whole token count when it weighs their cost."""
+        assert self.drafter is not None
+        load = self.drafter.start_step(out.num_batched_tokens,
+                                       sum(1 for s in out.scheduled if s.completes_prefill))
+        for s in out.scheduled:
+            if budget <= 0:
+                break
+            if s.num_new_tokens != 1 or s.seq.is_prefilling:
+                continue
+            draft = self.drafter.propose(s.seq, budget, load)
+            while draft and not self.block_manager.can_append(s.seq, 1 + len(draft)):
+                draft.pop()
+            if not draft:
+                continue
+            self.drafter.take(s.seq, len(draft), load)
+            self.block_manager.append_slots(s.seq, 1 + len(draft))
+            s.seq.draft = draft
+            s.seq.token_ids.extend(draft)
+            s.num_new_tokens += len(draft)
+            s.num_draft = len(draft)
+            budget -= len(draft)
 
     def _make_room(self, seq: Sequence, n: int, out: SchedulerOutput) -> bool:
         while not self.block_manager.can_append(seq, n):
@@ -178,7 +191,7 @@ class Scheduler:
             return not self.running
         return True
 
-    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> int:
         static = self.config.batching == "static"
         while self.waiting and len(self.running) < self.config.max_num_seqs and (budget > 0 or static):
             seq = self.waiting[0]
@@ -195,6 +208,7 @@ class Scheduler:
             if n > 0:
                 out.scheduled.append(ScheduledSeq(seq, n))
                 budget -= n
+        return budget
 
     # ---- after the forward pass -----------------------------------------
     def advance(self, out: SchedulerOutput) -> None:

@@ -34,7 +34,7 @@ class Sequence:
     # Speculative decoding: draft tokens appended to token_ids for this step only, until
     # verified (engine/spec/); the recent acceptance average and the steps left to back off.
     draft: list[int] = field(default_factory=list)
-    spec_acceptance: float = 1.0
+    spec_acceptance: float = 0.5  # engine/spec/drafter.py PRIOR_ACCEPTANCE
     spec_backoff: int = 0
 
     def __post_init__(self) -> None:

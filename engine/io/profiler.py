@@ -22,6 +22,7 @@ from torch import nn
 from engine.io.stats import StepStats
 from engine.model.decode_step import FusedDecodeStep
 from engine.model.layers import PagedAttention, RMSNorm, RotaryCacheWrite, SiluAndMul
+from engine.spec.counters import SpecCounters
 
 if TYPE_CHECKING:
     from engine.runner.model_runner import ModelRunner
@@ -49,6 +50,7 @@ class ProfileWindow:
     steps: int = 0
     tokens: int = 0
     decodes: int = 0
+    spec: SpecCounters = field(default_factory=SpecCounters)  # drafts verified (engine/spec/)
     phases: dict[str, float] = field(default_factory=dict)
     ops: dict[str, float] = field(default_factory=dict)
 
@@ -87,6 +89,9 @@ class StepProfiler:
         w.steps += 1
         w.tokens += step.num_tokens
         w.decodes += step.num_decodes
+        w.spec.num_drafts += step.num_drafts
+        w.spec.num_draft_tokens += step.num_draft_tokens
+        w.spec.num_accepted_tokens += step.num_accepted_tokens
         for name in ("schedule", "prepare", "forward", "sample", "postprocess"):
             w.phases[name] = w.phases.get(name, 0.0) + getattr(step, f"{name}_time")
         w.phases["step"] = w.phases.get("step", 0.0) + step.step_time
@@ -122,4 +127,14 @@ class StepProfiler:
                  f"{'phase':40s} {'ms/step':>9s} {'share':>7s}"]
         for name, t in rows:
             lines.append(f"{name:40s} {t * 1e3:9.3f} {t / step if step else 0.0:7.1%}")
+        if w.spec.num_drafts:
+            lines.append(spec_line(w.spec, n))
         return "\n".join(lines)
+
+
+def spec_line(spec: SpecCounters, steps: int) -> str:
+    """Speculative decoding over the window, with vLLM's two ratios."""
+    return (f"speculative: {spec.num_drafts / steps:.1f} drafts/step, "
+            f"{spec.num_draft_tokens / steps:.1f} draft tokens/step, "
+            f"acceptance rate {spec.acceptance_rate:.1%}, "
+            f"mean acceptance length {spec.mean_acceptance_length:.2f}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engine.io.outputs import RequestTimes
+from engine.spec.counters import SpecCounters
 
 
 @dataclass
@@ -21,6 +22,8 @@ class EngineStats:
     prefix_cache_hits_total: int = 0  # tokens found
     num_steps_total: int = 0
     max_concurrent_seqs: int = 0
+    # Speculative decoding, vLLM's counters (engine/spec/counters.py); None: not speculating.
+    spec_decode: SpecCounters | None = None
 
 
 @dataclass
@@ -60,3 +63,7 @@ class StepStats:
     # Each scheduled sequence's (new tokens, tokens computed before this step), for the planner.
     chunks: list[tuple[int, int]] = field(default_factory=list)
     preempted: list[str] = field(default_factory=list)  # request ids preempted in this step
+    # Drafts verified in this step (engine/spec/): request-steps drafted, tokens proposed, accepted.
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0

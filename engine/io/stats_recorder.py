@@ -16,6 +16,7 @@ from engine.core.request_state import RequestState
 from engine.core.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from engine.io.outputs import StreamDelta
 from engine.io.stats import EngineStats, FinishedRequestStats, StepStats
+from engine.spec.counters import SpecCounters
 
 
 @dataclass
@@ -42,10 +43,13 @@ class StatsRecorder:
         self.totals = EngineStats()
         self.listeners: list[Callable[[StepStats], None]] = []
         self.phases = StepPhases()
+        self.spec_before: SpecCounters | None = None  # the drafter's counters at the step's start
 
     def begin_step(self) -> float:
         """Reset the phase timers; return the step's start."""
         self.phases = StepPhases()
+        drafter = self.scheduler.drafter
+        self.spec_before = drafter.counters.copy() if drafter is not None and self.listeners else None
         return time.monotonic()
 
     def record_step(self, out: SchedulerOutput, start: float, finished: list[FinishedRequestStats],
@@ -66,18 +70,29 @@ class StatsRecorder:
 
     def step_stats(self, out: SchedulerOutput, start: float, finished: list[FinishedRequestStats],
                    prompt_tokens: int, gen_tokens: int) -> StepStats:
-        decodes = [s for s in out.scheduled if s.num_new_tokens == 1]
+        decodes = [s for s in out.scheduled if s.num_new_tokens - s.num_draft == 1]  # drafted or not
+        drafted = sum(s.num_draft for s in out.scheduled)
         p = self.phases
+        spec = self._spec_step()
         return StepStats(out.num_batched_tokens, prompt_tokens, gen_tokens, len(out.preempted),
                          len(self.scheduler.running), len(self.scheduler.waiting),
                          self.block_manager.usage, time.monotonic() - start, finished,
-                         num_decodes=len(decodes), num_prefill_tokens=out.num_batched_tokens - len(decodes),
+                         num_decodes=len(decodes), num_prefill_tokens=out.num_batched_tokens - len(decodes) - drafted,
                          mean_decode_context=sum(len(s.seq) for s in decodes) / len(decodes) if decodes else 0.0,
                          schedule_time=p.schedule, prepare_time=p.prepare, forward_time=p.forward,
                          sample_time=p.sample, postprocess_time=p.postprocess,
                          chunks=[(s.num_new_tokens, s.seq.num_computed_tokens - s.num_new_tokens)
                                  for s in out.scheduled],
-                         preempted=[seq.request_id for seq in out.preempted])
+                         preempted=[seq.request_id for seq in out.preempted],
+                         num_drafts=spec.num_drafts, num_draft_tokens=spec.num_draft_tokens,
+                         num_accepted_tokens=spec.num_accepted_tokens)
+
+    def _spec_step(self) -> SpecCounters:
+        """This step's share of the drafter's counters (zeros without speculation)."""
+        drafter = self.scheduler.drafter
+        if drafter is None or self.spec_before is None:
+            return SpecCounters()
+        return drafter.counters.minus(self.spec_before)
 
     def snapshot(self) -> EngineStats:
         """Gauges now, counters since start."""
@@ -87,7 +102,8 @@ class StatsRecorder:
             kv_cache_usage=bm.usage, num_preemptions_total=t.num_preemptions_total,
             prompt_tokens_total=t.prompt_tokens_total, generation_tokens_total=t.generation_tokens_total,
             prefix_cache_queries_total=bm.prefix_queries, prefix_cache_hits_total=bm.prefix_hits,
-            num_steps_total=t.num_steps_total, max_concurrent_seqs=self.scheduler.max_concurrent)
+            num_steps_total=t.num_steps_total, max_concurrent_seqs=self.scheduler.max_concurrent,
+            spec_decode=None if self.scheduler.drafter is None else self.scheduler.drafter.counters.copy())
 
 
 def finished_request_stats(state: RequestState) -> FinishedRequestStats:

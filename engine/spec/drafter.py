@@ -6,85 +6,100 @@ same pass: no penalties (they read the output so far), no grammar (its mask foll
 accepted token), no min_tokens still to reach (the stop-token block changes once it is).
 Those requests decode one token at a time in the same step as everyone else.
 
-Load-aware: a drafted sequence costs k+1 tokens of the step; once the step already carries
-`max_batch_tokens` tokens of decodes and drafts, extra positions stop being nearly free, so no
-more drafts are made. A sequence whose recent drafts were mostly rejected backs off for a
-while, so prose that never repeats its input does not pay for drafts that never land.
+Load-aware: the scheduler offers drafts only from the budget left once every decode and
+prefill of the step is placed. Each draft is then weighed against the start-up cost curve
+(engine/spec/cost_model.py): a step of T tokens that emits B tokens runs at B / cost(T); a
+draft of d tokens whose sequence has recently had a fraction r of its draft tokens
+accepted makes that (B + r d) / cost(T + d). The draft is kept, at the length that
+maximises the rate, only when the rate rises. One stream pays a few percent of a step for
+drafts that usually land; a full step, whose cost grows with every token, drafts only
+what is nearly certain to be accepted, so saturation turns drafting off by itself.
+
+A sequence whose recent acceptance falls under MIN_ACCEPTANCE stops drafting for
+BACKOFF_STEPS steps and then starts afresh: open prose whose n-grams recur by chance does
+not keep paying for drafts that never land, yet a sequence that starts copying later is
+picked up again.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from engine.core.sequence import Sequence
 from engine.spec.config import SpeculativeConfig
+from engine.spec.cost_model import StepCost
+from engine.spec.counters import SpecCounters
 from engine.spec.ngram import NgramProposer
 
-DEFAULT_MAX_BATCH_TOKENS = 64  # a placeholder until the crossover is measured (docs/speculative.md)
+PRIOR_ACCEPTANCE = 0.5  # a sequence's expected acceptance before its first draft is verified
 ACCEPTANCE_EMA = 0.5  # weight of the newest draft in a sequence's acceptance average
 MIN_ACCEPTANCE = 0.2  # below this average the sequence backs off
 BACKOFF_STEPS = 8  # steps without drafts after a back-off
+MIN_GAIN = 0.02  # the rate must rise by this fraction, more than the cost curve's noise
 
 
 @dataclass
-class SpecCounters:
-    """vLLM's spec-decode counters (v1/spec_decode/metrics.py), cumulative."""
+class StepLoad:
+    """The step being scheduled, as the drafts see it."""
 
-    num_drafts: int = 0  # request-steps with at least one draft token
-    num_draft_tokens: int = 0
-    num_accepted_tokens: int = 0
-    accepted_per_pos: list[int] = field(default_factory=list)  # index = draft position
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
-
-    @property
-    def mean_acceptance_length(self) -> float:
-        """Tokens per drafted step: the accepted drafts plus the one the target adds."""
-        return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0
+    tokens: int  # tokens in the forward pass, drafts taken so far included
+    outputs: float  # tokens it is expected to emit: one per sampled sequence plus expected accepted drafts
 
 
 class Drafter:
-    def __init__(self, config: SpeculativeConfig, max_model_len: int,
-                 max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS) -> None:
+    def __init__(self, config: SpeculativeConfig, max_model_len: int, cost: StepCost) -> None:
         self.k = config.num_speculative_tokens
         self.proposer = NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
         self.max_model_len = max_model_len
-        self.max_batch_tokens = max_batch_tokens
+        self.cost = cost
         self.counters = SpecCounters(accepted_per_pos=[0] * self.k)
 
     def eligible(self, seq: Sequence) -> bool:
         p = seq.params
         return (p.greedy and p.speculative and not p.needs_penalties and p.structured_outputs is None
-                and seq.num_output_tokens >= p.min_tokens and seq.spec_backoff == 0)
+                and seq.num_output_tokens >= p.min_tokens)
 
-    def propose(self, seq: Sequence, budget: int, step_tokens: int) -> list[int]:
-        """The draft for a decoding seq, within the step's budget and the load threshold."""
+    def start_step(self, tokens: int, outputs: int) -> StepLoad:
+        return StepLoad(tokens, float(outputs))
+
+    def propose(self, seq: Sequence, budget: int, load: StepLoad) -> list[int]:
+        """The draft for a decoding seq: within the budget, the output limits, and only as
+        long as it raises the step's expected tokens per second."""
         if seq.spec_backoff > 0:
             seq.spec_backoff -= 1
             return []
         if not self.eligible(seq):
             return []
-        room = min(self.k, budget - 1, self.max_batch_tokens - step_tokens,
-                   self.max_model_len - len(seq) - 1, seq_tokens_left(seq))
+        room = min(self.k, budget, self.max_model_len - len(seq) - 1, seq_tokens_left(seq))
         if room <= 0:
             return []
-        return self.proposer.propose(seq.token_ids, room)
+        draft = self.proposer.propose(seq.token_ids, room)
+        return draft[:self.best_length(load, len(draft), seq.spec_acceptance)]
+
+    def best_length(self, load: StepLoad, longest: int, rate: float) -> int:
+        """The draft length up to `longest` with the best expected tokens per second, 0 when
+        no length beats the step without it by MIN_GAIN."""
+        best_rate = load.outputs / self.cost.at(load.tokens) * (1.0 + MIN_GAIN)
+        best = 0
+        for d in range(1, longest + 1):
+            rate_d = (load.outputs + rate * d) / self.cost.at(load.tokens + d)
+            if rate_d > best_rate:
+                best_rate, best = rate_d, d
+        return best
+
+    def take(self, seq: Sequence, num_draft: int, load: StepLoad) -> None:
+        """A draft joined the step: later drafts weigh against the bigger step."""
+        load.tokens += num_draft
+        load.outputs += seq.spec_acceptance * num_draft
 
     def record(self, seq: Sequence, num_draft: int, num_accepted: int) -> None:
         """Count a verified draft and update the sequence's acceptance average."""
-        c = self.counters
-        c.num_drafts += 1
-        c.num_draft_tokens += num_draft
-        c.num_accepted_tokens += num_accepted
-        for pos in range(num_accepted):
-            c.accepted_per_pos[pos] += 1
+        self.counters.count(num_draft, num_accepted)
         rate = num_accepted / num_draft
         seq.spec_acceptance = (1 - ACCEPTANCE_EMA) * seq.spec_acceptance + ACCEPTANCE_EMA * rate
         if seq.spec_acceptance < MIN_ACCEPTANCE:
             seq.spec_backoff = BACKOFF_STEPS
-            seq.spec_acceptance = 1.0  # try again afresh after the back-off
+            seq.spec_acceptance = PRIOR_ACCEPTANCE  # start afresh after the back-off
 
 
 def seq_tokens_left(seq: Sequence) -> int:

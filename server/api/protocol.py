@@ -25,6 +25,7 @@ from server.api.tool_markup import Mode
 
 # Strict: "5", 5.0 and true are not token counts (vLLM and OpenAI reject them too).
 StrictInt = Annotated[int, Field(strict=True)]
+StrictBool = Annotated[bool, Field(strict=True)]
 PositiveInt = Annotated[int, Field(strict=True, ge=1)]
 NonNegativeInt = Annotated[int, Field(strict=True, ge=0)]
 Temperature = Annotated[float, Field(ge=0.0, le=2.0)]
@@ -67,6 +68,9 @@ class SamplingFields(OpenAIModel):
     logit_bias: dict[str, float] | None = None
     user: str | None = None
     skip_special_tokens: bool = True
+    # pagode's own: false keeps this request from drafting when the server runs with
+    # --speculative-config (docs/speculative.md); true is a permission, not a demand.
+    speculative: StrictBool = True
 
     @field_validator("stop")
     @classmethod

@@ -25,6 +25,7 @@ from prometheus_client.registry import Collector
 
 from engine.io.info import EngineInfo
 from engine.io.stats import EngineStats, StepStats
+from engine.spec.counters import SpecCounters
 
 PREFIX = "pagode:"
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -110,6 +111,28 @@ class EngineSnapshotCollector(Collector):
             counter = CounterMetricFamily(PREFIX + name, doc, labels=["model_name"])
             counter.add_metric([self.model_name], float(total))
             yield counter
+        if stats.spec_decode is not None:
+            yield from spec_decode_families(self.model_name, stats.spec_decode)
+
+
+def spec_decode_families(model_name: str, spec: SpecCounters) -> Iterable[Metric]:
+    """vLLM's spec-decode counters (v1/spec_decode/metrics.py), only when the engine speculates,
+    as vLLM does; acceptance rate and mean acceptance length are ratios of their deltas."""
+    counters: list[tuple[str, str, int]] = [
+        ("spec_decode_num_drafts", "Request-steps that verified at least one draft token.", spec.num_drafts),
+        ("spec_decode_num_draft_tokens", "Draft tokens proposed and verified.", spec.num_draft_tokens),
+        ("spec_decode_num_accepted_tokens", "Draft tokens accepted.", spec.num_accepted_tokens),
+    ]
+    for name, doc, total in counters:
+        counter = CounterMetricFamily(PREFIX + name, doc, labels=["model_name"])
+        counter.add_metric([model_name], float(total))
+        yield counter
+    per_pos = CounterMetricFamily(PREFIX + "spec_decode_num_accepted_tokens_per_pos",
+                                  "Draft tokens accepted, by their position in the draft.",
+                                  labels=["model_name", "position"])
+    for position, total in enumerate(spec.accepted_per_pos):
+        per_pos.add_metric([model_name, str(position)], float(total))
+    yield per_pos
 
 
 class ResponseCollector(Collector):

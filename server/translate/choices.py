@@ -48,7 +48,7 @@ def sampling_params(body: SamplingFields, max_tokens: int | None, logprobs: int 
         frequency_penalty=body.frequency_penalty,
         repetition_penalty=body.repetition_penalty,
         logit_bias={int(k): v for k, v in (body.logit_bias or {}).items()},
-        skip_special_tokens=body.skip_special_tokens,
+        skip_special_tokens=body.skip_special_tokens, speculative=body.speculative,
         structured_outputs=constraints.structured_outputs, priority=constraints.priority,
         prompt_logprobs=constraints.prompt_logprobs)
     check_sampling(params, limits)

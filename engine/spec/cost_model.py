@@ -1,0 +1,96 @@
+"""What a forward pass costs by its token count, measured at start-up, for the draft switch.
+
+A draft of d tokens makes the step d tokens bigger. While a pass is bound by reading the
+weights that is nearly free; once the step carries enough tokens to be compute bound, each
+draft token costs about what a real token does, and a draft that is not wholly accepted
+loses throughput. The drafter weighs every draft against this curve (engine/spec/drafter.py),
+so the point where drafting stops is this machine's, not a constant.
+
+The curve is timed on decode-shaped steps (m sequences of one token each, logits for every
+row, as verification needs), on the engine's threads, best of a few runs; cached per model
+shape and thread count so that engines built alike in one process measure once.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, fields, replace
+from typing import TYPE_CHECKING
+
+import torch
+
+from engine import autotune
+from engine.attention.metadata import AttentionMetadata
+from engine.model.decode_step import synthetic_decodes
+
+if TYPE_CHECKING:  # the runner imports the scheduler, which imports the drafter and this
+    from engine.runner.model_runner import ModelRunner
+
+REPS = 3
+
+
+@dataclass(frozen=True)
+class StepCost:
+    counts: tuple[int, ...]  # token counts timed, ascending, the first is 1
+    seconds: tuple[float, ...]
+
+    def at(self, tokens: int) -> float:
+        """Seconds of a step of `tokens` tokens: linear between the timed counts, and past
+        the last one along the last segment's slope (compute bound, so linear)."""
+        c, s = self.counts, self.seconds
+        if tokens <= c[0]:
+            return s[0]
+        i = min(bisect.bisect_left(c, tokens), len(c) - 1)
+        lo, hi = i - 1, i
+        slope = (s[hi] - s[lo]) / (c[hi] - c[lo])
+        return s[lo] + max(slope, 0.0) * (tokens - c[lo])
+
+    def describe(self) -> str:
+        return ", ".join(f"{n}: {t * 1e3:.2f} ms" for n, t in zip(self.counts, self.seconds, strict=True))
+
+
+_measured: dict[tuple[object, ...], StepCost] = {}
+
+
+def measure_step_cost(runner: ModelRunner, max_tokens: int) -> StepCost:
+    """Time decode-shaped steps of 1, 2, 4, ... tokens up to max_tokens (and the cache's
+    blocks: each synthetic sequence writes its one token into a block of its own, of the
+    still empty cache, so requests never read it)."""
+    num_blocks = runner.kv_caches[0].shape[1]
+    counts = [m for m in autotune.COUNTS if m <= min(max_tokens, num_blocks)]
+    if len(counts) < 2:
+        counts = [1, 2]  # a cache or budget this small still has two blocks and two tokens
+    key = (repr(runner.model_config), runner.dtype, runner.kv_dtype, torch.get_num_threads(), tuple(counts))
+    if key not in _measured:
+        _measured[key] = _time_counts(runner, counts)
+    return _measured[key]
+
+
+def _time_counts(runner: ModelRunner, counts: list[int]) -> StepCost:
+    vocab = runner.model_config.vocab_size
+
+    def step(m: int) -> float:
+        ids, positions, meta = synthetic_decodes(m, runner.block_size, vocab)
+        ids, positions, meta = ids.to(runner.device), positions.to(runner.device), on_device(meta, runner.device)
+
+        def run() -> object:
+            hidden = runner.model(ids, positions, meta, runner.kv_caches)
+            return runner.model.compute_logits(hidden)
+
+        return autotune.best_time(run, REPS)
+
+    with autotune.racing(None):
+        seconds = [step(m) for m in counts]
+    # Noise can time a bigger step faster; a cost curve that falls would invite drafts.
+    for i in range(1, len(seconds)):
+        seconds[i] = max(seconds[i], seconds[i - 1])
+    return StepCost(tuple(counts), tuple(seconds))
+
+
+def on_device(meta: AttentionMetadata, device: torch.device) -> AttentionMetadata:
+    """The synthetic step's metadata on the model's device (its host lists stay)."""
+    if device.type == "cpu":
+        return meta
+    moved = {f.name: getattr(meta, f.name).to(device) for f in fields(meta)
+             if isinstance(getattr(meta, f.name), torch.Tensor)}
+    return replace(meta, **moved)
