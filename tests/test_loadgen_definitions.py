@@ -278,10 +278,14 @@ pagode:request_queue_time_seconds_count{model_name="m"} 6.0
 """
 
 
+# A server that does not speculate exports no spec-decode counters.
+NO_SPEC = {"spec_drafts": None, "spec_draft_tokens": None, "spec_accepted_tokens": None}
+
+
 def test_prometheus_fields_with_either_prefix() -> None:
     fields = extract_fields(parse_prometheus(PROM))
     assert fields == {"waiting": 3.0, "running": 7.0, "kv_usage": 0.25, "preemptions": 2.0,
-                      "queue_time_sum": 1.5, "queue_time_count": 6.0}
+                      "queue_time_sum": 1.5, "queue_time_count": 6.0, **NO_SPEC}
     vllm = extract_fields(parse_prometheus(PROM.replace("pagode:", "vllm:")))
     assert vllm == fields
 
@@ -359,7 +363,7 @@ def test_prometheus_knows_sglang_and_llama_cpp() -> None:
               'sglang:queue_time_seconds_sum{model_name="m"} 2.5\nsglang:queue_time_seconds_count{model_name="m"} 5\n')
     assert extract_fields(parse_prometheus(sglang)) == {
         "waiting": 2.0, "running": 4.0, "kv_usage": 0.3, "preemptions": 1.0,
-        "queue_time_sum": 2.5, "queue_time_count": 5.0}
+        "queue_time_sum": 2.5, "queue_time_count": 5.0, **NO_SPEC}
     llama = "llamacpp:requests_processing 3\nllamacpp:requests_deferred 1\nllamacpp:kv_cache_usage_ratio 0.1\n"
     fields = extract_fields(parse_prometheus(llama))
     assert (fields["running"], fields["waiting"], fields["kv_usage"]) == (3.0, 1.0, 0.1)

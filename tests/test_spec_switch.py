@@ -102,6 +102,17 @@ def test_a_sure_sequence_drafts_where_a_doubtful_one_does_not() -> None:
     assert d.best_length(load, 4, 0.05) == 0
 
 
+def test_a_draft_must_beat_the_fused_step_it_displaces() -> None:
+    """A decode-only step may run as the fused C++ step, a drafted one cannot: the first draft
+    pays for the general path, so it must be likely enough to land to make up for it."""
+    fused = StepCost((1, 2, 4), (0.3, 0.3, 0.3))
+    cost = StepCost(COUNTS, CPU_LIKE.seconds, fused=fused, fused_limit=4)
+    d = drafter(cost)
+    assert d.best_length(d.start_step(1, 1), 4, 0.5) == 0  # 3 tokens per general step < 1 per fused
+    assert d.best_length(d.start_step(1, 1), 4, 1.0) == 4  # 5 tokens per general step > 1 per fused
+    assert d.best_length(d.start_step(8, 8), 4, 0.5) > 0  # past its limit the step runs general anyway
+
+
 def test_cost_curve_interpolates_and_extends_linearly() -> None:
     cost = StepCost((1, 2, 4), (1.0, 1.0, 2.0))
     assert cost.at(0) == cost.at(1) == 1.0

@@ -9,6 +9,11 @@ so the point where drafting stops is this machine's, not a constant.
 The curve is timed on decode-shaped steps (m sequences of one token each, logits for every
 row, as verification needs), on the engine's threads, best of a few runs; cached per model
 shape and thread count so that engines built alike in one process measure once.
+
+A step with a draft runs layer by layer (the general path): the fused C++ decode step of
+block-quantized CPU models takes one token per sequence. A decode-only step without a draft
+may run fused, which is faster, so the first draft of such a step also pays for leaving the
+fused path. Both curves are timed, and `plain` is what the step costs without drafts.
 """
 
 from __future__ import annotations
@@ -32,7 +37,15 @@ REPS = 3
 @dataclass(frozen=True)
 class StepCost:
     counts: tuple[int, ...]  # token counts timed, ascending, the first is 1
-    seconds: tuple[float, ...]
+    seconds: tuple[float, ...]  # the general (layer by layer) path
+    fused: StepCost | None = None  # the fused decode step, up to fused_limit decodes
+    fused_limit: int = 0
+
+    def plain(self, tokens: int, decode_only: bool) -> float:
+        """Seconds of the step as it would run without any draft."""
+        if decode_only and self.fused is not None and tokens <= self.fused_limit:
+            return self.fused.at(tokens)
+        return self.at(tokens)
 
     def at(self, tokens: int) -> float:
         """Seconds of a step of `tokens` tokens: linear between the timed counts, and past
@@ -46,7 +59,10 @@ class StepCost:
         return s[lo] + max(slope, 0.0) * (tokens - c[lo])
 
     def describe(self) -> str:
-        return ", ".join(f"{n}: {t * 1e3:.2f} ms" for n, t in zip(self.counts, self.seconds, strict=True))
+        text = ", ".join(f"{n}: {t * 1e3:.2f} ms" for n, t in zip(self.counts, self.seconds, strict=True))
+        if self.fused is not None:
+            text += f"; fused decode step up to {self.fused_limit}: {self.fused.describe()}"
+        return text
 
 
 _measured: dict[tuple[object, ...], StepCost] = {}
@@ -67,6 +83,16 @@ def measure_step_cost(runner: ModelRunner, max_tokens: int) -> StepCost:
 
 
 def _time_counts(runner: ModelRunner, counts: list[int]) -> StepCost:
+    general = _curve(runner, counts, fused=False)
+    fused_step = runner.decode_step
+    if fused_step is None or fused_step.max_tokens < 1:
+        return general
+    fused_counts = [m for m in counts if m <= fused_step.max_tokens]
+    fused = _curve(runner, fused_counts, fused=True)
+    return StepCost(general.counts, general.seconds, fused, fused_step.max_tokens)
+
+
+def _curve(runner: ModelRunner, counts: list[int], fused: bool) -> StepCost:
     vocab = runner.model_config.vocab_size
 
     def step(m: int) -> float:
@@ -74,7 +100,10 @@ def _time_counts(runner: ModelRunner, counts: list[int]) -> StepCost:
         ids, positions, meta = ids.to(runner.device), positions.to(runner.device), on_device(meta, runner.device)
 
         def run() -> object:
-            hidden = runner.model(ids, positions, meta, runner.kv_caches)
+            if fused and runner.decode_step is not None:
+                hidden = runner.decode_step(ids, positions, meta)
+            else:
+                hidden = runner.model(ids, positions, meta, runner.kv_caches)
             return runner.model.compute_logits(hidden)
 
         return autotune.best_time(run, REPS)
@@ -84,6 +113,8 @@ def _time_counts(runner: ModelRunner, counts: list[int]) -> StepCost:
     # Noise can time a bigger step faster; a cost curve that falls would invite drafts.
     for i in range(1, len(seconds)):
         seconds[i] = max(seconds[i], seconds[i - 1])
+    if len(counts) == 1:  # one point: flat up to the next count
+        return StepCost((counts[0], counts[0] + 1), (seconds[0], seconds[0]))
     return StepCost(tuple(counts), tuple(seconds))
 
 

@@ -7,8 +7,9 @@ accepted token), no min_tokens still to reach (the stop-token block changes once
 Those requests decode one token at a time in the same step as everyone else.
 
 Load-aware: the scheduler offers drafts only from the budget left once every decode and
-prefill of the step is placed. Each draft is then weighed against the start-up cost curve
-(engine/spec/cost_model.py): a step of T tokens that emits B tokens runs at B / cost(T); a
+prefill of the step is placed. Each draft is then weighed against the start-up cost curves
+(engine/spec/cost_model.py): a step of T tokens that emits B tokens runs at B / cost(T),
+on the fused decode step's curve where it would run fused without drafts; a
 draft of d tokens whose sequence has recently had a fraction r of its draft tokens
 accepted makes that (B + r d) / cost(T + d). The draft is kept, at the length that
 maximises the rate, only when the rate rises. One stream pays a few percent of a step for
@@ -44,6 +45,7 @@ class StepLoad:
 
     tokens: int  # tokens in the forward pass, drafts taken so far included
     outputs: float  # tokens it is expected to emit: one per sampled sequence plus expected accepted drafts
+    decode_only: bool = False  # one token per sequence so far: without a draft it may run the fused step
 
 
 class Drafter:
@@ -60,7 +62,7 @@ class Drafter:
                 and seq.num_output_tokens >= p.min_tokens)
 
     def start_step(self, tokens: int, outputs: int) -> StepLoad:
-        return StepLoad(tokens, float(outputs))
+        return StepLoad(tokens, float(outputs), decode_only=tokens == outputs)
 
     def propose(self, seq: Sequence, budget: int, load: StepLoad) -> list[int]:
         """The draft for a decoding seq: within the budget, the output limits, and only as
@@ -79,7 +81,7 @@ class Drafter:
     def best_length(self, load: StepLoad, longest: int, rate: float) -> int:
         """The draft length up to `longest` with the best expected tokens per second, 0 when
         no length beats the step without it by MIN_GAIN."""
-        best_rate = load.outputs / self.cost.at(load.tokens) * (1.0 + MIN_GAIN)
+        best_rate = load.outputs / self.cost.plain(load.tokens, load.decode_only) * (1.0 + MIN_GAIN)
         best = 0
         for d in range(1, longest + 1):
             rate_d = (load.outputs + rate * d) / self.cost.at(load.tokens + d)
@@ -91,6 +93,7 @@ class Drafter:
         """A draft joined the step: later drafts weigh against the bigger step."""
         load.tokens += num_draft
         load.outputs += seq.spec_acceptance * num_draft
+        load.decode_only = False
 
     def record(self, seq: Sequence, num_draft: int, num_accepted: int) -> None:
         """Count a verified draft and update the sequence's acceptance average."""
