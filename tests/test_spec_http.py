@@ -25,9 +25,10 @@ from server_fixtures import EXACT_ARGS, ServerProcess, metric_value, running_ser
 pytestmark = pytest.mark.slow
 
 SPEC_CONFIG = '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}'
-# About 700 positions of KV at fp32 for the default model: 32 prompts overflow it, so the
-# newest sequences are preempted and recomputed while the others decode and draft.
-ARGS = ["--kv-cache-memory", "32MiB", "--max-model-len", "512", *EXACT_ARGS,
+# 546 positions of fp32 KV for the default model (34 blocks, max_model_len 512 just fits):
+# the batch overflows it, so sequences are preempted and recomputed while others draft.
+ARGS = ["--kv-cache-memory", "24MiB", "--kv-cache-dtype", "fp32", "--max-model-len", "512",
+        "--max-num-queued-reqs", "64", *EXACT_ARGS,
         "--speculative-config", SPEC_CONFIG]
 NEAR_TIE_NATS = 0.02  # test_server_streams' bound for fp32 batches
 MAX_NEAR_TIE_PARTINGS = 3  # of 33 streams
@@ -172,6 +173,7 @@ async def test_speculative_streams_equal_plain_decoding(spec_server: ServerProce
         for index in got:
             partings += not compare(got[index], want[index], body)
             assert len(got[index].tokens) <= body["max_tokens"]
+    print(f"{partings} near-tie partings in {sum(len(r) for r in on)} streams")  # shown with -s
     assert partings <= MAX_NEAR_TIE_PARTINGS
     stopped = on[-1][0]
     assert stopped.finish == "stop" and stop not in stopped.text and reference.startswith(stopped.text)

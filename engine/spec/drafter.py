@@ -73,6 +73,9 @@ class Drafter:
         if not self.eligible(seq):
             return []
         room = min(self.k, budget, self.max_model_len - len(seq) - 1, seq_tokens_left(seq))
+        # Weighed before the lookup too: a full step refuses every draft, and then the
+        # proposer's few microseconds per sequence would be all that speculation adds.
+        room = self.best_length(load, max(room, 0), seq.spec_acceptance)
         if room <= 0:
             return []
         draft = self.proposer.propose(seq.token_ids, room)
