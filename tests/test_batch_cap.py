@@ -1,4 +1,6 @@
-"""The default max_num_seqs from the calibrated decode throughput (planner/batch_cap.py)."""
+"""The default max_num_seqs from measured decode throughput: `pagode plan --calibrate`'s fit
+(planner/batch_cap.py), or the decode steps the engine times at load (engine/core/batch_cap.py,
+engine/runner/decode_rates.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from engine import envs
+from engine import envs, race_memory
+from engine.core.batch_cap import from_step_seconds
+from engine.llm import LLM
 from planner import batch_cap
 from planner.calibrate import decode_rates
 from planner.step_model import FEATURES, StepTimeModel, StepWork
@@ -77,7 +81,56 @@ def test_the_users_flag_wins_over_the_calibration(cache_dir: Path, caplog: pytes
     assert cap == 300 and "max_num_seqs 300: set by --max-num-seqs" in text
 
 
-def test_without_a_calibration_the_default_stays_and_says_how_to_get_one(
+def test_without_a_calibration_the_engine_sizes_the_batch_at_load(
         cache_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
-    cap, text = serve_log([], caplog)
-    assert cap == 256 and "pagode plan --calibrate" in text
+    args = build_parser().parse_args(["serve"])
+    config = engine_config(args)
+    with caplog.at_level(logging.INFO, logger="pagode.server"):
+        size_batch(config, args)
+    assert config.size_batch and config.max_num_seqs == 256 and "sized at load" in caplog.text
+
+
+def test_an_itl_target_asks_the_engine_even_with_a_calibration(cache_dir: Path) -> None:
+    save_calibration({"192": {"24": 600.0, "48": 610.0}})
+    args = build_parser().parse_args(["serve", "--max-itl-ms", "50"])
+    config = engine_config(args)
+    size_batch(config, args)
+    assert config.size_batch and config.max_itl_ms == 50
+
+
+def test_step_times_cap_at_the_knee_and_at_the_itl_target() -> None:
+    # 8 -> 16 doubles the rate, 16 -> 32 gains 60%, 32 -> 64 gains 5%: the knee is 32.
+    seconds = {1: 0.010, 8: 0.020, 16: 0.020, 32: 0.025, 64: 0.0476}
+    cap = from_step_seconds(seconds, ceiling=256, context=192)
+    assert cap.max_num_seqs == 32 and "gains < 10%" in cap.reason
+    assert from_step_seconds(seconds, ceiling=16, context=192).max_num_seqs == 16  # never past the ceiling
+    assert from_step_seconds(seconds, ceiling=256, context=192, max_itl_ms=22).max_num_seqs == 16
+    assert from_step_seconds(seconds, ceiling=256, context=192, max_itl_ms=1000).max_num_seqs == 32
+    tight = from_step_seconds(seconds, ceiling=256, context=192, max_itl_ms=5)
+    assert tight.max_num_seqs == 1 and "even 1 decodes took 10 ms" in tight.reason
+    paying = {8: 0.010, 16: 0.012, 32: 0.015}
+    assert from_step_seconds(paying, ceiling=256, context=192).max_num_seqs == 256
+
+
+def kept_step_times() -> dict[str, dict[str, float]]:
+    return race_memory._read(race_memory.path_for(race_memory.machine()))["races"]["decode-step-seconds"]
+
+
+def test_the_engine_times_its_steps_once_per_machine(cache_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """With size_batch the engine caps its batch from decode steps it timed and keeps the
+    times; a later load reads them back (an ITL target below every measured step then leaves
+    the smallest batch) instead of timing again."""
+    args: dict[str, object] = dict(kv_cache_memory="64MiB", max_model_len=256, quantization="int4",
+                                   size_batch=True)
+    with caplog.at_level(logging.INFO, logger="pagode"):
+        first = LLM(**args)  # type: ignore[arg-type]
+    kept = kept_step_times()
+    assert len(kept) == 1, kept
+    seconds = {int(b): t for b, t in next(iter(kept.values())).items()}
+    expected = from_step_seconds(seconds, 256, 192)
+    assert first.engine.config.max_num_seqs == expected.max_num_seqs
+    assert f"max_num_seqs {expected.max_num_seqs}: {expected.reason}" in caplog.text
+    del first
+    tight = LLM(**args, max_itl_ms=min(seconds.values()) * 1e3 / 2)  # type: ignore[arg-type]
+    assert tight.engine.config.max_num_seqs == min(seconds)
+    assert kept_step_times() == kept
