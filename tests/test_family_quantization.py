@@ -21,6 +21,7 @@ import torch
 from quant_paths import pinned_path
 from test_families import SPECS
 from test_quantization import GATE
+from test_window_models import GEMMA2, GEMMA3
 from tiny_models import (
     TinySpec,
     TinyZoo,
@@ -34,13 +35,15 @@ from tiny_models import (
 from engine import LLM
 from engine.model import decode_step
 from engine.quant import dispatch, formats
+from engine.quant.linear import QuantLinear
 from engine.quant.modes import weight_kind
 from engine.runner.teacher_forcing import Reading, read_text
 
-GATED = ("llama", "qwen2", "qwen3", "phi3-long", "granite", "olmo2", "smollm3")
+GATED = ("llama", "qwen2", "qwen3", "phi3-long", "granite", "olmo2", "smollm3", "gemma2", "gemma3")
 # What decode_step.unsupported() must name for each family the C++ step cannot compute.
 REASONS = {"llama": None, "qwen2": None, "qwen3": "RMSNorm on q and k", "phi3-long": "partial rotary",
-           "granite": "multipliers", "olmo2": "norms after attention and MLP", "smollm3": "layers without RoPE"}
+           "granite": "multipliers", "olmo2": "norms after attention and MLP", "smollm3": "layers without RoPE",
+           "gemma2": "attention/logits multipliers", "gemma3": "RMSNorm on q and k"}
 TEXT_TOKENS = 192
 ARGS = dict(kv_cache_memory="4MiB", max_model_len=256, kv_cache_dtype="fp32")
 
@@ -81,7 +84,7 @@ def _one_thread() -> Iterator[None]:
         yield
 
 
-@pytest.mark.parametrize("spec", [s for s in SPECS if s.name in GATED], ids=lambda s: s.name)
+@pytest.mark.parametrize("spec", [s for s in [*SPECS, GEMMA2, GEMMA3] if s.name in GATED], ids=lambda s: s.name)
 def test_quantized_family_passes_the_quality_gate(tiny_zoo: TinyZoo, spec: TinySpec,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     # Keep both kernels in every layer, whatever this machine's measured crossover.
@@ -99,6 +102,7 @@ def test_quantized_family_passes_the_quality_gate(tiny_zoo: TinyZoo, spec: TinyS
 
 def assert_passes_gate(llm: LLM, ids: list[int], rounded: Reading, label: str, mode: str) -> None:
     """The gate through the block kernel on every position, then through each layer's own choice."""
+    assert_every_linear_quantized(llm)
     for path in ("kernel", None):
         with pinned_path(llm, path):
             got = read(llm, ids)
@@ -108,6 +112,15 @@ def assert_passes_gate(llm: LLM, ids: list[int], rounded: Reading, label: str, m
               f"top-1 agreement {agreement:.2%}")
         max_rise, min_agreement = GATE[mode]
         assert abs(rise) <= max_rise and agreement >= min_agreement
+
+
+def assert_every_linear_quantized(llm: LLM) -> None:
+    """No projection left in fp32: a family whose layers the quantizer missed would still pass
+    the gate against weights rounded once (4-bit rounding moves a tiny model's perplexity less
+    than the gate allows)."""
+    modules = list(llm.engine.runner.model.modules())
+    assert not any(isinstance(m, torch.nn.Linear) for m in modules)
+    assert sum(isinstance(m, QuantLinear) for m in modules) > 0
 
 
 def assert_fused_step_reason(llm: LLM, expected: str | None) -> None:
