@@ -12,7 +12,6 @@ model's own greedy continuation, so each position has a clear top-1.
 from __future__ import annotations
 
 import copy as copy_module
-import logging
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,7 +24,6 @@ from test_window_models import GEMMA2, GEMMA3
 from tiny_models import (
     TinySpec,
     TinyZoo,
-    assert_engine_matches,
     cached_greedy,
     one_torch_thread,
     prompts,
@@ -130,31 +128,3 @@ def assert_fused_step_reason(llm: LLM, expected: str | None) -> None:
         assert why is None
     else:
         assert why is not None and expected in why and runner.decode_step is None
-
-
-def test_a_gguf_in_a_format_the_kernels_do_not_take_is_requantized_and_says_so(
-        tiny_zoo: TinyZoo, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    """gguf-py cannot write K-quants (its Q4_K/Q6_K quantize is not implemented), so the file is
-    Q5_0, another block format the kernels do not take as it is: greedy output equals
-    transformers' on the file's dequantized weights, the start-up log names what is
-    requantized, and int8/int4 pass the gate against fp32 on the file's weights rounded once
-    more into the mode's blocks."""
-    from engine.model.gguf_file import GGUFModel
-
-    monkeypatch.setattr(dispatch, "_cache", {})
-    monkeypatch.setenv("PAGODE_QUANT_CROSSOVER", "16")
-    spec = next(s for s in SPECS if s.name == "qwen3")
-    path, reference = tiny_zoo.gguf(spec, "Q5_0")
-    assert_engine_matches(path, reference)
-    matrices = sum(1 for t in GGUFModel(path).reader.tensors if t.tensor_type.name == "Q5_0")
-    assert matrices == 2 * 7 + 2  # every projection of both layers, the embedding and the output
-    prompt = prompts(1, seed=1)[0]
-    ids = prompt + cached_greedy(reference, prompt, TEXT_TOKENS)
-    for mode in ("int8", "int4"):
-        rounded = read(LLM(model=str(dequantized_folder(tiny_zoo, spec, mode, reference, "-q5_0")),
-                           quantization="none", **ARGS), ids)  # type: ignore[arg-type]
-        with caplog.at_level(logging.INFO, logger="pagode"):
-            llm = LLM(model=str(path), quantization=mode, **ARGS)  # type: ignore[arg-type]
-        assert f"quantization: {mode}: the file's {matrices} Q5_0 tensors are dequantized and requantized" \
-            in caplog.text
-        assert_passes_gate(llm, ids, rounded, f"qwen3 Q5_0 GGUF {mode}", mode)

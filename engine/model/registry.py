@@ -36,8 +36,9 @@ def _qwen2_fields(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 LLAMA = Family(model_type="llama", gguf_arch="llama", hf_fields=_llama_fields, permute_qk=True,
-               support=Support(proved=("folder", "GGUF Q8_0", "int8/int4 gate", "RoPE llama3, yarn, linear: "
-                                       "folder + GGUF", "dynamic: folder", "bf16, fp16, sharded, tied")),
+               support=Support(proved=("folder", "GGUF Q8_0", "GGUF Q4_K_M", "int8/int4 gate",
+                                       "RoPE llama3, yarn, linear: folder + GGUF", "dynamic: folder",
+                                       "bf16, fp16, sharded, tied")),
                notes="RoPE scaling: linear, llama3, yarn, dynamic (up to max_position_embeddings)")
 MISTRAL = Family(model_type="mistral", gguf_arch=None, hf_fields=_mistral_fields,
                  support=Support(proved=("folder", "sliding window: folder, Triton, KV blocks freed")),
