@@ -42,6 +42,11 @@ QWEN3_MOE_MIXED = tiny_spec("qwen3_moe-mixed", "Qwen3MoeConfig", "Qwen3MoeForCau
 OLMOE = tiny_spec("olmoe", "OlmoeConfig", "OlmoeForCausalLM", num_experts=8, num_experts_per_tok=2,
                   intermediate_size=64, norm_topk_prob=False, pad_token_id=0)
 
+# Mixtral: experts as wide as intermediate_size, top-k always renormalised, block_sparse_moe
+# names in the checkpoint; its GGUF is arch llama with stacked expert tensors.
+MIXTRAL = tiny_spec("mixtral", "MixtralConfig", "MixtralForCausalLM", "llama", num_local_experts=8,
+                    num_experts_per_tok=2, intermediate_size=64, head_dim=16, sliding_window=None)
+
 
 @pytest.fixture(autouse=True)
 def _one_thread() -> Iterator[None]:
@@ -70,7 +75,7 @@ def test_the_planner_counts_every_expert(tiny_zoo: TinyZoo) -> None:
     from engine.model.loader import read_config, resolve_model
     from planner.memory import count_parameters
 
-    for spec in (QWEN3_MOE, QWEN3_MOE_MIXED, OLMOE):
+    for spec in (QWEN3_MOE, QWEN3_MOE_MIXED, OLMOE, MIXTRAL):
         cfg = read_config(resolve_model(str(tiny_zoo.folder(spec))))
         assert count_parameters(cfg) == sum(p.numel() for p in tiny_zoo.reference(spec).parameters())
 
@@ -94,6 +99,26 @@ def test_gguf_matches_transformers(tiny_zoo: TinyZoo) -> None:
     assert {"blk.0.ffn_gate_exps.weight", "blk.0.ffn_up_exps.weight", "blk.0.ffn_down_exps.weight",
             "blk.0.ffn_gate_inp.weight"} <= names
     llm = assert_engine_matches(path, reference)
+    assert_routing_spreads(llm, 2)
+
+
+def test_mixtral_folder_and_gguf_match_transformers(tiny_zoo: TinyZoo) -> None:
+    """From the folder save_pretrained writes (block_sparse_moe.experts.{e}.w1/w2/w3) and from a
+    Q8_0 llama-arch GGUF with ffn_*_exps tensors, which the engine serves as a Mixtral."""
+    from safetensors import safe_open
+
+    from engine.model.gguf_file import GGUFModel
+
+    folder = tiny_zoo.folder(MIXTRAL)
+    with safe_open(str(folder / "model.safetensors"), framework="pt") as f:
+        assert {"model.layers.0.block_sparse_moe.gate.weight",
+                "model.layers.0.block_sparse_moe.experts.7.w3.weight"} <= set(f.keys())
+    assert_routing_spreads(assert_engine_matches(folder, tiny_zoo.reference(MIXTRAL)), 2)
+    path, reference = tiny_zoo.gguf(MIXTRAL, "Q8_0")
+    gguf = GGUFModel(path)
+    assert gguf.arch == "llama" and "blk.1.ffn_up_exps.weight" in gguf.tensor_names
+    llm = assert_engine_matches(path, reference)
+    assert llm.engine.runner.model.config.architecture == "mixtral"
     assert_routing_spreads(llm, 2)
 
 
