@@ -41,6 +41,10 @@ QWEN3_MOE_MIXED = tiny_spec("qwen3_moe-mixed", "Qwen3MoeConfig", "Qwen3MoeForCau
 # OLMoE: experts as wide as intermediate_size, raw top-k weights, q/k norm over the projection.
 OLMOE = tiny_spec("olmoe", "OlmoeConfig", "OlmoeForCausalLM", num_experts=8, num_experts_per_tok=2,
                   intermediate_size=64, norm_topk_prob=False, pad_token_id=0)
+# llama.cpp's olmoe sizes both q and k norms n_embd, so its GGUF has as many KV heads as query heads.
+OLMOE_GGUF = tiny_spec("olmoe-gguf", "OlmoeConfig", "OlmoeForCausalLM", "olmoe", num_experts=8,
+                       num_experts_per_tok=2, intermediate_size=64, norm_topk_prob=False, pad_token_id=0,
+                       num_key_value_heads=4)
 
 # Mixtral: experts as wide as intermediate_size, top-k always renormalised, block_sparse_moe
 # names in the checkpoint; its GGUF is arch llama with stacked expert tensors.
@@ -88,6 +92,13 @@ def test_mixed_layers_without_renormalisation_match_transformers(tiny_zoo: TinyZ
 
 def test_olmoe_folder_matches_transformers(tiny_zoo: TinyZoo) -> None:
     llm = assert_engine_matches(tiny_zoo.folder(OLMOE), tiny_zoo.reference(OLMOE))
+    assert_routing_spreads(llm, 2)
+
+
+def test_olmoe_gguf_matches_transformers(tiny_zoo: TinyZoo) -> None:
+    path, reference = tiny_zoo.gguf(OLMOE_GGUF, "Q8_0")
+    llm = assert_engine_matches(path, reference)
+    assert llm.engine.runner.model.config.qk_norm == "proj"
     assert_routing_spreads(llm, 2)
 
 
