@@ -17,6 +17,7 @@ import torch
 from test_family_quantization import ARGS, TEXT_TOKENS, assert_fused_step_reason, assert_passes_gate, read
 from test_family_triton import greedy  # sets up Triton's interpreter where there is no CUDA
 from tiny_models import (
+    TinySpec,
     TinyZoo,
     assert_engine_matches,
     cached_greedy,
@@ -133,10 +134,9 @@ def test_mixtral_folder_and_gguf_match_transformers(tiny_zoo: TinyZoo) -> None:
     assert_routing_spreads(llm, 2)
 
 
-def dequantized_moe_folder(tiny_zoo: TinyZoo, mode: str) -> Path:
+def dequantized_moe_folder(tiny_zoo: TinyZoo, spec: TinySpec, mode: str) -> Path:
     """The checkpoint with every projection and every expert rounded through `mode`'s blocks;
     the router stays exact, as the engine keeps it."""
-    spec = QWEN3_MOE
     path = tiny_zoo.root / f"{spec.name}-{spec.key}-dequantized-{mode}"
     if (path / "config.json").exists():
         return path
@@ -156,22 +156,25 @@ def dequantized_moe_folder(tiny_zoo: TinyZoo, mode: str) -> Path:
     return path
 
 
-def test_quantized_moe_passes_the_quality_gate(tiny_zoo: TinyZoo, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("spec", [QWEN3_MOE, MIXTRAL], ids=lambda s: s.name)
+def test_quantized_moe_passes_the_quality_gate(tiny_zoo: TinyZoo, spec: TinySpec,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
     from engine.quant.linear import QuantLinear
 
     monkeypatch.setattr(dispatch, "_cache", {})
     monkeypatch.setenv("PAGODE_QUANT_CROSSOVER", "16")  # keep both kernels in every layer
-    folder, reference = tiny_zoo.folder(QWEN3_MOE), tiny_zoo.reference(QWEN3_MOE)
+    folder, reference = tiny_zoo.folder(spec), tiny_zoo.reference(spec)
     prompt = prompts(1, seed=1)[0]
     ids = prompt + cached_greedy(reference, prompt, TEXT_TOKENS)
     for mode in ("int8", "int4"):
-        rounded = read(LLM(model=str(dequantized_moe_folder(tiny_zoo, mode)), quantization="none", **ARGS), ids)
+        rounded = read(LLM(model=str(dequantized_moe_folder(tiny_zoo, spec, mode)), quantization="none", **ARGS),
+                       ids)
         llm = LLM(model=str(folder), quantization=mode, **ARGS)  # type: ignore[arg-type]
         for block in moe_blocks(llm):
             assert all(isinstance(e.gate_up_proj, QuantLinear) and e.gate_up_proj.blocks is not None
                        for e in block.experts)
             assert not isinstance(block.gate, QuantLinear)
-        assert_passes_gate(llm, ids, rounded, f"qwen3_moe {mode}", mode)
+        assert_passes_gate(llm, ids, rounded, f"{spec.name} {mode}", mode)
         assert_fused_step_reason(llm, "mixture-of-experts")
 
 
