@@ -1,8 +1,9 @@
-"""qwen3_moe end to end: greedy output equals transformers' from an HF folder and from a GGUF
-with llama.cpp's stacked expert tensors, under paged batching with a preemption; int8/int4
-pass the quality gate of the dense families; the fused C++ decode step refuses MoE.
+"""qwen3_moe, olmoe and mixtral end to end: greedy output equals transformers' from an HF
+folder and from a GGUF with llama.cpp's stacked expert tensors (qwen3moe, olmoe, and llama
+for Mixtral), under paged batching with a preemption; int8/int4 pass the quality gate of the
+dense families; the fused C++ decode step refuses MoE.
 
-The tiny model routes among 8 experts, top 2, and the tests check that the engine really
+Each tiny model routes among 8 experts, top 2, and the tests check that the engine really
 sent tokens to many of them, so a router that always picked the same experts would fail.
 """
 
