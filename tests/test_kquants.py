@@ -58,7 +58,11 @@ def test_kquant_bytes_decode_as_llama_cpp_reads_them(kind: str) -> None:
 
 def test_q4_k_m_gguf_matches_transformers(tiny_zoo: TinyZoo) -> None:
     """Q4_K for most matrices, Q6_K for the output and the last layer's attn_v and ffn_down
-    (llama.cpp's mix for 2 layers); transformers runs on the weights gguf-py reads back."""
+    (llama.cpp's mix for 2 layers); the reference is transformers on the weights gguf-py reads
+    back, which are exactly what transformers' own GGUF loader makes of the file."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
     from engine.model.gguf_file import GGUFModel
 
     path, reference = tiny_zoo.gguf(LLAMA_256, "Q4_K_M")
@@ -66,6 +70,9 @@ def test_q4_k_m_gguf_matches_transformers(tiny_zoo: TinyZoo) -> None:
     assert Counter(k for k in kinds.values() if k != "F32") == {"Q4_K": 13, "Q6_K": 3}
     assert kinds["output.weight"] == kinds["blk.1.attn_v.weight"] == kinds["blk.1.ffn_down.weight"] == "Q6_K"
     assert kinds["blk.0.ffn_down.weight"] == kinds["token_embd.weight"] == "Q4_K"
+    loaded = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+    got, expected = loaded.state_dict(), reference.state_dict()
+    assert got.keys() == expected.keys() and all(torch.equal(t, expected[n]) for n, t in got.items())
     assert_engine_matches(path, reference)
 
 
