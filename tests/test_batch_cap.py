@@ -12,6 +12,7 @@ import pytest
 from engine import envs, race_memory
 from engine.core.batch_cap import from_step_seconds
 from engine.llm import LLM
+from engine.runner.decode_rates import plausible
 from planner import batch_cap
 from planner.calibrate import decode_rates
 from planner.step_model import FEATURES, StepTimeModel, StepWork
@@ -110,6 +111,10 @@ def test_step_times_cap_at_the_knee_and_at_the_itl_target() -> None:
     assert tight.max_num_seqs == 1 and "even 1 decodes took 10 ms" in tight.reason
     paying = {8: 0.010, 16: 0.012, 32: 0.015}
     assert from_step_seconds(paying, ceiling=256, context=192).max_num_seqs == 256
+    busy = {1: 0.010, 8: 0.090, 16: 0.180, 32: 0.330}  # batching never paid: contention
+    floored = from_step_seconds(busy, ceiling=256, context=192)
+    assert floored.max_num_seqs == 16 and "stays >= 16" in floored.reason
+    assert not plausible(busy) and plausible(seconds)
 
 
 def kept_step_times() -> dict[str, dict[str, float]]:

@@ -19,6 +19,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 MIN_GAIN = 0.10
+# The smallest cap the knee gives. Below it, each step reads the weights for so few tokens
+# that a bigger batch pays on any CPU; a knee that low is what a busy machine's timings
+# show (other processes stretching the big steps), not the model's cost.
+MIN_CAP = 16
 
 
 @dataclass(frozen=True)
@@ -46,7 +50,9 @@ def from_step_seconds(seconds: dict[int, float], ceiling: int, context: int,
     cap, why = ceiling, f"each bigger batch still gained >= {MIN_GAIN:.0%} decode tok/s"
     bend = knee(rates, ceiling)
     if bend is not None:
-        cap, why = bend, f"the next batch gains < {MIN_GAIN:.0%} decode tok/s"
+        cap, why = max(bend, min(MIN_CAP, ceiling)), f"the next batch gains < {MIN_GAIN:.0%} decode tok/s"
+        if bend < cap:
+            why += f" after {bend}, but a cap stays >= {MIN_CAP}"
     if max_itl_ms is not None:
         fitting = [b for b, t in seconds.items() if t * 1e3 <= max_itl_ms and b <= cap]
         if not fitting:

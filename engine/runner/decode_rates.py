@@ -62,8 +62,21 @@ def decode_step_seconds(runner: ModelRunner, key: str, batches: tuple[int, ...] 
         return {int(b): float(t) for b, t in kept.items()}
     touch_blocks(runner, max(batches) * blocks_per_sequence(runner, context))
     times = {b: best_step_time(runner, synthetic_decodes(runner, b, context)) for b in batches}
-    race_memory.keep("decode-step-seconds", race_key, {str(b): t for b, t in times.items()})
+    if plausible(times):
+        race_memory.keep("decode-step-seconds", race_key, {str(b): t for b, t in times.items()})
+    else:
+        log.warning("decode steps timed at load look like a busy machine's (no batch ran at twice one "
+                    "sequence's tok/s: %s); not kept, so the next start times them again",
+                    {b: round(t * 1e3, 1) for b, t in times.items()})
     return times
+
+
+def plausible(seconds: dict[int, float]) -> bool:
+    """Whether some batch ran at least twice the smallest one's tokens/s. Batching shares each
+    step's weight reads, so on a quiet machine it always does; where none does, other
+    processes stretched the bigger steps, and a kept result would cap every later start."""
+    smallest = min(seconds)
+    return max(b / t for b, t in seconds.items()) >= 2 * smallest / seconds[smallest]
 
 
 def blocks_per_sequence(runner: ModelRunner, context: int) -> int:
