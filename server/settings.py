@@ -79,6 +79,9 @@ class ServerSettings:
         "auto", "how the model writes its reasoning, split into the message's reasoning and "
         "reasoning_content: qwen3, deepseek_r1, none, or auto: qwen3 or deepseek_r1 when the "
         "chat template writes <think>, else none", group="chat", metavar="NAME")
+    enable_auto_tool_choice: bool = option(
+        False, "taken as vLLM takes it, so that vLLM's command lines run unchanged: tool_choice "
+        "'auto' is always on here, its calls read by --tool-call-parser", group="chat")
     structured_outputs_in_reasoning: bool = option(
         False, "apply structured outputs (response_format, structured_outputs, forced tool "
         "calls) to the reasoning too; by default they start once the reasoning has ended",
