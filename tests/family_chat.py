@@ -89,6 +89,7 @@ FAMILIES = [
                "hermes", HERMES_CALL, "<|user|>\n<tool_response>\nsunny\n</tool_response>\n"),
     FamilyChat("gemma2", GEMMA2, TEMPLATES / "gemma2.jinja", "<bos>", "<eos>", "<start_of_turn>", "hermes",
                HERMES_CALL, "<start_of_turn>user\n<tool_response>\nsunny\n</tool_response><end_of_turn>"),
-    FamilyChat("gemma3", GEMMA3, TEMPLATES / "gemma3.jinja", "<bos>", "<eos>", "<start_of_turn>", "hermes",
-               HERMES_CALL, "<start_of_turn>user\n<tool_response>\nsunny\n</tool_response><end_of_turn>"),
+    FamilyChat("gemma3", GEMMA3, TEMPLATES / "gemma3_pythonic.jinja", "<bos>", "<eos>", "<start_of_turn>",
+               "pythonic", '[get_weather(city="Paris")]',
+               "<start_of_turn>user\n<tool_response>\nsunny</tool_response><end_of_turn>"),
 ]

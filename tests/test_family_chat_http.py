@@ -31,6 +31,8 @@ from openai import AsyncOpenAI
 from server_fixtures import STARTUP_TIMEOUT_S, ServerProcess, launch_server, wait_all_healthy
 from tiny_models import TinyZoo
 
+from server.respond.tool_parsers import parser_for_template
+
 pytestmark = pytest.mark.slow
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
@@ -139,6 +141,12 @@ async def chat(server: ServerProcess, stream: bool, **fields: Any) -> dict[str, 
 def native_tools(family: FamilyChat) -> bool:
     """The template renders tools itself; else the server's generic tool prompt does."""
     return "tools" in family.template.read_text()
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=IDS)
+def test_auto_picks_the_family_parser(family: FamilyChat) -> None:
+    """`--tool-call-parser auto` would read each family's template as its parser."""
+    assert parser_for_template(family.template.read_text()) == family.tool_parser
 
 
 @pytest.mark.parametrize("family", FAMILIES, ids=IDS)
