@@ -3,7 +3,7 @@ the tool-call parser a vLLM user names for it, and the reply that parser reads a
 
 Each family's tiny checkpoint is the one its equality test builds (same config, same
 features), given the byte-level chat tokenizer (tests/chat_tokenizer.py) and positions
-enough for a prompt written one byte per token.
+enough for a prompt written mostly a byte per token.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from tiny_models import TinySpec
 
 TEMPLATES = Path(__file__).with_name("chat_templates")
 QWEN3_TEMPLATE = Path(__file__).with_name("qwen3_template.jinja")
-MAX_POSITIONS = 2048  # one token per byte: a prompt with tools is about a thousand
+MAX_POSITIONS = 2048  # mostly a token per byte: a prompt with tools is about a thousand
 CITY = {"city": "Paris"}
 CALL_JSON = json.dumps({"name": "get_weather", "arguments": CITY})
 THOUGHT = "\nI call get_weather.\n"
@@ -46,8 +46,6 @@ class FamilyChat:
         overrides = {**self.spec.overrides, "vocab_size": CHAT_VOCAB,
                      "max_position_embeddings": MAX_POSITIONS,
                      "bos_token_id": token_id(self.bos), "eos_token_id": token_id(self.eos)}
-        if "pad_token_id" in overrides:
-            overrides["pad_token_id"] = 0
         return dataclasses.replace(self.spec, name=f"{self.spec.name}-chat", gguf_arch=None,
                                    overrides_json=json.dumps(overrides, sort_keys=True), gguf_meta=(),
                                    chat=(str(self.template), self.bos, self.eos))

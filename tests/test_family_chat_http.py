@@ -10,9 +10,11 @@ tool-call parser turning the reply into `tool_calls`, whole and streamed, the re
 split where the template thinks first, and the call and its result rendered back through
 the template in the next turn.
 
-The servers load side by side in one module fixture, with the shipped defaults but for
-what a tiny model forces: one token per byte needs a longer context than SMALL_ARGS',
-and the fused-decode limit is given rather than measured at each of a dozen starts.
+The servers (one per family: a server serves one model) load side by side in one module
+fixture, with the shipped defaults but for what a dozen tiny models at once force: a
+byte-level prompt needs a longer context than SMALL_ARGS', a dozen KV caches a small one
+each, and the fused-decode limit is given rather than measured at each start (seconds of
+a start's CPU, and not what these tests hold).
 """
 
 from __future__ import annotations
@@ -55,7 +57,8 @@ def serve_args(zoo: TinyZoo, family: FamilyChat) -> list[str]:
 def selected(session: pytest.Session) -> list[FamilyChat]:
     """The families this run's selected tests of this module ask for."""
     names = {item.callspec.params["family"].family for item in session.items
-             if item.module is not None and item.module.__name__ == __name__ and hasattr(item, "callspec")}
+             if getattr(getattr(item, "module", None), "__name__", None) == __name__
+             and "family" in getattr(getattr(item, "callspec", None), "params", {})}
     return [f for f in FAMILIES if f.family in names]
 
 
