@@ -15,7 +15,7 @@ from pathlib import Path
 
 from chat_tokenizer import CHAT_VOCAB, token_id
 from test_families import SPECS
-from test_moe_family import OLMOE, QWEN3_MOE
+from test_moe_family import MIXTRAL, OLMOE, QWEN3_MOE
 from test_window_models import GEMMA2, GEMMA3
 from tiny_models import TinySpec
 
@@ -85,6 +85,8 @@ FAMILIES = [
                "hermes", HERMES_CALL, CHATML_RESULT, reasoning=True),
     FamilyChat("olmoe", OLMOE, TEMPLATES / "tulu.jinja", "<|endoftext|>", "<|endoftext|>", "<|user|>",
                "hermes", HERMES_CALL, "<|user|>\n<tool_response>\nsunny\n</tool_response>\n"),
+    FamilyChat("mixtral", MIXTRAL, TEMPLATES / "mistral.jinja", "<s>", "</s>", "[INST]", "mistral",
+               f"[TOOL_CALLS] [{CALL_JSON}]", '[TOOL_RESULTS] {"content": "sunny", "call_id": "'),
     FamilyChat("gemma2", GEMMA2, TEMPLATES / "gemma2.jinja", "<bos>", "<eos>", "<start_of_turn>", "hermes",
                HERMES_CALL, "<start_of_turn>user\n<tool_response>\nsunny\n</tool_response><end_of_turn>"),
     FamilyChat("gemma3", GEMMA3, TEMPLATES / "gemma3_pythonic.jinja", "<bos>", "<eos>", "<start_of_turn>",

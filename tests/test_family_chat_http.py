@@ -13,8 +13,9 @@ the template in the next turn.
 The servers (one per family: a server serves one model) load side by side in one module
 fixture, with the shipped defaults but for what a dozen tiny models at once force: a
 byte-level prompt needs a longer context than SMALL_ARGS', a dozen KV caches a small one
-each, and the fused-decode limit is given rather than measured at each start (seconds of
-a start's CPU, and not what these tests hold).
+each, and the fused-decode limit and the batch size are given rather than timed at each
+start (seconds of a start's CPU each, not what these tests hold, and timed beside a dozen
+other starting servers they would measure only the contention).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ TOOLS: list[Any] = [{"type": "function", "function": {
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 RESULT = "sunny"
 SERVE_ARGS = ["--served-model-name", "tiny", "--kv-cache-memory", "32MiB", "--max-model-len", str(MAX_POSITIONS),
-              "--fused-decode-limit", "8"]
+              "--fused-decode-limit", "8", "--max-num-seqs", "8"]
 IDS = [f.family for f in FAMILIES]
 
 
