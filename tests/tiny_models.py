@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from chat_tokenizer import save_chat_tokenizer
 from kquants import QUANTIZERS, q4_k_m_kind
 from reference import assert_greedy_match, reference_greedy
 from tiny_moe import stacked_expert_tensors, write_moe_metadata
@@ -81,6 +82,9 @@ class TinySpec:
     dtype: str = "float32"  # the checkpoint's dtype (bfloat16, float16 too)
     max_shard_size: str | None = None  # e.g. "20KB": sharded, with model.safetensors.index.json
     gguf_meta: tuple[tuple[str, Any], ...] = ()  # extra GGUF keys: (GGUFWriter method, value)
+    # (chat template file, BOS, EOS): a byte-level tokenizer that chats (tests/chat_tokenizer.py)
+    # instead of the word-level one; the config's vocab_size must then be CHAT_VOCAB.
+    chat: tuple[str, str, str] | None = None
 
     @property
     def overrides(self) -> dict[str, Any]:
@@ -151,7 +155,11 @@ def build_folder(path: Path, spec: TinySpec) -> None:
     model = model.to(getattr(torch, spec.dtype))
     kwargs = {"max_shard_size": spec.max_shard_size} if spec.max_shard_size else {}
     model.save_pretrained(path, **kwargs)
-    save_tokenizer(path)
+    if spec.chat is None:
+        save_tokenizer(path)
+    else:
+        template, bos, eos = spec.chat
+        save_chat_tokenizer(path, Path(template).read_text(), bos, eos)
 
 
 @torch.no_grad()
