@@ -46,7 +46,7 @@ def from_calibration(model: StepTimeModel, path: Path, default: int) -> BatchCap
     shown = ", ".join(f"{b}: {r:.0f}" for b, r in sorted(rates.items()))
     cap = knee(rates, default)
     if cap is None:
-        return BatchCap(default, f"the default: at context {context}, each bigger batch measured still gained "
-                                 f">= {MIN_GAIN:.0%} decode tok/s ({shown}; {path})")
-    return BatchCap(cap, f"measured at context {context}, the next batch gains < {MIN_GAIN:.0%} "
-                         f"decode tok/s ({shown}; {path})")
+        return BatchCap(default, f"the default: at context {context}, a bigger batch measured still gained "
+                                 f">= {MIN_GAIN:.0%} decode tok/s per doubling ({shown}; {path})")
+    return BatchCap(cap, f"measured at context {context}, no bigger batch gains >= {MIN_GAIN:.0%} "
+                         f"decode tok/s per doubling ({shown}; {path})")

@@ -16,6 +16,7 @@ calibration, from the decode steps the engine times at its first start on a mach
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 MIN_GAIN = 0.10
@@ -32,10 +33,15 @@ class BatchCap:
 
 
 def knee(rates: dict[int, float], ceiling: int, min_gain: float = MIN_GAIN) -> int | None:
-    """The first batch whose successor gains less than `min_gain`; None where each one pays."""
+    """The first batch that no bigger one beats by `min_gain` per doubling (compounded over
+    the doublings between them); None where a bigger batch still pays. Comparing with every
+    bigger batch, not only the next, steps over a plateau: where the fused decode step hands
+    over to the GEMMs, one batch can gain little over the last and the next one much."""
     batches = sorted(b for b in rates if b <= ceiling)
-    for small, big in zip(batches, batches[1:], strict=False):
-        if rates[big] < (1 + min_gain) * rates[small]:
+    for i, small in enumerate(batches):
+        bigger = batches[i + 1:]
+        if bigger and all(rates[big] < (1 + min_gain) ** math.log2(big / small) * rates[small]
+                          for big in bigger):
             return small
     return None
 
@@ -47,10 +53,11 @@ def from_step_seconds(seconds: dict[int, float], ceiling: int, context: int,
     fits it, whichever is smaller; at most `ceiling`."""
     rates = {b: b / t for b, t in seconds.items()}
     shown = ", ".join(f"{b}: {seconds[b] * 1e3:.0f} ms" for b in sorted(seconds))
-    cap, why = ceiling, f"each bigger batch still gained >= {MIN_GAIN:.0%} decode tok/s"
+    cap, why = ceiling, f"a bigger batch still gained >= {MIN_GAIN:.0%} decode tok/s per doubling"
     bend = knee(rates, ceiling)
     if bend is not None:
-        cap, why = max(bend, min(MIN_CAP, ceiling)), f"the next batch gains < {MIN_GAIN:.0%} decode tok/s"
+        cap, why = (max(bend, min(MIN_CAP, ceiling)),
+                    f"no bigger batch gains >= {MIN_GAIN:.0%} decode tok/s per doubling")
         if bend < cap:
             why += f" after {bend}, but a cap stays >= {MIN_CAP}"
     if max_itl_ms is not None:

@@ -31,7 +31,7 @@ from engine.runner.model_runner import ModelRunner, StepInputs
 
 log = logging.getLogger("pagode")
 
-BATCHES = (1, 8, 16, 32, 64, 128, 192)
+BATCHES = (1, 8, 16, 32, 64, 128, 192, 256)  # up to the engine's default cap
 CONTEXT = 192  # positions per sequence: a chat turn's, and where attention's share shows
 REPS = 2
 
