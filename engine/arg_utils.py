@@ -29,7 +29,8 @@ from engine.spec.config import SpeculativeConfig, parse_speculative_config
 FLAG_FIELDS = ("model", "batching", "kv_cache_memory", "block_size", "max_model_len", "max_num_seqs",
                "max_num_batched_tokens", "watermark", "enable_prefix_caching", "dtype", "device",
                "attention_backend", "seed", "enforce_eager", "kv_cache_dtype", "quantization",
-               "fused_decode_limit", "scheduling_policy", "logprobs_mode", "speculative_config")
+               "fused_decode_limit", "scheduling_policy", "logprobs_mode", "warmup", "max_itl_ms",
+               "speculative_config")
 
 
 def default_of(cls: type, name: str) -> object:
@@ -82,8 +83,12 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup
                             "(default: the model's context, capped at 2048)")
     group.add_argument("--max-num-seqs", type=int, default=None,
                        help="most requests in one running batch (default: pagode serve sizes it from "
-                            "this machine's step cost where `pagode plan --calibrate` has measured it; "
-                            f"else {engine_default('max_num_seqs')})")
+                            "this machine's decode step cost: `pagode plan --calibrate`'s where it has "
+                            "run, else the steps it times at its first start on this machine; the "
+                            f"offline LLM: {engine_default('max_num_seqs')})")
+    group.add_argument("--max-itl-ms", type=float, default=None, metavar="MS",
+                       help="cap the decode batch so that one decode step, timed at load, fits this "
+                            "many milliseconds (an inter-token latency target; --max-num-seqs wins)")
     group.add_argument("--max-num-batched-tokens", type=int, default=None,
                        help="token budget of one engine step; long prefills are chunked "
                             "(default: 512 on CPU, 2048 on CUDA)")
@@ -127,6 +132,10 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup
                        help='speculative decoding in vLLM\'s shape, e.g. \'{"method": "ngram", '
                             '"num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 5}\' '
                             "(default: off; greedy requests only; docs/speculative.md)")
+    group.add_argument("--warmup", action="store_true",
+                       help="race the kernels again at load and keep the new winners (by default a "
+                            "race measured at an earlier start on this machine is read back; "
+                            "PAGODE_RACE_CACHE=0 keeps nothing)")
     add_request_cap_flags(parser)
     return group
 

@@ -89,6 +89,11 @@ class EngineConfig:
     scheduling_policy: SchedulingPolicy = "fcfs"  # priority: waiting queue by (priority, arrival)
     fused_decode_limit: int | None = None  # None: measured at load; N pins the fused C++ step's limit
     speculative_config: SpeculativeConfig | None = None  # None: off (docs/speculative.md)
+    warmup: bool = False  # race the kernels again rather than read an earlier start's results
+    # Time decode steps at load and cap max_num_seqs where a bigger batch stops paying
+    # (engine/core/batch_cap.py); pagode serve sets it when neither a flag nor a calibration sizes the batch.
+    size_batch: bool = False
+    max_itl_ms: float | None = None  # also cap the batch so that a decode step fits this many ms
 
     def __post_init__(self) -> None:
         if self.batching not in BATCHING_MODES:
@@ -109,6 +114,8 @@ class EngineConfig:
             raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, not {self.kv_cache_dtype!r}")
         if self.logprobs_mode not in LOGPROBS_MODES:
             raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES}, not {self.logprobs_mode!r}")
+        if self.max_itl_ms is not None and self.max_itl_ms <= 0:
+            raise ValueError("max_itl_ms must be positive")
         if self.fused_decode_limit is not None and self.fused_decode_limit < 0:
             raise ValueError("fused_decode_limit must be >= 0 (0 turns the fused step off)")
         if self.quantization not in QUANTIZATION_MODES:

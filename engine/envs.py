@@ -79,7 +79,7 @@ class EnvVar(Generic[T]):
 CACHE_DIR: EnvVar[Path] = EnvVar(
     "PAGODE_CACHE_DIR", Path, Path.home() / ".cache" / "pagode",
     "Root of pagode's caches: compiled CPU kernels (kernels/), tokenizers built from GGUF "
-    "files (tokenizers/) and the planner's step-time fits (plan/).")
+    "files (tokenizers/), load-time race results (races/) and the planner's step-time fits (plan/).")
 CPU_KERNEL: EnvVar[bool] = EnvVar(
     "PAGODE_CPU_KERNEL", _flag, True,
     "0 turns every C++ CPU kernel off; the pure-torch paths remain.")
@@ -112,6 +112,10 @@ FBGEMM_REDUCE_RANGE: EnvVar[bool] = EnvVar(
     "PAGODE_FBGEMM_REDUCE_RANGE", _flag, True,
     "fbgemm's int8 activations use a 7-bit range (1, the default) so that AVX2's 16-bit pair "
     "sums cannot saturate; 0 uses the full 8 bits.")
+RACE_CACHE: EnvVar[bool] = EnvVar(
+    "PAGODE_RACE_CACHE", _flag, True,
+    "0: race the kernels at every load and keep nothing (engine/race_memory.py); 1 (the "
+    "default): a result measured on this machine is read back instead of measured again.")
 API_KEY: EnvVar[str | None] = EnvVar(
     "PAGODE_API_KEY", _optional_str, None,
     "The default of `pagode serve --api-key`: a Bearer token on the API routes.")
@@ -123,7 +127,7 @@ CXX: EnvVar[str | None] = EnvVar(
 
 ALL: tuple[EnvVar[object], ...] = (CACHE_DIR, CPU_KERNEL, CPU_ISA, QUANT_KERNEL, DECODE_STEP,  # type: ignore[assignment]
                                    ATTENTION_BACKEND, QUANT_GEMM, QUANT_CROSSOVER, FBGEMM_REDUCE_RANGE,
-                                   API_KEY)
+                                   RACE_CACHE, API_KEY)
 
 
 def describe() -> str:

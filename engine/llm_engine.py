@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import torch
 
-from engine import native
+from engine import native, race_memory
 from engine.config import EngineConfig, dtype_name
 from engine.core.block_manager import BlockManager
 from engine.core.request_state import RequestState
@@ -25,6 +25,7 @@ from engine.io.stats_recorder import StatsRecorder, finished_request_stats
 from engine.model.layers import kv_window
 from engine.model.loader import load_tokenizer, read_config, resolve_model
 from engine.runner import prompt_logprobs, row_sampling
+from engine.runner.decode_rates import size_batch
 from engine.runner.kv_cache import bytes_per_block
 from engine.runner.logprob_values import finite_logprob
 from engine.runner.model_runner import ModelRunner
@@ -44,6 +45,7 @@ class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         torch.manual_seed(config.seed)
+        race_memory.race_again(config.warmup)
         self.cpu = native.cpu_target()
         log.info("CPU: %s", self.cpu.describe())
         self.source = resolve_model(config.model)
@@ -55,6 +57,8 @@ class LLMEngine:
         self.num_blocks = self.runner.num_blocks
         self.block_size = config.block_size
         self.max_model_len = self._fit_max_model_len(config.max_model_len)
+        if config.size_batch or config.max_itl_ms is not None:
+            size_batch(self.runner, config, self.model_name)
         self.runner.enable_cuda_graphs(config, self.max_model_len)
         self.block_manager = BlockManager(self.num_blocks, self.block_size, config.enable_prefix_caching,
                                           window=kv_window(self.runner.model))

@@ -100,13 +100,24 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def size_batch(config: EngineConfig, args: argparse.Namespace) -> None:
-    """Say what max_num_seqs is and why; unless the user set it, size it from the step fit."""
+    """Say what sizes max_num_seqs: the user's flag; else `pagode plan --calibrate`'s fit where
+    one exists and no ITL target asks for a step time; else the engine, which times its
+    decode steps at load (kept for later starts on this machine)."""
     if args.max_num_seqs is not None:
+        if config.max_itl_ms is not None:
+            log.warning("--max-itl-ms %g is ignored: --max-num-seqs %d sets the batch", config.max_itl_ms,
+                        config.max_num_seqs)
+            config.max_itl_ms = None
         log.info("max_num_seqs %d: set by --max-num-seqs", config.max_num_seqs)
         return
-    cap = batch_cap.choose(config)
-    config.max_num_seqs = cap.max_num_seqs
-    log.info("max_num_seqs %d: %s", cap.max_num_seqs, cap.reason)
+    cap = batch_cap.choose(config) if config.max_itl_ms is None else None
+    if cap is not None:
+        config.max_num_seqs = cap.max_num_seqs
+        log.info("max_num_seqs %d: %s", cap.max_num_seqs, cap.reason)
+        return
+    config.size_batch = True
+    log.info("max_num_seqs: sized at load from this machine's decode steps (no --max-num-seqs, no "
+             "`pagode plan --calibrate` fit at %s)", batch_cap.fit_path_for(config))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -22,7 +22,7 @@ from engine import envs
 
 # The formats server/respond/tool_parsers/ and server/respond/reasoning/ register (a test
 # holds these lists to the registries; settings import no other part of the server).
-TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json", "mistral", "phi4_mini_json", "granite")
+TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json", "mistral", "phi4_mini_json", "granite", "pythonic")
 REASONING_PARSERS = ("auto", "none", "qwen3", "deepseek_r1")
 JINJA_MARKS = ("{{", "{%")
 POSITIVE = "positive"
@@ -73,12 +73,15 @@ class ServerSettings:
         metavar="FILE|TEMPLATE")
     tool_call_parser: str = option(
         "auto", "how the model writes tool calls: hermes, llama3_json, mistral, phi4_mini_json, "
-        "granite, or auto: picked from the chat template's text (docs/server.md)", group="chat",
+        "granite, pythonic, or auto: picked from the chat template's text (docs/server.md)", group="chat",
         metavar="NAME")
     reasoning_parser: str = option(
         "auto", "how the model writes its reasoning, split into the message's reasoning and "
         "reasoning_content: qwen3, deepseek_r1, none, or auto: qwen3 or deepseek_r1 when the "
         "chat template writes <think>, else none", group="chat", metavar="NAME")
+    enable_auto_tool_choice: bool = option(
+        False, "taken as vLLM takes it, so that vLLM's command lines run unchanged: tool_choice "
+        "'auto' is always on here, its calls read by --tool-call-parser", group="chat")
     structured_outputs_in_reasoning: bool = option(
         False, "apply structured outputs (response_format, structured_outputs, forced tool "
         "calls) to the reasoning too; by default they start once the reasoning has ended",

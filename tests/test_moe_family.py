@@ -1,8 +1,9 @@
-"""qwen3_moe end to end: greedy output equals transformers' from an HF folder and from a GGUF
-with llama.cpp's stacked expert tensors, under paged batching with a preemption; int8/int4
-pass the quality gate of the dense families; the fused C++ decode step refuses MoE.
+"""qwen3_moe, olmoe and mixtral end to end: greedy output equals transformers' from an HF
+folder and from a GGUF with llama.cpp's stacked expert tensors (qwen3moe, olmoe, and llama
+for Mixtral), under paged batching with a preemption; int8/int4 pass the quality gate of the
+dense families; the fused C++ decode step refuses MoE.
 
-The tiny model routes among 8 experts, top 2, and the tests check that the engine really
+Each tiny model routes among 8 experts, top 2, and the tests check that the engine really
 sent tokens to many of them, so a router that always picked the same experts would fail.
 """
 
@@ -17,6 +18,7 @@ import torch
 from test_family_quantization import ARGS, TEXT_TOKENS, assert_fused_step_reason, assert_passes_gate, read
 from test_family_triton import greedy  # sets up Triton's interpreter where there is no CUDA
 from tiny_models import (
+    TinySpec,
     TinyZoo,
     assert_engine_matches,
     cached_greedy,
@@ -41,6 +43,15 @@ QWEN3_MOE_MIXED = tiny_spec("qwen3_moe-mixed", "Qwen3MoeConfig", "Qwen3MoeForCau
 # OLMoE: experts as wide as intermediate_size, raw top-k weights, q/k norm over the projection.
 OLMOE = tiny_spec("olmoe", "OlmoeConfig", "OlmoeForCausalLM", num_experts=8, num_experts_per_tok=2,
                   intermediate_size=64, norm_topk_prob=False, pad_token_id=0)
+# llama.cpp's olmoe sizes both q and k norms n_embd, so its GGUF has as many KV heads as query heads.
+OLMOE_GGUF = tiny_spec("olmoe-gguf", "OlmoeConfig", "OlmoeForCausalLM", "olmoe", num_experts=8,
+                       num_experts_per_tok=2, intermediate_size=64, norm_topk_prob=False, pad_token_id=0,
+                       num_key_value_heads=4)
+
+# Mixtral: experts as wide as intermediate_size, top-k always renormalised, block_sparse_moe
+# names in the checkpoint; its GGUF is arch llama with stacked expert tensors.
+MIXTRAL = tiny_spec("mixtral", "MixtralConfig", "MixtralForCausalLM", "llama", num_local_experts=8,
+                    num_experts_per_tok=2, intermediate_size=64, head_dim=16, sliding_window=None)
 
 
 @pytest.fixture(autouse=True)
@@ -70,7 +81,7 @@ def test_the_planner_counts_every_expert(tiny_zoo: TinyZoo) -> None:
     from engine.model.loader import read_config, resolve_model
     from planner.memory import count_parameters
 
-    for spec in (QWEN3_MOE, QWEN3_MOE_MIXED, OLMOE):
+    for spec in (QWEN3_MOE, QWEN3_MOE_MIXED, OLMOE, MIXTRAL):
         cfg = read_config(resolve_model(str(tiny_zoo.folder(spec))))
         assert count_parameters(cfg) == sum(p.numel() for p in tiny_zoo.reference(spec).parameters())
 
@@ -86,6 +97,13 @@ def test_olmoe_folder_matches_transformers(tiny_zoo: TinyZoo) -> None:
     assert_routing_spreads(llm, 2)
 
 
+def test_olmoe_gguf_matches_transformers(tiny_zoo: TinyZoo) -> None:
+    path, reference = tiny_zoo.gguf(OLMOE_GGUF, "Q8_0")
+    llm = assert_engine_matches(path, reference)
+    assert llm.engine.runner.model.config.qk_norm == "proj"
+    assert_routing_spreads(llm, 2)
+
+
 def test_gguf_matches_transformers(tiny_zoo: TinyZoo) -> None:
     from engine.model.gguf_file import GGUFModel
 
@@ -97,10 +115,29 @@ def test_gguf_matches_transformers(tiny_zoo: TinyZoo) -> None:
     assert_routing_spreads(llm, 2)
 
 
-def dequantized_moe_folder(tiny_zoo: TinyZoo, mode: str) -> Path:
+def test_mixtral_folder_and_gguf_match_transformers(tiny_zoo: TinyZoo) -> None:
+    """From the folder save_pretrained writes (block_sparse_moe.experts.{e}.w1/w2/w3) and from a
+    Q8_0 llama-arch GGUF with ffn_*_exps tensors, which the engine serves as a Mixtral."""
+    from safetensors import safe_open
+
+    from engine.model.gguf_file import GGUFModel
+
+    folder = tiny_zoo.folder(MIXTRAL)
+    with safe_open(str(folder / "model.safetensors"), framework="pt") as f:
+        assert {"model.layers.0.block_sparse_moe.gate.weight",
+                "model.layers.0.block_sparse_moe.experts.7.w3.weight"} <= set(f.keys())
+    assert_routing_spreads(assert_engine_matches(folder, tiny_zoo.reference(MIXTRAL)), 2)
+    path, reference = tiny_zoo.gguf(MIXTRAL, "Q8_0")
+    gguf = GGUFModel(path)
+    assert gguf.arch == "llama" and "blk.1.ffn_up_exps.weight" in gguf.tensor_names
+    llm = assert_engine_matches(path, reference)
+    assert llm.engine.runner.model.config.architecture == "mixtral"
+    assert_routing_spreads(llm, 2)
+
+
+def dequantized_moe_folder(tiny_zoo: TinyZoo, spec: TinySpec, mode: str) -> Path:
     """The checkpoint with every projection and every expert rounded through `mode`'s blocks;
     the router stays exact, as the engine keeps it."""
-    spec = QWEN3_MOE
     path = tiny_zoo.root / f"{spec.name}-{spec.key}-dequantized-{mode}"
     if (path / "config.json").exists():
         return path
@@ -120,22 +157,25 @@ def dequantized_moe_folder(tiny_zoo: TinyZoo, mode: str) -> Path:
     return path
 
 
-def test_quantized_moe_passes_the_quality_gate(tiny_zoo: TinyZoo, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("spec", [QWEN3_MOE, MIXTRAL], ids=lambda s: s.name)
+def test_quantized_moe_passes_the_quality_gate(tiny_zoo: TinyZoo, spec: TinySpec,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
     from engine.quant.linear import QuantLinear
 
     monkeypatch.setattr(dispatch, "_cache", {})
     monkeypatch.setenv("PAGODE_QUANT_CROSSOVER", "16")  # keep both kernels in every layer
-    folder, reference = tiny_zoo.folder(QWEN3_MOE), tiny_zoo.reference(QWEN3_MOE)
+    folder, reference = tiny_zoo.folder(spec), tiny_zoo.reference(spec)
     prompt = prompts(1, seed=1)[0]
     ids = prompt + cached_greedy(reference, prompt, TEXT_TOKENS)
     for mode in ("int8", "int4"):
-        rounded = read(LLM(model=str(dequantized_moe_folder(tiny_zoo, mode)), quantization="none", **ARGS), ids)
+        rounded = read(LLM(model=str(dequantized_moe_folder(tiny_zoo, spec, mode)), quantization="none", **ARGS),
+                       ids)
         llm = LLM(model=str(folder), quantization=mode, **ARGS)  # type: ignore[arg-type]
         for block in moe_blocks(llm):
             assert all(isinstance(e.gate_up_proj, QuantLinear) and e.gate_up_proj.blocks is not None
                        for e in block.experts)
             assert not isinstance(block.gate, QuantLinear)
-        assert_passes_gate(llm, ids, rounded, f"qwen3_moe {mode}", mode)
+        assert_passes_gate(llm, ids, rounded, f"{spec.name} {mode}", mode)
         assert_fused_step_reason(llm, "mixture-of-experts")
 
 

@@ -15,6 +15,7 @@ from server.respond.tool_parsers import PARSERS, get_tool_parser, parser_for_tem
 WEATHER = {"city": "Dallas", "state": "TX", "unit": "fahrenheit"}
 NESTED = {"city": "Pa}ri]s", "days": [1, 23], "deep": {"x": True, "y": None}}
 W, N = json.dumps(WEATHER), json.dumps(NESTED)
+PY_NESTED = {**NESTED, "city": "Pa)ri]s"}  # a `)` in a string does not close a pythonic call
 
 # (parser, output, expected content, expected [(name, arguments)])
 CASES: list[tuple[str, str, str | None, list[tuple[str, Any]]]] = [
@@ -41,6 +42,11 @@ CASES: list[tuple[str, str, str | None, list[tuple[str, Any]]]] = [
      [("get_current_weather", WEATHER)]),
     ("granite", f'<tool_call>[{{"name": "a", "arguments": {N}}}, {{"name": "b", "arguments": '
      '{}}]', None, [("a", NESTED), ("b", {})]),
+    ("pythonic", '[get_current_weather(city="Dallas", state="TX", unit="fahrenheit")]', None,
+     [("get_current_weather", WEATHER)]),
+    ("pythonic", '[a(city="Pa)ri]s", days=[1, 23], deep={"x": True, "y": None}), b()]', None,
+     [("a", PY_NESTED), ("b", {})]),
+    ("pythonic", '<|python_start|>[b(q=1.5)]<|python_end|>', None, [("b", {"q": 1.5})]),
 ]
 
 MALFORMED = [
@@ -51,6 +57,9 @@ MALFORMED = [
     ("mistral", "[TOOL_CALLS]f[ARGS]{oops}"),
     ("phi4_mini_json", 'functools[{"name": "f", "arguments": ]'),
     ("granite", '<|tool_call|>{"name": "f"}'),
+    ("pythonic", "[f(a=1), g(x)]"),
+    ("pythonic", "[1] is a footnote"),
+    ("pythonic", "[f(a=open())]"),
 ]
 
 PLAIN = ["Hello <tool there", "The answer is 42.", "a [TOOL brace { }"]
@@ -129,6 +138,8 @@ def test_mistral_ids_and_special_tokens() -> None:
     ("<|system|>{% if tools %}<|tool|>{{ tools }}<|/tool|>{% endif %} functools[...]",
      "phi4_mini_json"),
     ("<|start_of_role|>available_tools<|end_of_role|>{{ tools }}", "granite"),
+    ("<|start_header_id|>system<|end_header_id|>{% if tools %}Respond as [func_name1(params_name1="
+     "params_value1), func_name2(params)]{% endif %}", "pythonic"),
     ("<|im_start|>system\n<tools>{{ tools }}</tools><tool_call></tool_call>", "hermes"),
     ("{% for m in messages %}{{ m.content }}{% endfor %}", "hermes"),
     (None, "hermes"),

@@ -72,3 +72,24 @@ def test_generic_rendering_of_tool_turns(default_model_path: str) -> None:
     assert '"name": "get_weather"' in text and "<tools>" in text
     assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>' in text
     assert "<tool_response>\nsunny\n</tool_response>" in text
+
+
+def test_tool_prompt_heads_the_user_turn_where_the_template_has_no_system_turn(
+        default_model_path: str) -> None:
+    """Gemma 2's template raises on a system turn: the generic tool prompt goes at the head of
+    the first user turn instead of failing the request."""
+    import copy
+    from pathlib import Path
+
+    from engine.model.loader import load_tokenizer, resolve_model
+
+    tokenizer = copy.copy(load_tokenizer(resolve_model(default_model_path)))
+    tokenizer.chat_template = (Path(__file__).with_name("chat_templates") / "gemma2.jinja").read_text()
+    body = ChatCompletionRequest.model_validate({
+        "messages": [{"role": "user", "content": "Weather in Rome?"}],
+        "tools": [{"type": "function", "function": {"name": "get_weather"}}]})
+    limits = RequestLimits(vocab_size=len(tokenizer), max_model_len=2048, max_prompt_tokens=2048)
+    text = render_chat_with_tools(tokenizer, PlainTextEncoder(tokenizer), body.messages,
+                                  body.tools, limits).text
+    assert text.startswith(f"{tokenizer.bos_token}<start_of_turn>user\nYou can call functions.")
+    assert text.endswith("</tools>\n\nWeather in Rome?<end_of_turn>\n<start_of_turn>model\n")

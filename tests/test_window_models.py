@@ -113,6 +113,35 @@ def test_gemma_folder_matches_transformers_past_the_window(tiny_zoo: TinyZoo, sp
         assert reference_greedy(uncapped, longest, 32, None) != reference_greedy(reference, longest, 32, None)
 
 
+# Qwen2/Qwen3: a window only with use_sliding_window, and only on layers >= max_window_layers.
+QWEN_WINDOW = dict(num_hidden_layers=3, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1)
+QWEN2 = tiny_spec("qwen2-window", "Qwen2Config", "Qwen2ForCausalLM", **QWEN_WINDOW)
+QWEN3 = tiny_spec("qwen3-window", "Qwen3Config", "Qwen3ForCausalLM", head_dim=32, **QWEN_WINDOW)
+
+
+@pytest.mark.parametrize("spec", [QWEN2, QWEN3], ids=lambda s: s.name)
+def test_qwen_window_layers_match_transformers_past_the_window(tiny_zoo: TinyZoo, spec: Any) -> None:
+    """Layer 0 attends fully, layers 1 and 2 by the window, whether the config lists
+    layer_types (as save_pretrained writes them) or leaves them to max_window_layers; and
+    with use_sliding_window false the same sliding_window applies nowhere."""
+    import json
+
+    from engine.model.registry import config_from_hf
+
+    reference = tiny_zoo.reference(spec)
+    llm = assert_engine_matches(tiny_zoo.folder(spec), reference)
+    assert [layer.self_attn.attn.window for layer in llm.engine.runner.model.layers] == [None, WINDOW, WINDOW]
+    assert llm.engine.block_manager.window is None  # layer 0 keeps every block
+    longest = max(prompts(), key=len)
+    assert reference_greedy(full_attention_twin(reference), longest, 32, None) != \
+        reference_greedy(reference, longest, 32, None)
+    saved = json.loads((tiny_zoo.folder(spec) / "config.json").read_text())
+    unlisted = config_from_hf({k: v for k, v in saved.items() if k != "layer_types"})
+    assert unlisted.layer_types == config_from_hf(saved).layer_types == reference.config.layer_types
+    off = config_from_hf({**saved, "use_sliding_window": False, "layer_types": None})
+    assert off.sliding_window is None and off.layer_types is None
+
+
 def test_the_fused_decode_step_refuses_a_windowed_model(tiny_zoo: TinyZoo) -> None:
     """The C++ fused step attends over the whole context: a windowed model runs layer by layer."""
     from engine import LLM, native

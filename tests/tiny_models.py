@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 import torch
+from chat_tokenizer import save_chat_tokenizer
+from kquants import QUANTIZERS, q4_k_m_kind
 from reference import assert_greedy_match, reference_greedy
 from tiny_moe import stacked_expert_tensors, write_moe_metadata
 
@@ -80,6 +82,9 @@ class TinySpec:
     dtype: str = "float32"  # the checkpoint's dtype (bfloat16, float16 too)
     max_shard_size: str | None = None  # e.g. "20KB": sharded, with model.safetensors.index.json
     gguf_meta: tuple[tuple[str, Any], ...] = ()  # extra GGUF keys: (GGUFWriter method, value)
+    # (chat template file, BOS, EOS): a byte-level tokenizer that chats (tests/chat_tokenizer.py)
+    # instead of the word-level one; the config's vocab_size must then be CHAT_VOCAB.
+    chat: tuple[str, str, str] | None = None
 
     @property
     def overrides(self) -> dict[str, Any]:
@@ -150,7 +155,11 @@ def build_folder(path: Path, spec: TinySpec) -> None:
     model = model.to(getattr(torch, spec.dtype))
     kwargs = {"max_shard_size": spec.max_shard_size} if spec.max_shard_size else {}
     model.save_pretrained(path, **kwargs)
-    save_tokenizer(path)
+    if spec.chat is None:
+        save_tokenizer(path)
+    else:
+        template, bos, eos = spec.chat
+        save_chat_tokenizer(path, Path(template).read_text(), bos, eos)
 
 
 @torch.no_grad()
@@ -186,17 +195,17 @@ def write_gguf(path: Path, model: torch.nn.Module, spec: TinySpec, quant: str) -
         name = names.get_name(hf, try_suffixes=(".weight", ".bias"))
         assert name is not None, f"gguf-py has no {arch} name for {hf}"
         data = tensor.float().numpy()
+        kind = tensor_kind(name, quant, cfg.num_hidden_layers)
         if arch in PLUS_ONE_NORM_ARCHS and hf.endswith("norm.weight"):
             data = data + 1.0  # what the file stands for is still w: the engine takes the 1 off
-            data, _ = _encode(writer, name, data, quant)
+            data, _ = _encode(data, kind)
             dequantized[hf] = tensor.float().clone()
         else:
-            data, dequantized[hf] = _encode(writer, name, data, quant)
+            data, dequantized[hf] = _encode(data, kind)
         if arch in PERMUTED_ARCHS and hf.endswith(("q_proj.weight", "k_proj.weight")):
             heads = cfg.num_attention_heads if "q_proj" in hf else cfg.num_key_value_heads
             data = _permute_blocks(data, heads)
-        kind = gguf.GGMLQuantizationType[quant] if data.dtype == np.uint8 else None
-        writer.add_tensor(name, data, raw_dtype=kind)
+        writer.add_tensor(name, data, raw_dtype=gguf.GGMLQuantizationType[kind] if data.dtype == np.uint8 else None)
     for name, values in rope_tensors(cfg, spec):
         writer.add_tensor(name, np.asarray(values, dtype=np.float32))
     writer.write_header_to_file()
@@ -212,8 +221,17 @@ def _model_arch(arch: str) -> Any:
     return next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch)
 
 
-def _encode(writer: Any, name: str, data: np.ndarray, quant: str) -> tuple[np.ndarray, torch.Tensor]:
-    """(what to write, the fp32 values it decodes to): 2-D weights in `quant`, the rest F32."""
+def tensor_kind(name: str, quant: str, layers: int) -> str:
+    """The GGML type of tensor `name` in a file of type `quant` (a mix such as Q4_K_M picks per tensor)."""
+    if quant != "Q4_K_M":
+        return quant
+    layer = int(name.split(".")[1]) if name.startswith("blk.") else 0
+    return q4_k_m_kind(name, layer, layers)
+
+
+def _encode(data: np.ndarray, quant: str) -> tuple[np.ndarray, torch.Tensor]:
+    """(what to write, the fp32 values it decodes to, as gguf-py reads them): 2-D weights in
+    `quant`, the rest F32."""
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize, quantize
 
@@ -221,7 +239,7 @@ def _encode(writer: Any, name: str, data: np.ndarray, quant: str) -> tuple[np.nd
     if quant == "F32" or data.ndim != 2 or data.shape[1] % block:
         return data, torch.from_numpy(data.copy())
     kind = GGMLQuantizationType[quant]
-    blocks = quantize(data, kind)
+    blocks = QUANTIZERS[quant](data)[0] if quant in QUANTIZERS else quantize(data, kind)
     return blocks, torch.from_numpy(np.array(dequantize(blocks, kind), dtype=np.float32).reshape(data.shape))
 
 

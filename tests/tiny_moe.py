@@ -25,7 +25,10 @@ def stacked_expert_tensors(hf: str, tensor: torch.Tensor) -> list[tuple[str, np.
 
 
 def write_moe_metadata(writer: Any, cfg: Any) -> None:
+    """Mixtral has no moe_intermediate_size (its experts are intermediate_size wide), and
+    llama.cpp's converter writes no expert_feed_forward_length for it."""
     if getattr(cfg, "num_experts", 0):
         writer.add_expert_count(cfg.num_experts)
         writer.add_expert_used_count(cfg.num_experts_per_tok)
-        writer.add_expert_feed_forward_length(cfg.moe_intermediate_size)
+        if getattr(cfg, "moe_intermediate_size", None):
+            writer.add_expert_feed_forward_length(cfg.moe_intermediate_size)

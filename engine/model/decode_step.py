@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from cpu_kernels.decode_step_kernel import CACHE_TYPES, KINDS, PROJECTIONS, DecodeStepKernel
-from engine import autotune, envs, native
+from engine import autotune, envs, native, race_memory
 from engine.attention import AttentionBackend, AttentionMetadata
 from engine.autotune import Crossover
 from engine.model.config import ModelConfig
@@ -157,7 +157,8 @@ _limits: dict[tuple[int, ...], Crossover] = {}
 def measure_limit(step: FusedDecodeStep, model: LlamaForCausalLM, kv_caches: list[torch.Tensor],
                   max_decodes: int) -> Crossover:
     """Race both paths on decode steps of 1, 2, 4, ... sequences, on the engine's threads;
-    cached per model shape.
+    cached per model shape, and read back at later starts on the same machine
+    (engine/race_memory.py).
 
     Each synthetic sequence holds one block of the (still empty) cache, so the K/V written
     here is overwritten before any request reads it.
@@ -165,6 +166,10 @@ def measure_limit(step: FusedDecodeStep, model: LlamaForCausalLM, kv_caches: lis
     block_size, num_blocks = kv_caches[0].shape[2], kv_caches[0].shape[1]
     key = (*step.dims.tolist(), step.cache_type, len(kv_caches), max_decodes)
     if key in _limits:
+        return _limits[key]
+    kept = race_memory.recall("fused-decode-step", ":".join(map(str, key)))
+    if kept is not None:
+        _limits[key] = Crossover(int(kept["limit"]), {int(m): (t[0], t[1]) for m, t in kept["ms"].items()})
         return _limits[key]
     counts = [m for m in autotune.COUNTS if m <= min(max_decodes, num_blocks)]
 
@@ -174,6 +179,8 @@ def measure_limit(step: FusedDecodeStep, model: LlamaForCausalLM, kv_caches: lis
                 autotune.best_time(lambda: model(ids, positions, meta, kv_caches), 3))
 
     result = autotune.crossover(counts, time_both, digits=2, threads=None)
+    race_memory.keep("fused-decode-step", ":".join(map(str, key)),
+                     {"limit": result.max_kernel_tokens, "ms": result.timings_ms})
     _limits[key] = result
     return result
 

@@ -6,6 +6,7 @@ its own names (Family.gguf_tensors) and the tensors its config reads (rope facto
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from functools import cached_property
 from pathlib import Path
@@ -16,6 +17,7 @@ import torch
 
 from engine.model.config import ModelConfig
 from engine.model.family import Family
+from engine.model.gguf_reader import GGUFHeader
 
 _LAYER_NAMES = {
     "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
@@ -30,15 +32,12 @@ _IGNORED = ("rope_freqs",)
 
 class GGUFModel:
     def __init__(self, path: Path) -> None:
-        from gguf import GGUFReader
-
         self.path = path
-        self.reader = GGUFReader(str(path))
+        self.reader = read_header(path)
         self.arch = str(self.field("general.architecture"))
 
     def field(self, key: str, default: Any = None) -> Any:
-        field = self.reader.fields.get(key)
-        return default if field is None else field.contents()
+        return self.reader.fields.get(key, default)
 
     def arch_field(self, key: str, default: Any = None) -> Any:
         """`{arch}.{key}`, e.g. arch_field("attention.head_count")."""
@@ -114,6 +113,18 @@ class GGUFModel:
                 data = data[unpermute(torch.arange(data.shape[0]), heads).numpy()]
             out[name] = (t.tensor_type.name.lower(), data)
         return out
+
+
+def read_header(path: Path) -> GGUFHeader:
+    """The file's parsed header, read once however many times a load opens the file
+    (config, weights, quantization): keyed by the file's identity, so a rewrite is read anew."""
+    stat = path.stat()
+    return _read_header(path.resolve(), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=4)
+def _read_header(path: Path, size: int, mtime_ns: int) -> GGUFHeader:
+    return GGUFHeader(path)
 
 
 def _permuted_heads(family: Family, name: str, cfg: ModelConfig) -> int | None:

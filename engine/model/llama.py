@@ -136,6 +136,17 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
+        self.window_sliding_layers()
+
+    def window_sliding_layers(self) -> None:
+        """With layer_types, only the layers it calls sliding keep the window (Qwen2's from
+        max_window_layers on); without, every layer has the config's window (Mistral)."""
+        cfg = self.config
+        if cfg.layer_types is None:
+            return
+        for layer, kind in zip(self.layers, cfg.layer_types, strict=True):
+            attn = cast(Attention, layer.get_submodule("self_attn"))
+            attn.attn.window = cfg.sliding_window if kind == "sliding_attention" else None
 
     def make_layer(self, cfg: ModelConfig, rope: RotaryEmbedding, backend: AttentionBackend) -> nn.Module:
         return DecoderLayer(cfg, rope, backend)

@@ -128,3 +128,17 @@ def split_stacked_experts(weights: Iterator[tuple[str, torch.Tensor]]) -> Iterat
                 yield f"{prefix}.mlp.experts.{e}.up_proj.weight", up
             else:
                 yield f"{prefix}.mlp.experts.{e}.{proj}.weight", tensor[e]
+
+
+# Mixtral's checkpoint names -> the shared block's (w1 is the gate, w3 the up projection).
+MIXTRAL_NAMES = {".block_sparse_moe.": ".mlp.", ".w1.": ".gate_proj.", ".w3.": ".up_proj.", ".w2.": ".down_proj."}
+
+
+def mixtral_names(weights: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+    """Mixtral's `block_sparse_moe.gate` and `block_sparse_moe.experts.{e}.w1/w2/w3` under the
+    names every other MoE checkpoint uses, so one block and one loader serve them all."""
+    for name, tensor in weights:
+        if ".block_sparse_moe." in name:
+            for old, new in MIXTRAL_NAMES.items():
+                name = name.replace(old, new)
+        yield name, tensor

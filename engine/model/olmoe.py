@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from engine.model import mixtral
 from engine.model.family import Family, Support
 
 
@@ -19,9 +20,18 @@ def hf_fields(cfg: dict[str, Any]) -> dict[str, Any]:
             "norm_topk_prob": bool(cfg.get("norm_topk_prob", False))}
 
 
+def gguf_fields(gguf: Any) -> dict[str, Any]:
+    """llama.cpp's olmoe graph: every layer sparse, experts feed_forward_length wide, the top-k
+    weights never renormalised, and no clamp (a GGUF stands for clip_qkv null)."""
+    return {"qk_norm": "proj", "num_experts": int(gguf.arch_field("expert_count")),
+            "num_experts_per_tok": int(gguf.arch_field("expert_used_count")),
+            "moe_intermediate_size": int(gguf.arch_field("feed_forward_length")), "norm_topk_prob": False}
+
+
 FAMILY = Family(
-    model_type="olmoe", gguf_arch=None, model_class="engine.model.qwen3_moe:Qwen3MoeForCausalLM",
-    hf_fields=hf_fields,
-    support=Support(fused_cpu_step=False, proved=("folder",)),
-    notes="MoE as qwen3_moe; q/k RMSNorm over the whole projection; clip_qkv refused; no GGUF yet",
+    model_type="olmoe", gguf_arch="olmoe", model_class="engine.model.qwen3_moe:Qwen3MoeForCausalLM",
+    hf_fields=hf_fields, gguf_fields=gguf_fields,
+    gguf_tensors={"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm", **mixtral.GGUF_TENSORS},
+    support=Support(fused_cpu_step=False, proved=("folder", "GGUF Q8_0 (experts F32)")),
+    notes="MoE as qwen3_moe; q/k RMSNorm over the whole projection; clip_qkv refused",
 )

@@ -6,10 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 from engine.model.family import Family, Support
+from engine.model.qwen_window import window_fields
 
 
 def hf_fields(cfg: dict[str, Any]) -> dict[str, Any]:
-    return {"qk_norm": "head", "attention_bias": cfg.get("attention_bias", False)}
+    return {"qk_norm": "head", "attention_bias": cfg.get("attention_bias", False), **window_fields(cfg)}
 
 
 def gguf_fields(_: Any) -> dict[str, Any]:
@@ -19,6 +20,7 @@ def gguf_fields(_: Any) -> dict[str, Any]:
 FAMILY = Family(
     model_type="qwen3", gguf_arch="qwen3", hf_fields=hf_fields, gguf_fields=gguf_fields,
     gguf_tensors={"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"},
-    support=Support(fused_cpu_step=False, proved=("folder", "GGUF Q8_0", "int8/int4 gate")),
-    notes="per-head q/k RMSNorm before RoPE",
+    support=Support(fused_cpu_step=False, proved=("folder", "GGUF Q8_0", "int8/int4 gate",
+                                                  "sliding window layers: folder")),
+    notes="per-head q/k RMSNorm before RoPE; use_sliding_window as qwen2",
 )

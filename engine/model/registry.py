@@ -12,9 +12,10 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from engine.model import gemma2, gemma3, granite, olmo2, olmoe, phi3, qwen3, qwen3_moe, smollm3
+from engine.model import gemma2, gemma3, granite, mixtral, olmo2, olmoe, phi3, qwen3, qwen3_moe, smollm3
 from engine.model.config import ModelConfig
 from engine.model.family import Family, Support, rope_from_hf
+from engine.model.qwen_window import window_fields
 
 if TYPE_CHECKING:
     from torch import nn
@@ -26,28 +27,37 @@ def _llama_fields(cfg: dict[str, Any]) -> dict[str, Any]:
     return {"attention_bias": cfg.get("attention_bias", False)}
 
 
+def _llama_gguf_fields(gguf: GGUFModel) -> dict[str, Any]:
+    """llama.cpp writes Mixtral as arch llama: a file with experts is served as one."""
+    return {} if gguf.arch_field("expert_count") is None else mixtral.gguf_moe_fields(gguf)
+
+
 def _mistral_fields(cfg: dict[str, Any]) -> dict[str, Any]:
     """Mistral's sliding window applies to every layer (transformers' sliding-window mask)."""
     return {**_llama_fields(cfg), "sliding_window": cfg.get("sliding_window")}
 
 
 def _qwen2_fields(cfg: dict[str, Any]) -> dict[str, Any]:
-    return {"attention_bias": cfg.get("attention_bias", True)}  # Qwen2 always has Q/K/V bias
+    return {"attention_bias": cfg.get("attention_bias", True),  # Qwen2 always has Q/K/V bias
+            **window_fields(cfg)}
 
 
 LLAMA = Family(model_type="llama", gguf_arch="llama", hf_fields=_llama_fields, permute_qk=True,
-               support=Support(proved=("folder", "GGUF Q8_0", "int8/int4 gate", "RoPE llama3, yarn, linear: "
-                                       "folder + GGUF", "dynamic: folder", "bf16, fp16, sharded, tied")),
+               gguf_fields=_llama_gguf_fields, gguf_tensors=mixtral.GGUF_TENSORS,
+               support=Support(proved=("folder", "GGUF Q8_0", "GGUF Q4_K_M", "int8/int4 gate",
+                                       "RoPE llama3, yarn, linear: folder + GGUF", "dynamic: folder",
+                                       "bf16, fp16, sharded, tied")),
                notes="RoPE scaling: linear, llama3, yarn, dynamic (up to max_position_embeddings)")
 MISTRAL = Family(model_type="mistral", gguf_arch=None, hf_fields=_mistral_fields,
                  support=Support(proved=("folder", "sliding window: folder, Triton, KV blocks freed")),
                  notes="llama.cpp writes Mistral as arch llama (no window in its GGUF); sliding_window on "
                        "every layer")
-QWEN2 = Family(model_type="qwen2", gguf_arch="qwen2", hf_fields=_qwen2_fields, notes="Q/K/V bias",
-               support=Support(proved=("folder", "GGUF F32", "int8/int4 gate")))
+QWEN2 = Family(model_type="qwen2", gguf_arch="qwen2", hf_fields=_qwen2_fields,
+               notes="Q/K/V bias; use_sliding_window: a window on layers >= max_window_layers",
+               support=Support(proved=("folder", "GGUF F32", "int8/int4 gate", "sliding window layers: folder")))
 
 FAMILIES: tuple[Family, ...] = (LLAMA, MISTRAL, QWEN2, qwen3.FAMILY, phi3.FAMILY, granite.FAMILY,
-                                olmo2.FAMILY, smollm3.FAMILY, qwen3_moe.FAMILY, olmoe.FAMILY,
+                                olmo2.FAMILY, smollm3.FAMILY, qwen3_moe.FAMILY, olmoe.FAMILY, mixtral.FAMILY,
                                 gemma2.FAMILY, gemma3.FAMILY)  # gemma: windowed and soft-capped
 
 

@@ -11,7 +11,7 @@ import torch
 from engine.io.progress import progress
 from engine.model.config import ModelConfig
 from engine.model.llama import LlamaForCausalLM
-from engine.model.moe import split_stacked_experts
+from engine.model.moe import mixtral_names, split_stacked_experts
 
 
 def iter_safetensors(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
@@ -52,7 +52,7 @@ def read_hf_config(folder: Path) -> ModelConfig:
 def load_weights(model: LlamaForCausalLM, weights: Iterator[tuple[str, torch.Tensor]],
                  total: int | None = None) -> None:
     params = dict(model.named_parameters())
-    weights = split_stacked_experts(weights)
+    weights = split_stacked_experts(mixtral_names(weights))
     loaded: set[str] = set()
     for hf_name, tensor in progress(weights, total=total, description="loading weights"):
         if "rotary_emb" in hf_name:

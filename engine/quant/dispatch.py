@@ -3,8 +3,9 @@
 At load, for each distinct weight shape and format, the block kernel and the dense GEMM are
 raced (engine/autotune.py) on 1, 2, 4, ... tokens, on one thread. The block kernel keeps
 every token count up to the last one it wins before the GEMM wins twice in a row. Layers of
-the same shape share the result for the life of the process. PAGODE_QUANT_CROSSOVER=N pins
-it instead (reproducible runs).
+the same shape share the result for the life of the process, and later starts on the same
+machine read it back (engine/race_memory.py). PAGODE_QUANT_CROSSOVER=N pins it instead
+(reproducible runs).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Callable
 
 import torch
 
-from engine import autotune, envs, native
+from engine import autotune, envs, native, race_memory
 from engine.autotune import Crossover
 from engine.quant.formats import BlockWeights
 
@@ -32,8 +33,13 @@ def measure(blocks: BlockWeights, gemm: Callable[[torch.Tensor], torch.Tensor]) 
     if pinned is not None:
         _cache[key] = Crossover(int(pinned))
         return _cache[key]
+    kept = race_memory.recall("block-kernel", ":".join(map(str, key)))
+    if kept is not None:
+        _cache[key] = Crossover(int(kept))
+        return _cache[key]
     result = autotune.crossover(autotune.COUNTS, lambda m: time_layer(blocks, gemm, m), digits=4)
     log.debug("crossover %s: kernel up to %d tokens, %s", key, result.max_kernel_tokens, result.timings_ms)
+    race_memory.keep("block-kernel", ":".join(map(str, key)), result.max_kernel_tokens)
     _cache[key] = result
     return result
 

@@ -9,8 +9,9 @@ on this model, with per-tensor (fbgemm) or per-token activation scales alike
 enters the race only where the CPU has bf16 dot products (AVX512-BF16 or AMX-BF16, within
 PAGODE_CPU_ISA's cap): elsewhere oneDNN emulates it and it never wins, and timing it would
 only slow the load. The race (engine/autotune.py) times the candidates on RACE_TOKENS
-tokens, one thread, best of a few runs, once per weight shape; the losers' copies are
-dropped, so an fp32 copy of the weights stays only where an fp32 GEMM wins.
+tokens, one thread, best of a few runs, once per weight shape, and later starts on the same
+machine read the winner back (engine/race_memory.py) and build only it; the losers' copies
+are dropped, so an fp32 copy of the weights stays only where an fp32 GEMM wins.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from collections.abc import Callable
 
 import torch
 
-from engine import autotune, envs, native
+from engine import autotune, envs, native, race_memory
 from engine.quant.bf16_gemm import Bf16Gemm
 from engine.quant.dense_gemm import DenseGemm
 from engine.quant.int8_gemm import Int8Gemm
@@ -72,10 +73,16 @@ def choose_gemm(weight: torch.Tensor, bias: torch.Tensor | None, shared: bool = 
     if len(names) == 1:
         return build(names[0], weight, bias, shared)
     key = (weight.shape[0], weight.shape[1], tuple(names))
+    kept = race_memory.recall("big-step-gemm", ":".join(map(str, [*key[:2], *names])))
+    if key not in _winners and kept in names:
+        _winners[key] = kept
+        log.info("big-step GEMM %dx%d: %s (of %s; measured at an earlier start)", key[0], key[1], kept,
+                 ", ".join(names))
     if key in _winners:
         return build(_winners[key], weight, bias, shared)
     built = {name: build(name, weight, bias, shared) for name in names}
     _winners[key] = race(built, weight.shape[1])  # type: ignore[arg-type]
+    race_memory.keep("big-step-gemm", ":".join(map(str, [*key[:2], *names])), _winners[key])
     log.info("big-step GEMM %dx%d: %s (of %s)", key[0], key[1], _winners[key], ", ".join(names))
     return built[_winners[key]]
 

@@ -11,6 +11,9 @@ written here once; the planner (planner/memory.py) sizes its plans with it.
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import torch
 
 from engine.config import DTYPES, KV_CACHE_DTYPES
@@ -48,4 +51,16 @@ def allocate_kv_cache(cfg: ModelConfig, num_blocks: int, block_size: int, dtype:
                       device: torch.device) -> list[torch.Tensor]:
     """One tensor per layer: [2, num_blocks, block_size, kv_heads, head_dim]."""
     shape = (2, num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim)
+    if device.type == "cpu":
+        return [lazily_zeroed(shape, dtype) for _ in range(cfg.num_hidden_layers)]
     return [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.num_hidden_layers)]
+
+
+def lazily_zeroed(shape: tuple[int, ...], dtype: torch.dtype, alignment: int = 64) -> torch.Tensor:
+    """Zeros from pages the OS hands over already zeroed (calloc's fresh mappings, through numpy),
+    so a GiB of cache costs no memset at start: each page is touched first by the step that
+    writes it. The start is aligned to a cache line, as torch's own allocator aligns."""
+    nbytes = math.prod(shape) * dtype.itemsize
+    raw = torch.from_numpy(np.zeros(nbytes + alignment, dtype=np.uint8))
+    skip = -raw.data_ptr() % alignment
+    return raw[skip:skip + nbytes].view(dtype).view(shape)

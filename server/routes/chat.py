@@ -12,7 +12,7 @@ from server.api.request_ids import request_id_for
 from server.respond.builders import ChatBuilder
 from server.respond.chat_format import chat_format
 from server.respond.streaming import respond
-from server.runtime.state import get_state
+from server.runtime.state import State
 from server.translate.engine_requests import chat_requests, check_chat
 from server.worker_pool import run_blocking
 
@@ -20,8 +20,7 @@ router = APIRouter()
 
 
 @router.post("/v1/chat/completions", openapi_extra=openapi_body(ChatCompletionRequest))
-async def create_chat_completion(request: Request) -> Response:
-    state = get_state(request)
+async def create_chat_completion(request: Request, state: State) -> Response:
     body = await parse_body(request, ChatCompletionRequest, state.settings)
     request_id, client_id = request_id_for(request, "chatcmpl")
     admitted = state.admit(body.model, lambda engine: check_chat(

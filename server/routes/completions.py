@@ -10,7 +10,7 @@ from server.api.protocol import CompletionRequest
 from server.api.request_ids import request_id_for
 from server.respond.builders import CompletionBuilder
 from server.respond.streaming import respond
-from server.runtime.state import get_state
+from server.runtime.state import State
 from server.translate.engine_requests import check_completion, completion_requests
 from server.worker_pool import run_blocking
 
@@ -18,8 +18,7 @@ router = APIRouter()
 
 
 @router.post("/v1/completions", openapi_extra=openapi_body(CompletionRequest))
-async def create_completion(request: Request) -> Response:
-    state = get_state(request)
+async def create_completion(request: Request, state: State) -> Response:
     body = await parse_body(request, CompletionRequest, state.settings)
     request_id, client_id = request_id_for(request, "cmpl")
     admitted = state.admit(body.model, lambda engine: check_completion(

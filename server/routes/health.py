@@ -7,27 +7,27 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as package_version
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 from fastapi.responses import JSONResponse, Response
 
 from server.api.errors import error_response
-from server.runtime.state import get_state
+from server.runtime.state import State
 
 router = APIRouter()
 
 
 @router.get("/health")
-async def health(request: Request) -> Response:
-    problem = get_state(request).health_problem()
+async def health(state: State) -> Response:
+    problem = state.health_problem()
     if problem is not None:
         return error_response(503, problem)
     return JSONResponse({"status": "ok"})
 
 
 @router.get("/ping")
-async def ping(request: Request) -> Response:
+async def ping(state: State) -> Response:
     """vLLM's alias of /health (SageMaker-style probes use it)."""
-    return await health(request)
+    return await health(state)
 
 
 @router.get("/version")

@@ -4,17 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 
 from server.api.protocol import now
-from server.runtime.state import get_state
+from server.runtime.state import State
 
 router = APIRouter()
 
 
 @router.get("/v1/models")
-async def list_models(request: Request) -> dict[str, Any]:
-    state = get_state(request)
+async def list_models(state: State) -> dict[str, Any]:
     engine = state.require_engine()
     card = {"id": state.served_model_name, "object": "model", "created": now(),
             "owned_by": "pagode", "root": str(engine.model_name), "parent": None,

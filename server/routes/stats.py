@@ -10,13 +10,13 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 from fastapi.responses import Response
 from sse_starlette import EventSourceResponse
 
 from server.api.errors import error_response
 from server.runtime.saturation import judge_all
-from server.runtime.state import ServerState, get_state
+from server.runtime.state import ServerState, State
 from server.runtime.stats_ring import COARSE_INTERVAL_S, SERIES, StatsRing
 from server.runtime.stats_sampler import StatsSampler
 
@@ -53,8 +53,7 @@ async def stats_events(state: ServerState, sampler: StatsSampler) -> AsyncIterat
 # Out of the OpenAPI schema: an endless event stream is no operation a client generator or a
 # fuzzer can call and finish; docs/ui.md describes it.
 @router.get("/stats/stream", include_in_schema=False)
-async def stats_stream(request: Request) -> Response:
-    state = get_state(request)
+async def stats_stream(state: State) -> Response:
     if state.sampler is None:
         return error_response(503, "The model is loading")
     return EventSourceResponse(stats_events(state, state.sampler), sep="\n",

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Request
 
 from server.api.body import openapi_body, parse_body
 from server.api.protocol import DetokenizeRequest, TokenizeRequest
-from server.runtime.state import get_state
+from server.runtime.state import State
 from server.translate.tokenize import detokenize_body, tokenize_body
 from server.worker_pool import run_blocking
 
@@ -17,8 +17,7 @@ router = APIRouter()
 
 
 @router.post("/tokenize", openapi_extra=openapi_body(TokenizeRequest))
-async def tokenize(request: Request) -> dict[str, Any]:
-    state = get_state(request)
+async def tokenize(request: Request, state: State) -> dict[str, Any]:
     body = await parse_body(request, TokenizeRequest, state.settings)
     engine = state.engine_for(body.model)
     tokens = await run_blocking(tokenize_body, body, engine.tokenizer, engine.limits)
@@ -26,8 +25,7 @@ async def tokenize(request: Request) -> dict[str, Any]:
 
 
 @router.post("/detokenize", openapi_extra=openapi_body(DetokenizeRequest))
-async def detokenize(request: Request) -> dict[str, Any]:
-    state = get_state(request)
+async def detokenize(request: Request, state: State) -> dict[str, Any]:
     body = await parse_body(request, DetokenizeRequest, state.settings)
     engine = state.engine_for(body.model)
     text = await run_blocking(detokenize_body, body, engine.tokenizer, engine.limits)

@@ -7,8 +7,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from typing import Annotated
 
-from fastapi import Request
+from fastapi import Depends, Request
 
 from engine.config import EngineConfig
 from engine.io.request_limits import clip
@@ -186,3 +187,8 @@ def get_state(request: Request) -> ServerState:
     """The server's state, as the app holds it."""
     state: ServerState = request.app.state.server
     return state
+
+
+# A route takes the state as a FastAPI dependency, so the request itself goes straight to
+# parsing and the state is met once, at admission.
+State = Annotated[ServerState, Depends(get_state)]

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from engine.config import EngineConfig
-from engine.io.request_limits import RequestLimits, too_many
+from engine.io.request_limits import RequestLimits
 from engine.structured_output import StructuredOutputSpec
 from engine.tokenizer import Tokenizer
 from server.api.protocol import ChatCompletionRequest, CompletionRequest
@@ -27,6 +27,7 @@ from server.translate.choices import Constraints, SubRequest, fan_out
 from server.translate.fields import check_fields, check_priority
 from server.translate.prompts import (
     PromptInput,
+    check_fan_out,
     check_prompt_items,
     encode_prompts,
     render_chat,
@@ -73,16 +74,6 @@ def check_chat(request_id: str, body: ChatCompletionRequest, limits: RequestLimi
     check_priority(body.priority, config.scheduling_policy)
     check_fan_out(1, body.n, limits)
     return Plan(body.n)
-
-
-def check_fan_out(num_prompts: int, n: int, limits: RequestLimits) -> None:
-    """Refuse a fan-out over the server's caps before any prompt is tokenized."""
-    caps = limits.caps
-    if n > caps.max_n:
-        raise too_many("n", n, caps.max_n, "max-n", "n")
-    if num_prompts * n > caps.max_seqs_per_request:
-        raise too_many(f"sequences in one request ({num_prompts} prompts x n={n})",
-                       num_prompts * n, caps.max_seqs_per_request, "max-seqs-per-request", "n")
 
 
 def completion_requests(request_id: str, body: CompletionRequest, plan: Plan,

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from engine.io.request_limits import RequestLimits, check_prompt_chars, check_token_ids
+from engine.io.request_limits import RequestLimits, check_prompt_chars, check_token_ids, too_many
 from engine.tokenizer import Tokenizer
 from server.api.errors import bad_request
 from server.api.protocol import ChatMessage, Prompt
@@ -34,6 +34,16 @@ def split_prompts(prompt: Prompt) -> list[str | list[int]]:
     if is_token_list(prompt):
         return [list(prompt)]  # type: ignore[arg-type]
     return list(prompt)  # type: ignore[arg-type]
+
+
+def check_fan_out(num_prompts: int, n: int, limits: RequestLimits) -> None:
+    """Refuse a fan-out over the server's caps before any prompt is tokenized."""
+    caps = limits.caps
+    if n > caps.max_n:
+        raise too_many("n", n, caps.max_n, "max-n", "n")
+    if num_prompts * n > caps.max_seqs_per_request:
+        raise too_many(f"sequences in one request ({num_prompts} prompts x n={n})",
+                       num_prompts * n, caps.max_seqs_per_request, "max-seqs-per-request", "n")
 
 
 def check_prompt_items(items: list[str | list[int]], limits: RequestLimits) -> None:

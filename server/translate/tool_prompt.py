@@ -4,9 +4,10 @@ server/respond/tool_calls.py.
 
 - Rendering. A chat template that knows tools gets them (`tools=`) and the turns as they
   are. A template that does not (the default model's ChatML) gets llama-server's "generic"
-  treatment: the tools are described in the system prompt with the reply format, an
-  assistant's earlier calls become `<tool_call>{...}</tool_call>` blocks, and a `tool`
-  turn becomes a user turn wrapped in `<tool_response>`.
+  treatment: the tools are described in the system prompt with the reply format (at the
+  head of the first user turn where the template renders no system turn), an assistant's
+  earlier calls become `<tool_call>{...}</tool_call>` blocks, and a `tool` turn becomes a
+  user turn wrapped in `<tool_response>`.
 - `tool_choice`: "required" forces a JSON array of {"name", "parameters"} (one item when
   parallel_tool_calls is false) and a named function forces its `parameters` schema, both
   through structured outputs, so even a small model returns valid arguments. "auto" lets the
@@ -31,6 +32,7 @@ from server.api.protocol import (
 )
 from server.api.tool_markup import CALL_END, CALL_START
 from server.translate.prompts import PromptInput, message_dicts, render_message_dicts
+from server.translate.system_role import fold_into_first_user, takes_system_turn
 from server.translate.user_text import PlainTextEncoder
 
 EMPTY_OBJECT_SCHEMA: dict[str, Any] = {"type": "object"}
@@ -66,7 +68,7 @@ def render_chat_with_tools(tokenizer: Tokenizer, encoder: PlainTextEncoder,
     if native and tools:
         kwargs["tools"] = tools
     elif tools:
-        messages = with_tool_system_prompt(messages, tool_defs or [])
+        messages = with_tool_system_prompt(messages, tool_defs or [], takes_system_turn(tokenizer))
     return render_message_dicts(tokenizer, encoder, messages, limits, add_generation_prompt,
                                 continue_final_message, **kwargs)
 
@@ -91,9 +93,13 @@ def rewrite_generic(item: dict[str, Any], calls: list[ToolCall] | None) -> None:
         item["content"] = f"<tool_response>\n{item['content']}\n</tool_response>"
 
 
-def with_tool_system_prompt(messages: list[dict[str, Any]],
-                            tools: list[ToolDefinition]) -> list[dict[str, Any]]:
+def with_tool_system_prompt(messages: list[dict[str, Any]], tools: list[ToolDefinition],
+                            system_turn: bool = True) -> list[dict[str, Any]]:
+    """The tool prompt in the system turn, or in the first user turn for a template that
+    renders no system turn (system_role.py)."""
     prompt = tool_system_prompt(tools)
+    if not system_turn and not (messages and messages[0]["role"] == "system"):
+        return fold_into_first_user(messages, prompt)
     if messages and messages[0]["role"] == "system":
         first = dict(messages[0], content=f"{messages[0]['content']}\n\n{prompt}".strip())
         return [first, *messages[1:]]

@@ -12,9 +12,10 @@ from server.respond.tool_parsers.hermes import HermesParser
 from server.respond.tool_parsers.llama3_json import PYTHON_TAG, Llama3JsonParser
 from server.respond.tool_parsers.mistral import TOOL_CALLS, MistralParser
 from server.respond.tool_parsers.phi4_mini_json import FUNCTOOLS, Phi4MiniJsonParser
+from server.respond.tool_parsers.pythonic import PYTHONIC_EXAMPLE, PythonicParser
 
 PARSERS: dict[str, type[ToolParser]] = {cls.name: cls for cls in (
-    HermesParser, Llama3JsonParser, MistralParser, Phi4MiniJsonParser, GraniteParser)}
+    HermesParser, Llama3JsonParser, MistralParser, Phi4MiniJsonParser, GraniteParser, PythonicParser)}
 AUTO = "auto"
 CHOICES = (AUTO, *PARSERS)
 
@@ -30,6 +31,8 @@ def parser_for_template(template: str | None) -> str:
         return Phi4MiniJsonParser.name
     if "<|start_of_role|>" in text or "<|tool_call|>" in text:
         return GraniteParser.name
+    if PYTHONIC_EXAMPLE in text:
+        return PythonicParser.name
     if PYTHON_TAG in text or ("<|start_header_id|>" in text and "tools" in text):
         return Llama3JsonParser.name
     return HermesParser.name

@@ -1,0 +1,118 @@
+"""How long a decode step takes on this machine at a few batch sizes, on synthetic steps.
+
+Why: a bigger decode batch pays while a step's fixed cost (weights read once, dispatch)
+dominates, and stops paying once the per-sequence cost (attention over each context, the
+sequence's share of the GEMMs) does. `pagode serve` sizes its batch from these times
+(engine/batch_cap.py) at the first start on a machine, with no manual step: each batch
+size runs whole decode steps (the fused C++ step where it applies, the lm_head included)
+at one context length, best of a few, and the times are kept with the load-time races
+(engine/race_memory.py), so later starts read them back.
+
+The steps read and write real cache blocks: the blocks they use are filled first, because
+untouched pages of a lazily zeroed cache all map to one shared zero page, which would
+make attention look nearly free. Each sequence gets its own blocks while the cache has
+enough; past that they wrap around. What the steps write is overwritten before any
+request reads it, as the fused-step race's is.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+import torch
+
+from engine import race_memory
+from engine.attention import AttentionMetadata
+from engine.config import EngineConfig, dtype_name
+from engine.core.batch_cap import BatchCap, from_step_seconds
+from engine.runner.model_runner import ModelRunner, StepInputs
+
+log = logging.getLogger("pagode")
+
+BATCHES = (1, 8, 16, 32, 64, 128, 192, 256)  # up to the engine's default cap
+CONTEXT = 192  # positions per sequence: a chat turn's, and where attention's share shows
+REPS = 2
+
+
+def size_batch(runner: ModelRunner, config: EngineConfig, model_name: str) -> BatchCap:
+    """Set config.max_num_seqs (read by the scheduler at every step) from this machine's
+    decode steps; the CPU only, where the step's cost is what this measures."""
+    if runner.device.type != "cpu":
+        cap = BatchCap(config.max_num_seqs, "the default: decode steps are timed at load on the CPU only")
+    else:
+        key = ":".join((model_name, config.quantization, dtype_name(runner.dtype),
+                        dtype_name(runner.kv_dtype), runner.backend.name))
+        cap = from_step_seconds(decode_step_seconds(runner, key), config.max_num_seqs, CONTEXT,
+                                config.max_itl_ms)
+    config.max_num_seqs = cap.max_num_seqs
+    log.info("max_num_seqs %d: %s", cap.max_num_seqs, cap.reason)
+    return cap
+
+
+def decode_step_seconds(runner: ModelRunner, key: str, batches: tuple[int, ...] = BATCHES,
+                        context: int = CONTEXT) -> dict[int, float]:
+    """batch -> seconds of one decode step of that many sequences at `context` positions;
+    read back from an earlier start on this machine where `key` (the model and its dtypes)
+    was measured."""
+    race_key = f"{key}:{context}:{','.join(map(str, batches))}"
+    kept = race_memory.recall("decode-step-seconds", race_key)
+    if kept is not None:
+        return {int(b): float(t) for b, t in kept.items()}
+    touch_blocks(runner, max(batches) * blocks_per_sequence(runner, context))
+    times = {b: best_step_time(runner, synthetic_decodes(runner, b, context)) for b in batches}
+    if plausible(times):
+        race_memory.keep("decode-step-seconds", race_key, {str(b): t for b, t in times.items()})
+    else:
+        log.warning("decode steps timed at load look like a busy machine's (no batch ran at twice one "
+                    "sequence's tok/s: %s); not kept, so the next start times them again",
+                    {b: round(t * 1e3, 1) for b, t in times.items()})
+    return times
+
+
+def plausible(seconds: dict[int, float]) -> bool:
+    """Whether some batch ran at least twice the smallest one's tokens/s. Batching shares each
+    step's weight reads, so on a quiet machine it always does; where none does, other
+    processes stretched the bigger steps, and a kept result would cap every later start."""
+    smallest = min(seconds)
+    return max(b / t for b, t in seconds.items()) >= 2 * smallest / seconds[smallest]
+
+
+def blocks_per_sequence(runner: ModelRunner, context: int) -> int:
+    return -(-context // runner.block_size)
+
+
+def touch_blocks(runner: ModelRunner, count: int) -> None:
+    """Write the first `count` blocks of every layer's cache (see the module's docstring)."""
+    count = min(count, runner.num_blocks)
+    with torch.inference_mode():
+        for cache in runner.kv_caches:
+            cache[:, :count].fill_(0.01)
+
+
+def synthetic_decodes(runner: ModelRunner, batch: int, context: int) -> StepInputs:
+    """`batch` decodes, each at position `context - 1` of its own run of blocks."""
+    per_seq, bs = blocks_per_sequence(runner, context), runner.block_size
+    tables = (np.arange(batch * per_seq, dtype=np.int64).reshape(batch, per_seq) % runner.num_blocks)
+    positions = np.full(batch, context - 1, dtype=np.int64)
+    slots = tables[:, (context - 1) // bs] * bs + (context - 1) % bs
+    seq_lens = [context] * batch
+    meta = AttentionMetadata(
+        slot_mapping=torch.from_numpy(slots), query_start_loc=torch.arange(batch + 1, dtype=torch.int32),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+        block_tables=torch.from_numpy(tables.astype(np.int32)), num_decodes=batch, max_query_len=1,
+        max_seq_len=context, query_start_loc_cpu=list(range(batch + 1)), seq_lens_cpu=seq_lens)
+    ids = torch.randint(0, runner.model_config.vocab_size, (batch,), dtype=torch.int64)
+    return StepInputs(ids, torch.from_numpy(positions), meta, list(range(batch)))
+
+
+def best_step_time(runner: ModelRunner, inputs: StepInputs, reps: int = REPS) -> float:
+    """Seconds of runner.forward(inputs), best of `reps` after a warm-up step."""
+    runner.forward(inputs)
+    best = float("inf")
+    for _ in range(reps):
+        start = time.perf_counter()
+        runner.forward(inputs)
+        best = min(best, time.perf_counter() - start)
+    return best

@@ -1,0 +1,114 @@
+"""Race results kept across starts (engine/race_memory.py): a second load on the same machine
+races nothing and gives the same tokens; a changed machine, --warmup or PAGODE_RACE_CACHE=0
+races again; a broken cache file costs a race, not a start."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tiny_models import TinyZoo, one_torch_thread, prompts, tiny_spec
+
+from engine import autotune, race_memory
+from engine.llm import LLM
+from engine.model import decode_step
+from engine.quant import dispatch, gemm_choice
+from engine.sampling_params import SamplingParams
+
+LLAMA = tiny_spec("llama", "LlamaConfig", "LlamaForCausalLM", "llama")
+ARGS: dict[str, Any] = dict(kv_cache_memory="16MiB", max_model_len=128, max_num_seqs=8, quantization="int8")
+
+
+@pytest.fixture
+def own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A cache with nothing measured, and no result of this process's earlier loads."""
+    monkeypatch.setenv("PAGODE_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("PAGODE_QUANT_CROSSOVER", raising=False)
+    monkeypatch.delenv("PAGODE_RACE_CACHE", raising=False)
+    monkeypatch.setenv("PAGODE_QUANT_GEMM", "auto")
+    forget_this_process(monkeypatch)
+    return tmp_path
+
+
+def forget_this_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(dispatch, "_cache", {})
+    monkeypatch.setattr(gemm_choice, "_winners", {})
+    monkeypatch.setattr(decode_step, "_limits", {})
+    monkeypatch.setattr(race_memory, "_fresh", False)  # each engine sets it from its --warmup
+
+
+def count_races(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every race the engine runs from now on, by kind, through autotune's two entry points."""
+    races: list[str] = []
+    crossover, fastest = autotune.crossover, autotune.fastest
+
+    def counted_crossover(*args: Any, **kwargs: Any) -> autotune.Crossover:
+        races.append("crossover")
+        return crossover(*args, **kwargs)
+
+    def counted_fastest(*args: Any, **kwargs: Any) -> tuple[str, dict[str, float]]:
+        races.append("fastest")
+        return fastest(*args, **kwargs)
+
+    monkeypatch.setattr(autotune, "crossover", counted_crossover)
+    monkeypatch.setattr(autotune, "fastest", counted_fastest)
+    return races
+
+
+def greedy(folder: Path, **extra: Any) -> list[list[int]]:
+    llm = LLM(model=str(folder), **ARGS, **extra)
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    return [out.outputs[0].token_ids for out in llm.generate(prompts(3, seed=4), params)]
+
+
+def test_a_second_load_reads_the_races_back(tiny_zoo: TinyZoo, own_cache: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = tiny_zoo.folder(LLAMA)
+    races = count_races(monkeypatch)
+    with one_torch_thread():
+        first = greedy(folder)
+        assert "crossover" in races, "the first load on an empty cache measured nothing"
+        kept = list((own_cache / "races").glob("*.json"))
+        assert len(kept) == 1, kept
+        races.clear()
+        forget_this_process(monkeypatch)
+        second = greedy(folder)
+        assert races == [], f"a second load on the same machine raced again: {races}"
+        assert second == first
+        forget_this_process(monkeypatch)
+        greedy(folder, warmup=True)
+        assert "crossover" in races, "--warmup read the kept results instead of racing"
+
+
+def test_another_machine_races_again(own_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    race_memory.keep("block-kernel", "q8_0:64:64", 16)
+    assert race_memory.recall("block-kernel", "q8_0:64:64") == 16
+    here = race_memory.machine()
+    monkeypatch.setattr(race_memory, "machine", lambda: {**here, "kernels": "another-build.so"})
+    assert race_memory.recall("block-kernel", "q8_0:64:64") is None
+    monkeypatch.setattr(race_memory, "machine", lambda: {**here, "threads": here["threads"] + 1})
+    assert race_memory.recall("block-kernel", "q8_0:64:64") is None
+
+
+def test_warmup_and_the_switch_keep_results_out(own_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    race_memory.keep("big-step-gemm", "64:64:fp32:onednn", "onednn")
+    race_memory.race_again(True)
+    try:
+        assert race_memory.recall("big-step-gemm", "64:64:fp32:onednn") is None
+    finally:
+        race_memory.race_again(False)
+    monkeypatch.setenv("PAGODE_RACE_CACHE", "0")
+    assert race_memory.recall("big-step-gemm", "64:64:fp32:onednn") is None
+    race_memory.keep("big-step-gemm", "other", "fp32")
+    monkeypatch.delenv("PAGODE_RACE_CACHE")
+    assert race_memory.recall("big-step-gemm", "other") is None
+
+
+def test_a_broken_cache_file_costs_a_race_not_a_start(own_cache: Path) -> None:
+    path = race_memory.path_for(race_memory.machine())
+    path.parent.mkdir(parents=True)
+    path.write_text("{not json", encoding="utf-8")
+    assert race_memory.recall("block-kernel", "q8_0:64:64") is None
+    race_memory.keep("block-kernel", "q8_0:64:64", 8)
+    assert race_memory.recall("block-kernel", "q8_0:64:64") == 8
