@@ -25,10 +25,11 @@ from server_fixtures import EXACT_ARGS, ServerProcess, metric_value, running_ser
 pytestmark = pytest.mark.slow
 
 SPEC_CONFIG = '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}'
-# 546 positions of fp32 KV for the default model (34 blocks, max_model_len 512 just fits):
+# 544 positions of fp32 KV for the default model (34 blocks, max_model_len 512 just fits):
 # the batch overflows it, so sequences are preempted and recomputed while others draft.
+# A batch cap given, so that the server does not time decode steps to size one at start.
 ARGS = ["--kv-cache-memory", "24MiB", "--kv-cache-dtype", "fp32", "--max-model-len", "512",
-        "--max-num-queued-reqs", "64", *EXACT_ARGS,
+        "--max-num-queued-reqs", "64", "--max-num-seqs", "64", *EXACT_ARGS,
         "--speculative-config", SPEC_CONFIG]
 NEAR_TIE_NATS = 0.02  # test_server_streams' bound for fp32 batches
 MAX_NEAR_TIE_PARTINGS = 3  # of 33 streams

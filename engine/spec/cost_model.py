@@ -31,7 +31,8 @@ from engine.model.decode_step import synthetic_decodes
 if TYPE_CHECKING:  # the runner imports the scheduler, which imports the drafter and this
     from engine.runner.model_runner import ModelRunner
 
-REPS = 3
+REPS = 2  # timed runs of a count per round, after a warm-up
+ROUNDS = 2
 
 
 @dataclass(frozen=True)
@@ -109,10 +110,14 @@ def _curve(runner: ModelRunner, counts: list[int], fused: bool) -> StepCost:
         return autotune.best_time(run, REPS)
 
     with autotune.racing(None):
-        seconds = [step(m) for m in counts]
-    # Noise can time a bigger step faster; a cost curve that falls would invite drafts.
-    for i in range(1, len(seconds)):
-        seconds[i] = max(seconds[i], seconds[i - 1])
+        # Rounds over all counts, so that a burst of load on a shared machine spoils one
+        # round's time of a count, not every time of it.
+        seconds = [min(rounds) for rounds in zip(*([step(m) for m in counts] for _ in range(ROUNDS)), strict=True)]
+    # Noise only ever lengthens a time, and a step never costs more than a bigger one: each
+    # count is capped by the counts above it (a raised cost of a small step would make
+    # drafting look cheaper than it is).
+    for i in range(len(seconds) - 2, -1, -1):
+        seconds[i] = min(seconds[i], seconds[i + 1])
     if len(counts) == 1:  # one point: flat up to the next count
         return StepCost((counts[0], counts[0] + 1), (seconds[0], seconds[0]))
     return StepCost(tuple(counts), tuple(seconds))
