@@ -28,9 +28,9 @@ from typing import Any
 
 import httpx
 import pytest
+from chat_reply import read_chat
 from chat_tokenizer import token_id
 from family_chat import CITY, FAMILIES, MAX_POSITIONS, THOUGHT, FamilyChat
-from openai import AsyncOpenAI
 from server_fixtures import STARTUP_TIMEOUT_S, ServerProcess, launch_server, wait_all_healthy
 from tiny_models import TinyZoo
 
@@ -109,37 +109,7 @@ async def tokenize(server: ServerProcess, **body: Any) -> tuple[list[int], str]:
 async def chat(server: ServerProcess, stream: bool, **fields: Any) -> dict[str, Any]:
     """content, reasoning, calls [(id, name, arguments)], finish and usage, as the SDK reads
     them from a whole or a streamed response."""
-    request = {"model": "tiny", "temperature": 0, **fields}
-    async with AsyncOpenAI(base_url=server.api_url, api_key="x", max_retries=0) as sdk:
-        if not stream:
-            response = await sdk.chat.completions.create(**request)
-            choice = response.choices[0]
-            extra = choice.message.model_extra or {}
-            return {"content": choice.message.content or "", "reasoning": extra.get("reasoning") or "",
-                    "reasoning_content": extra.get("reasoning_content") or "",
-                    "calls": [(c.id, c.function.name, json.loads(c.function.arguments))
-                              for c in choice.message.tool_calls or []],
-                    "finish": choice.finish_reason, "usage": response.usage}
-        out: dict[str, Any] = {"content": "", "reasoning": "", "reasoning_content": "", "finish": None,
-                               "usage": None}
-        calls: dict[int, list[Any]] = {}
-        async for chunk in await sdk.chat.completions.create(
-                **request, stream=True, stream_options={"include_usage": True}):
-            out["usage"] = chunk.usage or out["usage"]
-            if not chunk.choices:
-                continue
-            choice = chunk.choices[0]
-            extra = choice.delta.model_extra or {}
-            out["content"] += choice.delta.content or ""
-            out["reasoning"] += extra.get("reasoning") or ""
-            out["reasoning_content"] += extra.get("reasoning_content") or ""
-            for call in choice.delta.tool_calls or []:
-                if call.id:
-                    calls[call.index] = [call.id, call.function.name, ""]  # type: ignore[union-attr]
-                calls[call.index][2] += call.function.arguments or ""  # type: ignore[union-attr]
-            out["finish"] = choice.finish_reason or out["finish"]
-        out["calls"] = [(i, n, json.loads(a)) for i, n, a in calls.values()]
-        return out
+    return await read_chat(server.api_url, {"model": "tiny", "temperature": 0, **fields}, stream)
 
 
 def native_tools(family: FamilyChat) -> bool:

@@ -11,14 +11,13 @@ tested without a server, on the engine requests the chat route builds.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from openai import AsyncOpenAI
+from chat_reply import read_chat
 from server_fixtures import SMALL_ARGS, ServerProcess, json_error, running_server
 
 pytestmark = pytest.mark.slow
@@ -43,35 +42,10 @@ def qwen3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerPro
 
 async def reply(qwen3_server: ServerProcess, stream: bool, **fields: Any) -> dict[str, Any]:
     """The reply's content, reasoning, reasoning_content, calls [(id, name, arguments)] and
-    finish_reason, streamed or whole, as the SDK reads them."""
+    finish_reason, streamed or whole, as the SDK reads them; an absent text is None."""
     request = {"model": "SmolLM2-135M-Instruct", "messages": ASK, "temperature": 0, **fields}
-    async with AsyncOpenAI(base_url=qwen3_server.api_url, api_key="x", max_retries=0) as sdk:
-        if not stream:
-            choice = (await sdk.chat.completions.create(**request)).choices[0]
-            extra = choice.message.model_extra or {}
-            return {"content": choice.message.content, "reasoning": extra.get("reasoning"),
-                    "reasoning_content": extra.get("reasoning_content"),
-                    "calls": [(c.id, c.function.name, json.loads(c.function.arguments))
-                              for c in choice.message.tool_calls or []],
-                    "finish": choice.finish_reason}
-        out: dict[str, Any] = {"content": "", "reasoning": "", "reasoning_content": "",
-                               "finish": None}
-        calls: dict[int, list[Any]] = {}
-        async for chunk in await sdk.chat.completions.create(**request, stream=True):
-            if not chunk.choices:
-                continue
-            choice = chunk.choices[0]
-            extra = choice.delta.model_extra or {}
-            out["content"] += choice.delta.content or ""
-            out["reasoning"] += extra.get("reasoning") or ""
-            out["reasoning_content"] += extra.get("reasoning_content") or ""
-            for call in choice.delta.tool_calls or []:
-                if call.id:
-                    calls[call.index] = [call.id, call.function.name, ""]  # type: ignore[union-attr]
-                calls[call.index][2] += call.function.arguments or ""  # type: ignore[union-attr]
-            out["finish"] = choice.finish_reason or out["finish"]
-        out["calls"] = [(i, n, json.loads(a)) for i, n, a in calls.values()]
-        return {k: v or None if isinstance(v, str) else v for k, v in out.items()}
+    out = await read_chat(qwen3_server.api_url, request, stream)
+    return {k: v or None if isinstance(v, str) else v for k, v in out.items()}
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
