@@ -2,6 +2,7 @@
 
     python -m benchmarks.bench_spec [--num-prompts 24] [--output-len 128] [--rates 2 16]
                                     [--spec-config JSON] [--out-dir docs/results/spec]
+                                    [--llama-server]
 
 Two workloads, each greedy over the chat endpoint:
 - input-grounded: correct the spelling of a given passage, summarise a given passage,
@@ -13,6 +14,12 @@ first against `pagode serve` without speculation, then against one with
 times, so output tok/s compare like for like. The server's spec-decode counters, read
 from /metrics before and after each run, give the acceptance rate and the mean acceptance
 length.
+
+With --llama-server, llama.cpp's server (built here for this CPU, benchmarks/llama_server.py)
+runs the one-stream loads on the same GGUF, without and with its own n-gram speculation
+(`--spec-type ngram-simple`, drafts of up to the same k), on the same prompts: the side-by-side
+of one user waiting alone. Its speculation counters are not scraped (it exports none in
+vLLM's names), so its rows have speeds only.
 
 Writes bench_spec.json, bench_spec.md (the table) and bench_spec.png (the speed-up per
 workload and load) to --out-dir. Run it on a quiet machine: the figures are the machine's.
@@ -26,17 +33,21 @@ import json
 import math
 import platform
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from benchmarks.llama_server import build as build_llama_server
 from benchmarks.pagode_server import running_server
+from engine.model.loader import default_model_path
 from loadgen.bench import RateResult, Settings, make_http_client, run_rate
 from loadgen.cli import make_console
 from loadgen.client import Target
 from loadgen.prose import load_words
+from loadgen.server_process import running_command
 from loadgen.spans import PromptSpec
 
 SPEC_CONFIG = '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}'
@@ -44,6 +55,7 @@ WORKLOADS = ("input-grounded", "open prose")
 TOPICS = ["the sea", "a fox", "Mars", "bread", "a violin", "winter", "a lighthouse", "tea", "chess",
           "a bridge", "rain", "the moon"]
 CHAT = "/v1/chat/completions"
+SERVED_NAME = "SmolLM2-135M-Instruct"
 
 
 @dataclass(frozen=True)
@@ -126,17 +138,23 @@ def row(run: RateResult) -> dict[str, Any]:
     }
 
 
-async def measure(url: str, args: argparse.Namespace, settings: Settings) -> dict[str, dict[str, Any]]:
+async def specs_for(url: str, args: argparse.Namespace) -> dict[str, list[PromptSpec]]:
+    """Each workload's prompts, counted by pagode's /tokenize (the same for every server)."""
+    async with make_http_client(60.0) as http:
+        return {w: await prompt_specs(http, url, w, args.num_prompts, args.output_len, args.passage_words,
+                                      args.seed) for w in WORKLOADS}
+
+
+async def measure(url: str, specs: dict[str, list[PromptSpec]], run_loads: list[Load],
+                  settings: Settings) -> dict[str, dict[str, Any]]:
     """Every workload at every load against one server: {"workload|load": row}."""
     console = make_console()
     out: dict[str, dict[str, Any]] = {}
     async with make_http_client(settings.timeout) as http:
         target = Target(url, CHAT)
         for workload in WORKLOADS:
-            specs = await prompt_specs(http, url, workload, args.num_prompts, args.output_len,
-                                       args.passage_words, args.seed)
-            for load in loads(args.rates):
-                run = await run_rate(http, target, specs, load.rate, settings, console, load.concurrency)
+            for load in run_loads:
+                run = await run_rate(http, target, specs[workload], load.rate, settings, console, load.concurrency)
                 out[f"{workload}|{load.name}"] = row(run)
     return out
 
@@ -146,14 +164,30 @@ def server_args(args: argparse.Namespace, spec: bool) -> list[str]:
     return ["--kv-cache-memory", args.kv_cache_memory, "--disable-access-log", *args.server_arg, *extra]
 
 
+def llama_server_command(binary: Path, args: argparse.Namespace, spec: bool) -> Callable[[int], list[str]]:
+    k = json.loads(args.spec_config).get("num_speculative_tokens", 4)
+    extra = ["--spec-type", "ngram-simple", "--draft-max", str(k)] if spec else []
+    return lambda port: [str(binary), "-m", str(default_model_path()), "--host", "127.0.0.1", "--port", str(port),
+                         "-np", "1", "-c", "4096", "--alias", SERVED_NAME, *extra]
+
+
 def run_both(args: argparse.Namespace) -> dict[str, Any]:
     settings = Settings(num_prompts=args.num_prompts, seed=args.seed, ignore_eos=True, show_progress=False)
     results: dict[str, Any] = {"spec_config": json.loads(args.spec_config), "machine": platform.platform(),
                                "num_prompts": args.num_prompts, "output_len": args.output_len, "runs": {}}
+    specs: dict[str, list[PromptSpec]] = {}
     for spec in (False, True):
         log = args.out_dir / f"server-{'on' if spec else 'off'}.log"
         with running_server(server_args(args, spec), log, args.startup_timeout) as url:
-            results["runs"]["on" if spec else "off"] = asyncio.run(measure(url, args, settings))
+            specs = specs or asyncio.run(specs_for(url, args))
+            results["runs"]["on" if spec else "off"] = asyncio.run(measure(url, specs, loads(args.rates), settings))
+    if args.llama_server:
+        binary = build_llama_server()
+        for spec in (False, True):
+            name = f"llama-server {'on' if spec else 'off'}"
+            with running_command(llama_server_command(binary, args, spec), args.out_dir / f"{name}.log",
+                                 args.startup_timeout) as url:
+                results["runs"][name] = asyncio.run(measure(url, specs, loads([]), settings))
     return results
 
 
@@ -180,6 +214,21 @@ def table_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def peer_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """llama-server's one-stream rows beside pagode's, where the run had them."""
+    runs = results["runs"]
+    if "llama-server off" not in runs:
+        return []
+    rows = []
+    for key, a in runs["llama-server off"].items():
+        workload, load = key.split("|")
+        b = runs["llama-server on"][key]
+        rows.append({"workload": workload, "load": load, "off_tok_s": a["out_tok_s"], "on_tok_s": b["out_tok_s"],
+                     "speedup": b["out_tok_s"] / a["out_tok_s"] if a["out_tok_s"] else None,
+                     "pagode_on_tok_s": runs["on"][key]["out_tok_s"]})
+    return rows
+
+
 def markdown(results: dict[str, Any]) -> str:
     lines = [f"Speculative decoding, `{json.dumps(results['spec_config'])}`; {results['num_prompts']} prompts "
              f"per run, {results['output_len']} output tokens each (ignore_eos); {results['machine']}.", "",
@@ -190,6 +239,15 @@ def markdown(results: dict[str, Any]) -> str:
         lines.append(f"| {r['workload']} | {r['load']} | {fmt(r['off_tok_s'])} | {fmt(r['on_tok_s'])} "
                      f"| {fmt(r['speedup'], 2)} | {fmt(r['itl_p50_off_s'], 1, 1e3)} | {fmt(r['itl_p50_on_s'], 1, 1e3)} "
                      f"| {percent(r['acceptance_rate'])} | {fmt(r['mean_acceptance_length'], 2)} |")
+    peers = peer_rows(results)
+    if peers:
+        lines += ["", "llama.cpp's llama-server on the same GGUF, `--spec-type ngram-simple` for \"on\":", "",
+                  "| workload | load | llama-server off tok/s | llama-server on tok/s | on/off | pagode on tok/s "
+                  "| pagode on / llama-server on |", "|---|---|---:|---:|---:|---:|---:|"]
+        for r in peers:
+            ratio = r["pagode_on_tok_s"] / r["on_tok_s"] if r["on_tok_s"] else None
+            lines.append(f"| {r['workload']} | {r['load']} | {fmt(r['off_tok_s'])} | {fmt(r['on_tok_s'])} "
+                         f"| {fmt(r['speedup'], 2)} | {fmt(r['pagode_on_tok_s'])} | {fmt(ratio, 2)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -230,6 +288,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out-dir", type=Path, default=Path("docs/results/spec"))
     ap.add_argument("--startup-timeout", type=float, default=600.0)
+    ap.add_argument("--llama-server", action="store_true",
+                    help="also run llama.cpp's server (built here) for the one-stream loads, off and on")
     args = ap.parse_args(argv)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     results = run_both(args)
