@@ -17,9 +17,9 @@ length.
 
 With --llama-server, llama.cpp's server (built here for this CPU, benchmarks/llama_server.py)
 runs the one-stream loads on the same GGUF, without and with its own n-gram speculation
-(`--spec-type ngram-simple`, drafts of up to the same k), on the same prompts: the side-by-side
-of one user waiting alone. Its speculation counters are not scraped (it exports none in
-vLLM's names), so its rows have speeds only.
+(`--spec-type ngram-simple --spec-ngram-simple-size-m k`: drafts of the same k tokens), on
+the same prompts: the side-by-side of one user waiting alone. Its speculation counters are
+not scraped (it exports none in vLLM's names), so its rows have speeds only.
 
 Writes bench_spec.json, bench_spec.md (the table) and bench_spec.png (the speed-up per
 workload and load) to --out-dir. Run it on a quiet machine: the figures are the machine's.
@@ -33,6 +33,7 @@ import json
 import math
 import platform
 import random
+import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -166,7 +167,7 @@ def server_args(args: argparse.Namespace, spec: bool) -> list[str]:
 
 def llama_server_command(binary: Path, args: argparse.Namespace, spec: bool) -> Callable[[int], list[str]]:
     k = json.loads(args.spec_config).get("num_speculative_tokens", 4)
-    extra = ["--spec-type", "ngram-simple", "--draft-max", str(k)] if spec else []
+    extra = ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-m", str(k)] if spec else []
     return lambda port: [str(binary), "-m", str(default_model_path()), "--host", "127.0.0.1", "--port", str(port),
                          "-np", "1", "-c", "4096", "--alias", SERVED_NAME, *extra]
 
@@ -182,13 +183,24 @@ def run_both(args: argparse.Namespace) -> dict[str, Any]:
             specs = specs or asyncio.run(specs_for(url, args))
             results["runs"]["on" if spec else "off"] = asyncio.run(measure(url, specs, loads(args.rates), settings))
     if args.llama_server:
-        binary = build_llama_server()
-        for spec in (False, True):
-            name = f"llama-server {'on' if spec else 'off'}"
-            with running_command(llama_server_command(binary, args, spec), args.out_dir / f"{name}.log",
-                                 args.startup_timeout) as url:
-                results["runs"][name] = asyncio.run(measure(url, specs, loads([]), settings))
+        try:
+            results["runs"].update(run_llama_server(args, specs, settings))
+        except (RuntimeError, TimeoutError, OSError, subprocess.CalledProcessError) as exc:
+            results["llama_server_error"] = f"{type(exc).__name__}: {exc}"  # pagode's rows still count
+            print(f"llama-server did not run: {results['llama_server_error']}")
     return results
+
+
+def run_llama_server(args: argparse.Namespace, specs: dict[str, list[PromptSpec]],
+                     settings: Settings) -> dict[str, Any]:
+    binary = build_llama_server()
+    runs = {}
+    for spec in (False, True):
+        name = f"llama-server {'on' if spec else 'off'}"
+        with running_command(llama_server_command(binary, args, spec), args.out_dir / f"{name}.log",
+                             args.startup_timeout) as url:
+            runs[name] = asyncio.run(measure(url, specs, loads([]), settings))
+    return runs
 
 
 # ---- report --------------------------------------------------------------------------------
@@ -217,7 +229,7 @@ def table_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
 def peer_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
     """llama-server's one-stream rows beside pagode's, where the run had them."""
     runs = results["runs"]
-    if "llama-server off" not in runs:
+    if "llama-server on" not in runs:
         return []
     rows = []
     for key, a in runs["llama-server off"].items():
