@@ -185,13 +185,20 @@ def measure_limit(step: FusedDecodeStep, model: LlamaForCausalLM, kv_caches: lis
     return result
 
 
-def synthetic_decodes(m: int, block_size: int, vocab: int) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
-    """m decodes, sequence i at the last position of cache block i."""
-    seq_lens = torch.full((m,), block_size, dtype=torch.int32)
-    slots = torch.arange(m, dtype=torch.int64) * block_size + block_size - 1
+def synthetic_decodes(m: int, block_size: int, vocab: int, context: int | None = None,
+                      num_blocks: int | None = None) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+    """m decodes, each at the last of `context` positions (default: one block) in a run of
+    cache blocks of its own; past `num_blocks` the runs wrap around and share blocks."""
+    context = context or block_size
+    per_seq = -(-context // block_size)
+    tables = torch.arange(m * per_seq, dtype=torch.int32).reshape(m, per_seq)
+    if num_blocks is not None:
+        tables %= num_blocks
+    last = context - 1
+    slots = tables[:, last // block_size].to(torch.int64) * block_size + last % block_size
     meta = AttentionMetadata(
-        slot_mapping=slots, query_start_loc=torch.arange(m + 1, dtype=torch.int32), seq_lens=seq_lens,
-        block_tables=torch.arange(m, dtype=torch.int32).reshape(m, 1), num_decodes=m, max_query_len=1,
-        max_seq_len=block_size, query_start_loc_cpu=list(range(m + 1)), seq_lens_cpu=[block_size] * m)
+        slot_mapping=slots, query_start_loc=torch.arange(m + 1, dtype=torch.int32),
+        seq_lens=torch.full((m,), context, dtype=torch.int32), block_tables=tables, num_decodes=m,
+        max_query_len=1, max_seq_len=context, query_start_loc_cpu=list(range(m + 1)), seq_lens_cpu=[context] * m)
     ids = torch.randint(0, vocab, (m,), dtype=torch.int64)
-    return ids, torch.full((m,), block_size - 1, dtype=torch.int64), meta
+    return ids, torch.full((m,), last, dtype=torch.int64), meta

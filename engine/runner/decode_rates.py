@@ -18,15 +18,13 @@ request reads it, as the fused-step race's is.
 from __future__ import annotations
 
 import logging
-import time
 
-import numpy as np
 import torch
 
-from engine import race_memory
-from engine.attention import AttentionMetadata
+from engine import autotune, race_memory
 from engine.config import EngineConfig, dtype_name
 from engine.core.batch_cap import BatchCap, from_step_seconds
+from engine.model import decode_step
 from engine.runner.model_runner import ModelRunner, StepInputs
 
 log = logging.getLogger("pagode")
@@ -61,7 +59,7 @@ def decode_step_seconds(runner: ModelRunner, key: str, batches: tuple[int, ...] 
     if kept is not None:
         return {int(b): float(t) for b, t in kept.items()}
     touch_blocks(runner, max(batches) * blocks_per_sequence(runner, context))
-    times = {b: best_step_time(runner, synthetic_decodes(runner, b, context)) for b in batches}
+    times = {b: step_seconds(runner, synthetic_decodes(runner, b, context)) for b in batches}
     if plausible(times):
         race_memory.keep("decode-step-seconds", race_key, {str(b): t for b, t in times.items()})
     else:
@@ -79,6 +77,11 @@ def plausible(seconds: dict[int, float]) -> bool:
     return max(b / t for b, t in seconds.items()) >= 2 * smallest / seconds[smallest]
 
 
+def step_seconds(runner: ModelRunner, inputs: StepInputs) -> float:
+    """Seconds of one whole step (runner.forward: the fused step where it applies, the logits)."""
+    return autotune.best_time(lambda: runner.forward(inputs), REPS)
+
+
 def blocks_per_sequence(runner: ModelRunner, context: int) -> int:
     return -(-context // runner.block_size)
 
@@ -93,26 +96,6 @@ def touch_blocks(runner: ModelRunner, count: int) -> None:
 
 def synthetic_decodes(runner: ModelRunner, batch: int, context: int) -> StepInputs:
     """`batch` decodes, each at position `context - 1` of its own run of blocks."""
-    per_seq, bs = blocks_per_sequence(runner, context), runner.block_size
-    tables = (np.arange(batch * per_seq, dtype=np.int64).reshape(batch, per_seq) % runner.num_blocks)
-    positions = np.full(batch, context - 1, dtype=np.int64)
-    slots = tables[:, (context - 1) // bs] * bs + (context - 1) % bs
-    seq_lens = [context] * batch
-    meta = AttentionMetadata(
-        slot_mapping=torch.from_numpy(slots), query_start_loc=torch.arange(batch + 1, dtype=torch.int32),
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
-        block_tables=torch.from_numpy(tables.astype(np.int32)), num_decodes=batch, max_query_len=1,
-        max_seq_len=context, query_start_loc_cpu=list(range(batch + 1)), seq_lens_cpu=seq_lens)
-    ids = torch.randint(0, runner.model_config.vocab_size, (batch,), dtype=torch.int64)
-    return StepInputs(ids, torch.from_numpy(positions), meta, list(range(batch)))
-
-
-def best_step_time(runner: ModelRunner, inputs: StepInputs, reps: int = REPS) -> float:
-    """Seconds of runner.forward(inputs), best of `reps` after a warm-up step."""
-    runner.forward(inputs)
-    best = float("inf")
-    for _ in range(reps):
-        start = time.perf_counter()
-        runner.forward(inputs)
-        best = min(best, time.perf_counter() - start)
-    return best
+    ids, positions, meta = decode_step.synthetic_decodes(batch, runner.block_size, runner.model_config.vocab_size,
+                                                         context, runner.num_blocks)
+    return StepInputs(ids, positions, meta, list(range(batch)))
