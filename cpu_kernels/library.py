@@ -20,6 +20,7 @@ from cpu_kernels import build, isa
 from cpu_kernels.decode_step_kernel import DecodeStepKernel
 from cpu_kernels.fused_ops_kernel import FusedOpsKernel
 from cpu_kernels.paged_attention import PagedAttentionKernel
+from cpu_kernels.prefill_attention import PrefillAttentionKernel
 from cpu_kernels.quant_linear import BlockLinear
 
 log = logging.getLogger("pagode.cpu_kernels")
@@ -44,6 +45,8 @@ class Library:
         self.block_linear = BlockLinear(lib) if _has(lib, BlockLinear.SYMBOLS) else None
         self.fused_ops = FusedOpsKernel(lib) if _has(lib, FusedOpsKernel.SYMBOLS) else None
         self.decode_step = DecodeStepKernel(lib) if _has(lib, DecodeStepKernel.SYMBOLS) else None
+        self.prefill_attention = (PrefillAttentionKernel(lib) if _has(lib, PrefillAttentionKernel.SYMBOLS)
+                                  else None)
 
 
 def _has(lib: ctypes.CDLL, symbols: tuple[str, ...]) -> bool:

@@ -17,6 +17,7 @@ from cpu_kernels.decode_step_kernel import DecodeStepKernel
 from cpu_kernels.fused_ops_kernel import FusedOpsKernel
 from cpu_kernels.isa import detect, target_level
 from cpu_kernels.paged_attention import PagedAttentionKernel
+from cpu_kernels.prefill_attention import PrefillAttentionKernel
 from cpu_kernels.quant_linear import BlockLinear
 from engine import envs
 
@@ -59,6 +60,11 @@ def library() -> Library | None:
 def paged_attention() -> PagedAttentionKernel | None:
     lib = library()
     return None if lib is None else lib.paged_attention
+
+
+def prefill_attention() -> PrefillAttentionKernel | None:
+    lib = library()
+    return None if lib is None else lib.prefill_attention
 
 
 def block_linear() -> BlockLinear | None:

@@ -1,0 +1,35 @@
+// Fused prefill/extend attention over the paged K/V cache (src/prefill_attention.cpp).
+// C ABI for the ctypes binding (cpu_kernels/prefill_attention.py). Present from the avx2
+// level up; the avx512 build adds its own bodies (16-wide fp32, and BF16 dot products for
+// a bf16 cache).
+#pragma once
+#include <cstdint>
+
+#include "cache_types.h"
+
+extern "C" {
+
+// Chunks of new tokens packed one sequence after another: sequence s owns query rows
+// q_starts[s] .. q_starts[s + 1] - 1 of q/out [T, H, D] (fp32), at positions
+// seq_lens[s] - n_s .. seq_lens[s] - 1 (n_s its row count), and reads positions
+// 0 .. seq_lens[s] - 1 of k/v caches [NB, BS, KVH, D] through block_tables [S, MB].
+// Causal within the chunk; window 0: none (else a query at p sees keys > p - window);
+// softcap 0: none (else scores become softcap * tanh(score / softcap)). D % 8 == 0.
+void paged_prefill_attention_f32(const float* q, const float* k, const float* v, const int32_t* bt,
+                                 const int32_t* q_starts, const int32_t* seq_lens, float* out, int64_t S,
+                                 int64_t H, int64_t D, int64_t BS, int64_t KVH, int64_t MB, float scale,
+                                 int64_t window, float softcap, int nt);
+void paged_prefill_attention_f16(const float* q, const pagode::F16* k, const pagode::F16* v,
+                                 const int32_t* bt, const int32_t* q_starts, const int32_t* seq_lens,
+                                 float* out, int64_t S, int64_t H, int64_t D, int64_t BS, int64_t KVH,
+                                 int64_t MB, float scale, int64_t window, float softcap, int nt);
+void paged_prefill_attention_bf16(const float* q, const pagode::BF16* k, const pagode::BF16* v,
+                                  const int32_t* bt, const int32_t* q_starts, const int32_t* seq_lens,
+                                  float* out, int64_t S, int64_t H, int64_t D, int64_t BS, int64_t KVH,
+                                  int64_t MB, float scale, int64_t window, float softcap, int nt);
+
+// Which body a call with this head size and cache element (0 fp32, 1 fp16, 2 bf16) runs in
+// this build: 1 avx2 fp32, 2 avx512 fp32, 3 avx512 bf16 dot products; 0 none (D % 8 != 0).
+int prefill_attention_body(int64_t D, int element);
+
+}  // extern "C"

@@ -1,0 +1,516 @@
+// Fused prefill/extend attention over the paged K/V cache, for the CPU.
+// Plain C ABI, loaded with ctypes (cpu_kernels/prefill_attention.py).
+//
+// Why: the alternative (engine/attention/maskless_prefill.py) first gathers each
+// sequence's K/V out of the paged cache into contiguous fp32 tensors, repeats them for
+// every query head of a group, and then runs torch's flash kernel twice per query tile.
+// This kernel reads the cache in place through the block tables and converts each K/V
+// row once for all the query heads that share it.
+//
+// Work is split into tasks of (sequence, KV head, tile of QUERY_TILE queries): the task's
+// rows are its queries times the group's query heads. It walks the keys its rows can see
+// (causal, within the window) in tiles of KT keys, flash-attention style: scores of every
+// row against the tile, an online softmax (running max m, running sum l, the output
+// accumulator rescaled by exp(m_old - m_new) whenever the max grows), then the tile's
+// values weighted by the probabilities are added. Nothing of size context x chunk is ever
+// held, and the masked upper triangle costs at most one key tile per query tile.
+//
+// Bodies, by build level and cache element:
+//   avx2    fp32 FMA on 8 keys per vector: the K tile is transposed to [D][8] so that a
+//           score vector is D broadcast-FMAs, with no horizontal sums.
+//   avx512  the same on 16 keys per vector; and for a bf16 cache (whose rows are already
+//           bf16, so nothing of K/V is rounded) AVX512-BF16 dot products (vdpbf16ps): the K
+//           tile is packed as [D/2][16] pairs, the V tile as [8][D] pairs, queries and
+//           probabilities are rounded to bf16 and every product is summed in fp32.
+// AMX is not used: a machine with it runs the avx512 bodies.
+// Cache rows are converted as they are read (row_to_float, one overload per element
+// type): another element type (e.g. int8 with scales) needs one overload there and in
+// the bf16 packers' dispatch, nothing else.
+#include "prefill_attention.h"
+
+#include "isa.h"
+
+#ifdef PAGODE_AVX2
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+#include "simd_exp.h"
+
+namespace {
+
+using pagode::BF16;
+using pagode::F16;
+
+constexpr int64_t QUERY_TILE = 16;  // queries per task; each brings its group's G query heads
+
+enum Body : int { NONE = 0, AVX2_F32 = 1, AVX512_F32 = 2, AVX512_BF16 = 3 };
+
+// ---- cache rows as fp32 ------------------------------------------------------
+inline void row_to_float(const float* src, float* dst, int64_t n) { std::memcpy(dst, src, n * sizeof(float)); }
+
+inline void row_to_float(const F16* src, float* dst, int64_t n) {
+  for (int64_t i = 0; i < n; i += 8)
+    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+}
+
+inline void row_to_float(const BF16* src, float* dst, int64_t n) {
+  for (int64_t i = 0; i < n; i += 8) {
+    const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i)));
+    _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16)));
+  }
+}
+
+// Position t's row of KV head offset kv in a paged cache [blocks, BS, KVH, D] (row = KVH * D).
+template <typename T>
+inline const T* cache_row(const T* cache, const int32_t* table, int64_t t, int64_t BS, int64_t row, int64_t kv) {
+  return cache + (static_cast<int64_t>(table[t / BS]) * BS + t % BS) * row + kv;
+}
+
+// dst[c * dst_stride + r] = rows[r][col + c] for an 8 x 8 block of 32-bit values (floats,
+// or bf16 pairs: the shuffles move bits, they do no arithmetic).
+inline void transpose8x8(const float* const* rows, int64_t col, float* dst, int64_t dst_stride) {
+  __m256 r[8], t[8], s[8];
+  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(rows[i] + col);
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 2; ++i) {
+    s[4 * i + 0] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    s[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    s[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    s[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int i = 0; i < 4; ++i) {
+    _mm256_storeu_ps(dst + i * dst_stride, _mm256_permute2f128_ps(s[i], s[i + 4], 0x20));
+    _mm256_storeu_ps(dst + (i + 4) * dst_stride, _mm256_permute2f128_ps(s[i], s[i + 4], 0x31));
+  }
+}
+
+// ---- per-thread scratch, kept across calls (no allocation per step) -----------
+struct Scratch {
+  std::vector<float> acc, m, l, s, kbuf, kt, vt, zeros;
+  std::vector<uint16_t> qbf;
+  std::vector<uint32_t> kp, vp;
+
+  void prepare(int64_t rows, int64_t D, int64_t KT) {
+    acc.assign(rows * D, 0.f);
+    m.assign(rows, -std::numeric_limits<float>::infinity());
+    l.assign(rows, 0.f);
+    s.resize(rows * KT);
+    kbuf.resize(KT * D);
+    kt.resize(D * KT);
+    vt.resize(KT * D);
+    zeros.assign(D, 0.f);
+    qbf.resize(rows * D);
+    kp.resize(D / 2 * KT);
+    vp.resize(KT / 2 * D);
+  }
+};
+
+// ---- vector widths --------------------------------------------------------------
+struct Vec8 {
+  using V = __m256;
+  static constexpr int64_t N = 8;
+  static V load(const float* p) { return _mm256_loadu_ps(p); }
+  static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
+  static V set1(float x) { return _mm256_set1_ps(x); }
+  static V zero() { return _mm256_setzero_ps(); }
+  static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+  static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
+};
+
+#ifdef PAGODE_AVX512
+struct Vec16 {
+  using V = __m512;
+  static constexpr int64_t N = 16;
+  static V load(const float* p) { return _mm512_loadu_ps(p); }
+  static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
+  static V set1(float x) { return _mm512_set1_ps(x); }
+  static V zero() { return _mm512_setzero_ps(); }
+  static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
+};
+#endif
+
+// acc[0..D) += sum_j p[j] * vt[j][0..D) over KT rows, four vectors of the row at a time.
+template <class W>
+inline void add_weighted_rows(const float* p, const float* vt, int64_t KT, int64_t D, float* acc) {
+  constexpr int64_t N = W::N;
+  int64_t c = 0;
+  for (; c + 4 * N <= D; c += 4 * N) {
+    typename W::V a0 = W::load(acc + c), a1 = W::load(acc + c + N), a2 = W::load(acc + c + 2 * N),
+                  a3 = W::load(acc + c + 3 * N);
+    for (int64_t j = 0; j < KT; ++j) {
+      const typename W::V w = W::set1(p[j]);
+      const float* v = vt + j * D + c;
+      a0 = W::fma(w, W::load(v), a0);
+      a1 = W::fma(w, W::load(v + N), a1);
+      a2 = W::fma(w, W::load(v + 2 * N), a2);
+      a3 = W::fma(w, W::load(v + 3 * N), a3);
+    }
+    W::store(acc + c, a0);
+    W::store(acc + c + N, a1);
+    W::store(acc + c + 2 * N, a2);
+    W::store(acc + c + 3 * N, a3);
+  }
+  for (; c < D; c += N) {
+    typename W::V a = W::load(acc + c);
+    for (int64_t j = 0; j < KT; ++j) a = W::fma(W::set1(p[j]), W::load(vt + j * D + c), a);
+    W::store(acc + c, a);
+  }
+}
+
+// ---- fp32 body: KT = one vector of keys --------------------------------------------
+template <class W, typename T>
+struct Fp32Body {
+  static constexpr int64_t KT = W::N;
+
+  template <class QRow>
+  static void load_queries(Scratch&, QRow, int64_t, int64_t) {}
+
+  // kt [D][KT] = the tile's K rows (zeros past kc), transposed.
+  static void pack_k(Scratch& sc, const T* const* rows, int64_t kc, int64_t D) {
+    const float* src[KT];
+    for (int64_t j = 0; j < KT; ++j) {
+      float* dst = sc.kbuf.data() + j * D;
+      if (j < kc) row_to_float(rows[j], dst, D);
+      else std::memset(dst, 0, D * sizeof(float));
+      src[j] = dst;
+    }
+    for (int64_t h = 0; h < KT; h += 8)
+      for (int64_t d = 0; d < D; d += 8) transpose8x8(src + h, d, sc.kt.data() + d * KT + h, KT);
+  }
+
+  // s[r][0..KT) = scale * q_r . k_j, four rows at a time.
+  template <class QRow>
+  static void scores(Scratch& sc, QRow qrow, int64_t n_rows, int64_t D, float scale) {
+    const typename W::V sv = W::set1(scale);
+    const float* kt = sc.kt.data();
+    int64_t r = 0;
+    for (; r + 4 <= n_rows; r += 4) {
+      const float *q0 = qrow(r), *q1 = qrow(r + 1), *q2 = qrow(r + 2), *q3 = qrow(r + 3);
+      typename W::V a0 = W::zero(), a1 = W::zero(), a2 = W::zero(), a3 = W::zero();
+      for (int64_t d = 0; d < D; ++d) {
+        const typename W::V k = W::load(kt + d * KT);
+        a0 = W::fma(W::set1(q0[d]), k, a0);
+        a1 = W::fma(W::set1(q1[d]), k, a1);
+        a2 = W::fma(W::set1(q2[d]), k, a2);
+        a3 = W::fma(W::set1(q3[d]), k, a3);
+      }
+      float* s = sc.s.data() + r * KT;
+      W::store(s, W::mul(a0, sv));
+      W::store(s + KT, W::mul(a1, sv));
+      W::store(s + 2 * KT, W::mul(a2, sv));
+      W::store(s + 3 * KT, W::mul(a3, sv));
+    }
+    for (; r < n_rows; ++r) {
+      const float* q = qrow(r);
+      typename W::V a = W::zero();
+      for (int64_t d = 0; d < D; ++d) a = W::fma(W::set1(q[d]), W::load(kt + d * KT), a);
+      W::store(sc.s.data() + r * KT, W::mul(a, sv));
+    }
+  }
+
+  // vt [KT][D] = the tile's V rows (zeros past kc).
+  static void pack_v(Scratch& sc, const T* const* rows, int64_t kc, int64_t D) {
+    for (int64_t j = 0; j < KT; ++j) {
+      float* dst = sc.vt.data() + j * D;
+      if (j < kc) row_to_float(rows[j], dst, D);
+      else std::memset(dst, 0, D * sizeof(float));
+    }
+  }
+
+  static void accumulate(Scratch& sc, int64_t n_rows, int64_t D) {
+    for (int64_t r = 0; r < n_rows; ++r)
+      add_weighted_rows<W>(sc.s.data() + r * KT, sc.vt.data(), KT, D, sc.acc.data() + r * D);
+  }
+};
+
+#ifdef PAGODE_AVX512
+// ---- bf16 body: vdpbf16ps on a bf16 cache (D % 32 == 0) -----------------------------
+inline __m512bh as_bh(__m512i x) { return (__m512bh)x; }
+
+struct Bf16Body {
+  static constexpr int64_t KT = 16;
+
+  // qbf [rows][D]: the task's queries rounded to bf16 (round to nearest even).
+  template <class QRow>
+  static void load_queries(Scratch& sc, QRow qrow, int64_t n_rows, int64_t D) {
+    for (int64_t r = 0; r < n_rows; ++r) {
+      const float* q = qrow(r);
+      for (int64_t d = 0; d < D; d += 16)
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(sc.qbf.data() + r * D + d),
+                            (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(q + d)));
+    }
+  }
+
+  // kp [D/2][16]: pair p of key j's row (its elements 2p, 2p+1) at kp[p * 16 + j].
+  static void pack_k(Scratch& sc, const BF16* const* rows, int64_t kc, int64_t D) {
+    const float* src[KT];  // each row as D/2 32-bit pairs
+    for (int64_t j = 0; j < KT; ++j)
+      src[j] = j < kc ? reinterpret_cast<const float*>(rows[j]) : sc.zeros.data();
+    float* kp = reinterpret_cast<float*>(sc.kp.data());
+    for (int64_t h = 0; h < KT; h += 8)
+      for (int64_t p = 0; p < D / 2; p += 8) transpose8x8(src + h, p, kp + p * KT + h, KT);
+  }
+
+  template <class QRow>
+  static void scores(Scratch& sc, QRow, int64_t n_rows, int64_t D, float scale) {
+    const __m512 sv = _mm512_set1_ps(scale);
+    const uint32_t* kp = sc.kp.data();
+    int64_t r = 0;
+    for (; r + 4 <= n_rows; r += 4) {
+      const uint32_t* q = reinterpret_cast<const uint32_t*>(sc.qbf.data() + r * D);  // 4 rows of D/2 pairs
+      const int64_t P = D / 2;
+      __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+      for (int64_t p = 0; p < P; ++p) {
+        const __m512bh k = as_bh(_mm512_loadu_si512(kp + p * KT));
+        a0 = _mm512_dpbf16_ps(a0, as_bh(_mm512_set1_epi32(static_cast<int>(q[p]))), k);
+        a1 = _mm512_dpbf16_ps(a1, as_bh(_mm512_set1_epi32(static_cast<int>(q[P + p]))), k);
+        a2 = _mm512_dpbf16_ps(a2, as_bh(_mm512_set1_epi32(static_cast<int>(q[2 * P + p]))), k);
+        a3 = _mm512_dpbf16_ps(a3, as_bh(_mm512_set1_epi32(static_cast<int>(q[3 * P + p]))), k);
+      }
+      float* s = sc.s.data() + r * KT;
+      _mm512_storeu_ps(s, _mm512_mul_ps(a0, sv));
+      _mm512_storeu_ps(s + KT, _mm512_mul_ps(a1, sv));
+      _mm512_storeu_ps(s + 2 * KT, _mm512_mul_ps(a2, sv));
+      _mm512_storeu_ps(s + 3 * KT, _mm512_mul_ps(a3, sv));
+    }
+    for (; r < n_rows; ++r) {
+      const uint32_t* q = reinterpret_cast<const uint32_t*>(sc.qbf.data() + r * D);
+      __m512 a = _mm512_setzero_ps();
+      for (int64_t p = 0; p < D / 2; ++p)
+        a = _mm512_dpbf16_ps(a, as_bh(_mm512_set1_epi32(static_cast<int>(q[p]))),
+                             as_bh(_mm512_loadu_si512(kp + p * KT)));
+      _mm512_storeu_ps(sc.s.data() + r * KT, _mm512_mul_ps(a, sv));
+    }
+  }
+
+  // vp [8][D]: pair (row 2i, row 2i+1) of element d at vp[i * D + d].
+  static void pack_v(Scratch& sc, const BF16* const* rows, int64_t kc, int64_t D) {
+    const uint16_t* zero = reinterpret_cast<const uint16_t*>(sc.zeros.data());
+    for (int64_t i = 0; i < KT / 2; ++i) {
+      const uint16_t* a = 2 * i < kc ? reinterpret_cast<const uint16_t*>(rows[2 * i]) : zero;
+      const uint16_t* b = 2 * i + 1 < kc ? reinterpret_cast<const uint16_t*>(rows[2 * i + 1]) : zero;
+      uint32_t* dst = sc.vp.data() + i * D;
+      for (int64_t d = 0; d < D; d += 32) {
+        const __m512i x = _mm512_loadu_si512(a + d), y = _mm512_loadu_si512(b + d);
+        // within each 128-bit lane: lo pairs elements 0-3, hi 4-7; reorder lanes to d order
+        const __m512i lo = _mm512_unpacklo_epi16(x, y), hi = _mm512_unpackhi_epi16(x, y);
+        const __m512i first = _mm512_shuffle_i64x2(lo, hi, _MM_SHUFFLE(1, 0, 1, 0));
+        const __m512i second = _mm512_shuffle_i64x2(lo, hi, _MM_SHUFFLE(3, 2, 3, 2));
+        _mm512_storeu_si512(dst + d, _mm512_shuffle_i64x2(first, first, _MM_SHUFFLE(3, 1, 2, 0)));
+        _mm512_storeu_si512(dst + d + 16, _mm512_shuffle_i64x2(second, second, _MM_SHUFFLE(3, 1, 2, 0)));
+      }
+    }
+  }
+
+  static void accumulate(Scratch& sc, int64_t n_rows, int64_t D) {
+    const uint32_t* vp = sc.vp.data();
+    for (int64_t r = 0; r < n_rows; ++r) {
+      alignas(32) uint32_t pairs[KT / 2];  // the row's probabilities rounded to bf16, in pairs
+      _mm256_store_si256(reinterpret_cast<__m256i*>(pairs),
+                         (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(sc.s.data() + r * KT)));
+      float* acc = sc.acc.data() + r * D;
+      for (int64_t c = 0; c < D; c += 32) {
+        __m512 a0 = _mm512_loadu_ps(acc + c), a1 = _mm512_loadu_ps(acc + c + 16);
+        for (int64_t i = 0; i < KT / 2; ++i) {
+          const __m512bh p = as_bh(_mm512_set1_epi32(static_cast<int>(pairs[i])));
+          a0 = _mm512_dpbf16_ps(a0, p, as_bh(_mm512_loadu_si512(vp + i * D + c)));
+          a1 = _mm512_dpbf16_ps(a1, p, as_bh(_mm512_loadu_si512(vp + i * D + c + 16)));
+        }
+        _mm512_storeu_ps(acc + c, a0);
+        _mm512_storeu_ps(acc + c + 16, a1);
+      }
+    }
+  }
+};
+#endif  // PAGODE_AVX512
+
+// ---- the online softmax over one key tile ------------------------------------------
+// Row r is query first_pos + r / G; it sees keys j0 + [jlo, jhi) of the tile: causal,
+// within the window, inside the kc real keys. s becomes the row's probabilities relative
+// to its new running max (0 outside what it sees); l, m and acc follow.
+template <int64_t KT>
+void online_softmax(Scratch& sc, int64_t n_rows, int64_t G, int64_t first_pos, int64_t j0, int64_t kc,
+                    int64_t window, float softcap, int64_t D) {
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const int64_t p = first_pos + r / G;
+    const int64_t jlo = window > 0 ? std::max<int64_t>(0, p - window + 1 - j0) : 0;
+    const int64_t jhi = std::min<int64_t>(kc, p - j0 + 1);
+    float* s = sc.s.data() + r * KT;
+    if (jlo >= jhi) {
+      std::fill(s, s + KT, 0.f);
+      continue;
+    }
+    if (softcap > 0.f) {  // Gemma 2's cap, as the decode kernel computes it
+      const float inv = 1.f / softcap;
+      for (int64_t j = jlo; j < jhi; ++j) s[j] = softcap * std::tanh(s[j] * inv);
+    }
+    const float m_old = sc.m[r];
+    const float m_new = std::max(m_old, *std::max_element(s + jlo, s + jhi));
+    const __m256 mv = _mm256_set1_ps(m_new);
+    for (int64_t j = 0; j < KT; j += 8)
+      _mm256_storeu_ps(s + j, pagode_simd::exp256(_mm256_sub_ps(_mm256_loadu_ps(s + j), mv)));
+    std::fill(s, s + jlo, 0.f);
+    std::fill(s + jhi, s + KT, 0.f);
+    float sum = 0.f;
+    for (int64_t j = jlo; j < jhi; ++j) sum += s[j];
+    const float alpha = std::exp(m_old - m_new);  // 0 on the row's first visible tile
+    sc.l[r] = sc.l[r] * alpha + sum;
+    sc.m[r] = m_new;
+    if (alpha != 1.f) {
+      float* acc = sc.acc.data() + r * D;
+      const __m256 av = _mm256_set1_ps(alpha);
+      for (int64_t d = 0; d < D; d += 8) _mm256_storeu_ps(acc + d, _mm256_mul_ps(_mm256_loadu_ps(acc + d), av));
+    }
+  }
+}
+
+// ---- tasks ---------------------------------------------------------------------
+template <typename T>
+struct Args {
+  const float* q;
+  const T* k;
+  const T* v;
+  const int32_t* bt;
+  const int32_t* q_starts;
+  const int32_t* seq_lens;
+  float* out;
+  int64_t S, H, D, BS, KVH, MB;
+  float scale;
+  int64_t window;
+  float softcap;
+};
+
+struct Task {
+  int64_t seq, kvh, i0, i1;  // the task's queries are rows i0..i1-1 of sequence seq's chunk
+  int64_t keys;              // how many key positions it reads (its cost, for ordering)
+};
+
+template <class Body, typename T>
+void run_task(const Args<T>& a, const Task& t, Scratch& sc) {
+  constexpr int64_t KT = Body::KT;
+  const int64_t G = a.H / a.KVH, D = a.D, n_rows = (t.i1 - t.i0) * G;
+  const int64_t q0 = a.q_starts[t.seq], n = a.q_starts[t.seq + 1] - q0, ctx = a.seq_lens[t.seq] - n;
+  const int64_t row = a.KVH * D, kv = t.kvh * D;
+  const int32_t* table = a.bt + t.seq * a.MB;
+  const int64_t base = ((q0 + t.i0) * a.H + t.kvh * G) * D;  // row r: query i0 + r / G, head kvh * G + r % G
+  auto qrow = [&](int64_t r) { return a.q + base + ((r / G) * a.H + r % G) * D; };
+  sc.prepare(n_rows, D, KT);
+  Body::load_queries(sc, qrow, n_rows, D);
+  const int64_t first = ctx + t.i0, last = ctx + t.i1 - 1;
+  const int64_t klo = a.window > 0 ? std::max<int64_t>(0, first - a.window + 1) : 0;
+  const T* rows[KT];
+  for (int64_t j0 = klo; j0 <= last; j0 += KT) {
+    const int64_t kc = std::min<int64_t>(KT, last + 1 - j0);
+    for (int64_t j = 0; j < kc; ++j) rows[j] = cache_row(a.k, table, j0 + j, a.BS, row, kv);
+    Body::pack_k(sc, rows, kc, D);
+    Body::scores(sc, qrow, n_rows, D, a.scale);
+    online_softmax<KT>(sc, n_rows, G, first, j0, kc, a.window, a.softcap, D);
+    for (int64_t j = 0; j < kc; ++j) rows[j] = cache_row(a.v, table, j0 + j, a.BS, row, kv);
+    Body::pack_v(sc, rows, kc, D);
+    Body::accumulate(sc, n_rows, D);
+  }
+  for (int64_t r = 0; r < n_rows; ++r) {  // every row sees at least itself, so l > 0
+    float* o = a.out + base + ((r / G) * a.H + r % G) * D;
+    const __m256 inv = _mm256_set1_ps(1.f / sc.l[r]);
+    for (int64_t d = 0; d < D; d += 8)
+      _mm256_storeu_ps(o + d, _mm256_mul_ps(_mm256_loadu_ps(sc.acc.data() + r * D + d), inv));
+  }
+}
+
+// Every (sequence, KV head, query tile), the costliest first so that the dynamic schedule
+// ends with the short ones.
+template <typename T>
+std::vector<Task> tasks_of(const Args<T>& a) {
+  std::vector<Task> tasks;
+  for (int64_t s = 0; s < a.S; ++s) {
+    const int64_t n = a.q_starts[s + 1] - a.q_starts[s], ctx = a.seq_lens[s] - n;
+    for (int64_t i0 = 0; i0 < n; i0 += QUERY_TILE) {
+      const int64_t i1 = std::min(n, i0 + QUERY_TILE), last = ctx + i1;
+      const int64_t first = a.window > 0 ? std::max<int64_t>(0, ctx + i0 - a.window + 1) : 0;
+      for (int64_t h = 0; h < a.KVH; ++h) tasks.push_back({s, h, i0, i1, last - first});
+    }
+  }
+  std::stable_sort(tasks.begin(), tasks.end(), [](const Task& x, const Task& y) { return x.keys > y.keys; });
+  return tasks;
+}
+
+template <class Body, typename T>
+void run(const Args<T>& a, int num_threads) {
+  const std::vector<Task> tasks = tasks_of(a);
+  const int64_t count = static_cast<int64_t>(tasks.size());
+#pragma omp parallel num_threads(num_threads)
+  {
+    thread_local Scratch sc;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t i = 0; i < count; ++i) run_task<Body>(a, tasks[i], sc);
+  }
+}
+
+template <typename T>
+constexpr int element_code() {
+  return std::is_same<T, float>::value ? 0 : std::is_same<T, F16>::value ? 1 : 2;
+}
+
+int body_for(int64_t D, int element) {
+  if (D <= 0 || D % 8 != 0) return NONE;
+#ifdef PAGODE_AVX512
+  if (element == 2 && D % 32 == 0) return AVX512_BF16;
+  if (D % 16 == 0) return AVX512_F32;
+#endif
+  (void)element;
+  return AVX2_F32;
+}
+
+template <typename T>
+void prefill(const Args<T>& a, int num_threads) {
+  switch (body_for(a.D, element_code<T>())) {
+    case AVX2_F32: run<Fp32Body<Vec8, T>>(a, num_threads); return;
+#ifdef PAGODE_AVX512
+    case AVX512_F32: run<Fp32Body<Vec16, T>>(a, num_threads); return;
+    case AVX512_BF16:
+      if constexpr (std::is_same<T, BF16>::value) run<Bf16Body>(a, num_threads);
+      return;
+#endif
+    default: return;
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+void paged_prefill_attention_f32(const float* q, const float* k, const float* v, const int32_t* bt,
+                                 const int32_t* q_starts, const int32_t* seq_lens, float* out, int64_t S,
+                                 int64_t H, int64_t D, int64_t BS, int64_t KVH, int64_t MB, float scale,
+                                 int64_t window, float softcap, int nt) {
+  prefill(Args<float>{q, k, v, bt, q_starts, seq_lens, out, S, H, D, BS, KVH, MB, scale, window, softcap}, nt);
+}
+void paged_prefill_attention_f16(const float* q, const F16* k, const F16* v, const int32_t* bt,
+                                 const int32_t* q_starts, const int32_t* seq_lens, float* out, int64_t S,
+                                 int64_t H, int64_t D, int64_t BS, int64_t KVH, int64_t MB, float scale,
+                                 int64_t window, float softcap, int nt) {
+  prefill(Args<F16>{q, k, v, bt, q_starts, seq_lens, out, S, H, D, BS, KVH, MB, scale, window, softcap}, nt);
+}
+void paged_prefill_attention_bf16(const float* q, const BF16* k, const BF16* v, const int32_t* bt,
+                                  const int32_t* q_starts, const int32_t* seq_lens, float* out, int64_t S,
+                                  int64_t H, int64_t D, int64_t BS, int64_t KVH, int64_t MB, float scale,
+                                  int64_t window, float softcap, int nt) {
+  prefill(Args<BF16>{q, k, v, bt, q_starts, seq_lens, out, S, H, D, BS, KVH, MB, scale, window, softcap}, nt);
+}
+
+int prefill_attention_body(int64_t D, int element) { return body_for(D, element); }
+
+}  // extern "C"
+
+#endif  // PAGODE_AVX2
