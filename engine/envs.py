@@ -95,6 +95,10 @@ QUANT_KERNEL: EnvVar[bool] = EnvVar(
 DECODE_STEP: EnvVar[bool] = EnvVar(
     "PAGODE_DECODE_STEP", _flag, True,
     "0 turns the fused C++ decode step off: decode steps run layer by layer.")
+PREFILL_KERNEL: EnvVar[str] = EnvVar(
+    "PAGODE_PREFILL_KERNEL", _choice("auto", "kernel", "maskless"), "auto",
+    "CPU prefill/extend attention: auto (the fused C++ kernel or torch's maskless flash path, "
+    "raced at load per attention shape), kernel, or maskless (today's torch paths only).")
 ATTENTION_BACKEND: EnvVar[str | None] = EnvVar(
     "PAGODE_ATTENTION_BACKEND", _optional_str, None,
     "cpu, sdpa or triton; overrides the device's default (cpu on CPU, triton on CUDA) when "
@@ -126,7 +130,7 @@ CXX: EnvVar[str | None] = EnvVar(
     "The C++ compiler of the CPU kernels (the usual variable); unset: g++, then c++, on PATH.")
 
 ALL: tuple[EnvVar[object], ...] = (CACHE_DIR, CPU_KERNEL, CPU_ISA, QUANT_KERNEL, DECODE_STEP,  # type: ignore[assignment]
-                                   ATTENTION_BACKEND, QUANT_GEMM, QUANT_CROSSOVER, FBGEMM_REDUCE_RANGE,
+                                   PREFILL_KERNEL, ATTENTION_BACKEND, QUANT_GEMM, QUANT_CROSSOVER, FBGEMM_REDUCE_RANGE,
                                    RACE_CACHE, API_KEY)
 
 

@@ -16,9 +16,10 @@
 // held, and the masked upper triangle costs at most one key tile per query tile.
 //
 // Bodies, by build level and cache element:
-//   avx2    fp32 FMA on 8 keys per vector: the K tile is transposed to [D][8] so that a
-//           score vector is D broadcast-FMAs, with no horizontal sums.
-//   avx512  the same on 16 keys per vector; and for a bf16 cache (whose rows are already
+//   avx2    fp32 FMA, key tiles of 16 (two vectors of 8): the K tile is transposed to
+//           [D][16] so that a row's scores are D broadcast-FMAs per vector, with no
+//           horizontal sums, and four rows share each K load.
+//   avx512  the same on 16-wide vectors (key tiles of 32); and for a bf16 cache (whose rows are already
 //           bf16, so nothing of K/V is rounded) AVX512-BF16 dot products (vdpbf16ps): the K
 //           tile is packed as [D/2][16] pairs, the V tile as [8][D] pairs, queries and
 //           probabilities are rounded to bf16 and every product is summed in fp32.
@@ -125,6 +126,20 @@ struct Vec8 {
   static V zero() { return _mm256_setzero_ps(); }
   static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
   static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
+  static V add(V a, V b) { return _mm256_add_ps(a, b); }
+  static V sub(V a, V b) { return _mm256_sub_ps(a, b); }
+  static V max(V a, V b) { return _mm256_max_ps(a, b); }
+  static V exp(V x) { return pagode_simd::exp256(x); }
+  static float hmax(V v) {
+    __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_max_ps(x, _mm_movehl_ps(x, x));
+    return _mm_cvtss_f32(_mm_max_ss(x, _mm_movehdup_ps(x)));
+  }
+  static float hsum(V v) {
+    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    return _mm_cvtss_f32(_mm_add_ss(x, _mm_movehdup_ps(x)));
+  }
 };
 
 #ifdef PAGODE_AVX512
@@ -137,6 +152,29 @@ struct Vec16 {
   static V zero() { return _mm512_setzero_ps(); }
   static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
   static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
+  static V add(V a, V b) { return _mm512_add_ps(a, b); }
+  static V sub(V a, V b) { return _mm512_sub_ps(a, b); }
+  static V max(V a, V b) { return _mm512_max_ps(a, b); }
+  // exp256's polynomial (Cephes, ~1 ulp on [-87, 88]) on 16 lanes.
+  static V exp(V x) {
+    x = _mm512_max_ps(_mm512_min_ps(x, set1(88.3762626647949f)), set1(-88.3762626647949f));
+    const V fx = _mm512_roundscale_ps(_mm512_mul_ps(x, set1(1.44269504088896341f)),
+                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    x = _mm512_sub_ps(x, _mm512_mul_ps(fx, set1(0.693359375f)));
+    x = _mm512_sub_ps(x, _mm512_mul_ps(fx, set1(-2.12194440e-4f)));
+    const V z = _mm512_mul_ps(x, x);
+    V y = set1(1.9875691500E-4f);
+    y = _mm512_add_ps(_mm512_mul_ps(y, x), set1(1.3981999507E-3f));
+    y = _mm512_add_ps(_mm512_mul_ps(y, x), set1(8.3334519073E-3f));
+    y = _mm512_add_ps(_mm512_mul_ps(y, x), set1(4.1665795894E-2f));
+    y = _mm512_add_ps(_mm512_mul_ps(y, x), set1(1.6666665459E-1f));
+    y = _mm512_add_ps(_mm512_mul_ps(y, x), set1(5.0000001201E-1f));
+    y = _mm512_add_ps(_mm512_mul_ps(y, z), _mm512_add_ps(x, set1(1.f)));
+    const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(fx), _mm512_set1_epi32(127)), 23);
+    return _mm512_mul_ps(y, _mm512_castsi512_ps(e));
+  }
+  static float hmax(V v) { return _mm512_reduce_max_ps(v); }
+  static float hsum(V v) { return _mm512_reduce_add_ps(v); }
 };
 #endif
 
@@ -168,10 +206,12 @@ inline void add_weighted_rows(const float* p, const float* vt, int64_t KT, int64
   }
 }
 
-// ---- fp32 body: KT = one vector of keys --------------------------------------------
-template <class W, typename T>
+// ---- fp32 body: KT = KV vectors of keys ---------------------------------------------
+template <class W, typename T, int64_t KV = 2>
 struct Fp32Body {
-  static constexpr int64_t KT = W::N;
+  static constexpr int64_t N = W::N, KT = N * KV;
+  using V = typename W::V;
+  using Width = W;
 
   template <class QRow>
   static void load_queries(Scratch&, QRow, int64_t, int64_t) {}
@@ -189,34 +229,34 @@ struct Fp32Body {
       for (int64_t d = 0; d < D; d += 8) transpose8x8(src + h, d, sc.kt.data() + d * KT + h, KT);
   }
 
-  // s[r][0..KT) = scale * q_r . k_j, four rows at a time.
+  // s[r][0..KT) = scale * q_r . k_j for R rows at once (R <= 4).
+  template <int R, class QRow>
+  static void score_rows(Scratch& sc, QRow qrow, int64_t r, int64_t D, V scale) {
+    const float* q[R];
+    V a[R][KV];
+    for (int i = 0; i < R; ++i) {
+      q[i] = qrow(r + i);
+      for (int c = 0; c < KV; ++c) a[i][c] = W::zero();
+    }
+    const float* kt = sc.kt.data();
+    for (int64_t d = 0; d < D; ++d) {
+      V k[KV];
+      for (int c = 0; c < KV; ++c) k[c] = W::load(kt + d * KT + c * N);
+      for (int i = 0; i < R; ++i) {
+        const V qv = W::set1(q[i][d]);
+        for (int c = 0; c < KV; ++c) a[i][c] = W::fma(qv, k[c], a[i][c]);
+      }
+    }
+    for (int i = 0; i < R; ++i)
+      for (int c = 0; c < KV; ++c) W::store(sc.s.data() + (r + i) * KT + c * N, W::mul(a[i][c], scale));
+  }
+
   template <class QRow>
   static void scores(Scratch& sc, QRow qrow, int64_t n_rows, int64_t D, float scale) {
-    const typename W::V sv = W::set1(scale);
-    const float* kt = sc.kt.data();
+    const V sv = W::set1(scale);
     int64_t r = 0;
-    for (; r + 4 <= n_rows; r += 4) {
-      const float *q0 = qrow(r), *q1 = qrow(r + 1), *q2 = qrow(r + 2), *q3 = qrow(r + 3);
-      typename W::V a0 = W::zero(), a1 = W::zero(), a2 = W::zero(), a3 = W::zero();
-      for (int64_t d = 0; d < D; ++d) {
-        const typename W::V k = W::load(kt + d * KT);
-        a0 = W::fma(W::set1(q0[d]), k, a0);
-        a1 = W::fma(W::set1(q1[d]), k, a1);
-        a2 = W::fma(W::set1(q2[d]), k, a2);
-        a3 = W::fma(W::set1(q3[d]), k, a3);
-      }
-      float* s = sc.s.data() + r * KT;
-      W::store(s, W::mul(a0, sv));
-      W::store(s + KT, W::mul(a1, sv));
-      W::store(s + 2 * KT, W::mul(a2, sv));
-      W::store(s + 3 * KT, W::mul(a3, sv));
-    }
-    for (; r < n_rows; ++r) {
-      const float* q = qrow(r);
-      typename W::V a = W::zero();
-      for (int64_t d = 0; d < D; ++d) a = W::fma(W::set1(q[d]), W::load(kt + d * KT), a);
-      W::store(sc.s.data() + r * KT, W::mul(a, sv));
-    }
+    for (; r + 4 <= n_rows; r += 4) score_rows<4>(sc, qrow, r, D, sv);
+    for (; r < n_rows; ++r) score_rows<1>(sc, qrow, r, D, sv);
   }
 
   // vt [KT][D] = the tile's V rows (zeros past kc).
@@ -240,6 +280,7 @@ inline __m512bh as_bh(__m512i x) { return (__m512bh)x; }
 
 struct Bf16Body {
   static constexpr int64_t KT = 16;
+  using Width = Vec16;
 
   // qbf [rows][D]: the task's queries rounded to bf16 (round to nearest even).
   template <class QRow>
@@ -339,9 +380,11 @@ struct Bf16Body {
 // Row r is query first_pos + r / G; it sees keys j0 + [jlo, jhi) of the tile: causal,
 // within the window, inside the kc real keys. s becomes the row's probabilities relative
 // to its new running max (0 outside what it sees); l, m and acc follow.
-template <int64_t KT>
+template <class W, int64_t KT>
 void online_softmax(Scratch& sc, int64_t n_rows, int64_t G, int64_t first_pos, int64_t j0, int64_t kc,
                     int64_t window, float softcap, int64_t D) {
+  using V = typename W::V;
+  constexpr int64_t N = W::N;
   for (int64_t r = 0; r < n_rows; ++r) {
     const int64_t p = first_pos + r / G;
     const int64_t jlo = window > 0 ? std::max<int64_t>(0, p - window + 1 - j0) : 0;
@@ -356,21 +399,35 @@ void online_softmax(Scratch& sc, int64_t n_rows, int64_t G, int64_t first_pos, i
       for (int64_t j = jlo; j < jhi; ++j) s[j] = softcap * std::tanh(s[j] * inv);
     }
     const float m_old = sc.m[r];
-    const float m_new = std::max(m_old, *std::max_element(s + jlo, s + jhi));
-    const __m256 mv = _mm256_set1_ps(m_new);
-    for (int64_t j = 0; j < KT; j += 8)
-      _mm256_storeu_ps(s + j, pagode_simd::exp256(_mm256_sub_ps(_mm256_loadu_ps(s + j), mv)));
-    std::fill(s, s + jlo, 0.f);
-    std::fill(s + jhi, s + KT, 0.f);
-    float sum = 0.f;
-    for (int64_t j = jlo; j < jhi; ++j) sum += s[j];
+    float m_new, sum;
+    if (jlo == 0 && jhi == KT) {  // the row sees the whole tile: all in vectors
+      V mx = W::load(s);
+      for (int64_t j = N; j < KT; j += N) mx = W::max(mx, W::load(s + j));
+      m_new = std::max(m_old, W::hmax(mx));
+      const V mv = W::set1(m_new);
+      V total = W::zero();
+      for (int64_t j = 0; j < KT; j += N) {
+        const V e = W::exp(W::sub(W::load(s + j), mv));
+        W::store(s + j, e);
+        total = W::add(total, e);
+      }
+      sum = W::hsum(total);
+    } else {
+      m_new = std::max(m_old, *std::max_element(s + jlo, s + jhi));
+      const V mv = W::set1(m_new);
+      for (int64_t j = 0; j < KT; j += N) W::store(s + j, W::exp(W::sub(W::load(s + j), mv)));
+      std::fill(s, s + jlo, 0.f);
+      std::fill(s + jhi, s + KT, 0.f);
+      sum = 0.f;
+      for (int64_t j = jlo; j < jhi; ++j) sum += s[j];
+    }
     const float alpha = std::exp(m_old - m_new);  // 0 on the row's first visible tile
     sc.l[r] = sc.l[r] * alpha + sum;
     sc.m[r] = m_new;
     if (alpha != 1.f) {
       float* acc = sc.acc.data() + r * D;
-      const __m256 av = _mm256_set1_ps(alpha);
-      for (int64_t d = 0; d < D; d += 8) _mm256_storeu_ps(acc + d, _mm256_mul_ps(_mm256_loadu_ps(acc + d), av));
+      const V av = W::set1(alpha);
+      for (int64_t d = 0; d < D; d += N) W::store(acc + d, W::mul(W::load(acc + d), av));
     }
   }
 }
@@ -415,7 +472,7 @@ void run_task(const Args<T>& a, const Task& t, Scratch& sc) {
     for (int64_t j = 0; j < kc; ++j) rows[j] = cache_row(a.k, table, j0 + j, a.BS, row, kv);
     Body::pack_k(sc, rows, kc, D);
     Body::scores(sc, qrow, n_rows, D, a.scale);
-    online_softmax<KT>(sc, n_rows, G, first, j0, kc, a.window, a.softcap, D);
+    online_softmax<typename Body::Width, KT>(sc, n_rows, G, first, j0, kc, a.window, a.softcap, D);
     for (int64_t j = 0; j < kc; ++j) rows[j] = cache_row(a.v, table, j0 + j, a.BS, row, kv);
     Body::pack_v(sc, rows, kc, D);
     Body::accumulate(sc, n_rows, D);

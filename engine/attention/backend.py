@@ -58,6 +58,11 @@ class AttentionBackend(ABC):
         self.write_kv(k, v.view(-1, kv_heads, head_dim).contiguous(), kv_cache, slot_mapping)
         return q
 
+    def prepare(self, num_heads: int, dtype: torch.dtype, kv_cache: torch.Tensor) -> None:
+        """Called once at load with the model's query heads, its activations' dtype and a layer's
+        cache: a backend that
+        chooses among its paths by measurement does so here. Nothing by default."""
+
     def supports_fused_cpu_step(self, kv_cache: torch.Tensor) -> bool:
         """Whether the fused C++ decode step (engine/model/decode_step.py) may stand in for
         this backend on this cache: it attends with the same C++ kernel, so the numbers stay

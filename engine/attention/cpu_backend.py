@@ -5,8 +5,10 @@ Decodes go to a C++ kernel that reads K/V in place through the block tables, and
 the K/V cache write are one C++ pass (cpu_kernels/paged_attention.py); where they are not
 built (no compiler, PAGODE_CPU_KERNEL=0, a CPU below AVX2) or do not apply (CUDA, fp32
 queries only), the pure-torch paths of SdpaAttentionBackend run. Prefill and extend chunks
-attend without an explicit mask (maskless_prefill.py) on the CPU, except windowed or
-soft-capped ones, which take the sdpa backend's masked path.
+go to the fused C++ prefill kernel (cpu_kernels/prefill_attention.py) or attend without an
+explicit mask through torch's flash kernel (maskless_prefill.py), whichever won the race at
+load for the model's attention shape (prefill_choice.py); windowed or soft-capped chunks take
+the kernel, or without it the sdpa backend's masked path.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from engine import native
-from engine.attention import maskless_prefill
+from engine.attention import maskless_prefill, prefill_choice
 from engine.attention.metadata import AttentionMetadata
 from engine.attention.sdpa_backend import SdpaAttentionBackend
 
@@ -24,6 +26,28 @@ class CpuAttentionBackend(SdpaAttentionBackend):
 
     def __init__(self) -> None:
         self.kernel = native.paged_attention()  # None: pure torch throughout
+        self.prefill_kernel = native.prefill_attention()
+
+    def prepare(self, num_heads: int, dtype: torch.dtype, kv_cache: torch.Tensor) -> None:
+        """Race the prefill paths for the model's shape now, at load, not at the first request."""
+        query = torch.empty(0, num_heads, kv_cache.shape[-1], dtype=dtype, device=kv_cache.device)
+        prefill_choice.use_kernel(self.prefill_kernel, query, kv_cache, False, self.prefill_maskless)
+
+    def prefill(self, query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,
+                scale: float, *, window: int | None = None, softcap: float | None = None) -> torch.Tensor:
+        masked = window is not None or softcap is not None
+        if not prefill_choice.use_kernel(self.prefill_kernel, query, kv_cache, masked, self.prefill_maskless):
+            return super().prefill(query, kv_cache, meta, scale, window=window, softcap=softcap)
+        assert self.prefill_kernel is not None
+        nd = meta.num_decodes
+        starts = meta.query_start_loc[nd:] - meta.query_start_loc[nd]
+        return self.prefill_kernel.prefill(query, kv_cache, meta.block_tables[nd:], starts, meta.seq_lens[nd:],
+                                           scale, window=window, softcap=softcap)
+
+    def prefill_maskless(self, query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,
+                         scale: float) -> torch.Tensor:
+        """The torch path of an unwindowed, uncapped prefill: gather, then maskless_prefill."""
+        return super().prefill(query, kv_cache, meta, scale)
 
     def decode(self, query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,
                scale: float, *, window: int | None = None, softcap: float | None = None) -> torch.Tensor:

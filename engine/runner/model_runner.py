@@ -51,6 +51,7 @@ class ModelRunner:
         self.num_blocks = num_blocks_for(config.kv_cache_bytes, model_config, self.block_size, self.kv_dtype)
         self.kv_caches = allocate_kv_cache(model_config, self.num_blocks, self.block_size,
                                            self.kv_dtype, self.device)
+        self.backend.prepare(model_config.num_attention_heads, self.dtype, self.kv_caches[0])
         self.graphs: CudaGraphRunner | None = None
         # Decode-only steps of a block-quantized model on the CPU: one C++ call for all layers,
         # which forward() calls instead of the model.

@@ -1,0 +1,103 @@
+"""Which path a CPU prefill/extend chunk takes: the fused C++ kernel
+(cpu_kernels/prefill_attention.py) or the maskless path (maskless_prefill.py), by a race.
+
+Why a race: the kernel reads the paged cache in place and shares each K/V row across a
+query group, while the maskless path gathers K/V and leans on torch's flash kernel, whose
+GEMMs may be the better ones on some CPU, head size or cache dtype. So at load, per
+attention shape (heads, KV heads, head size, cache dtype), both run one synthetic chunk of
+RACE_CHUNK queries after RACE_CONTEXT cached positions, on one thread, best of a few
+(engine/autotune.py), and the faster one takes every unwindowed, uncapped chunk of that
+shape. The result is kept per machine (engine/race_memory.py), so later starts read it back.
+
+Windowed or soft-capped chunks take the kernel wherever it is built: their alternative is
+not the maskless path but the masked one, which materialises the whole score matrix.
+
+PAGODE_PREFILL_KERNEL=kernel or =maskless skips the race and pins one path (tests,
+benchmarks); `maskless` also sends windowed and capped chunks back to the masked path.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import torch
+
+from cpu_kernels.prefill_attention import PrefillAttentionKernel
+from engine import autotune, envs, race_memory
+from engine.attention.metadata import AttentionMetadata
+
+log = logging.getLogger("pagode")
+
+RACE_CHUNK = 256  # queries of the raced chunk: half the CPU's default token budget
+RACE_CONTEXT = 256  # cached positions before it, so that both the causal and the cached part count
+RACE_REPS = 3
+
+MasklessPath = Callable[[torch.Tensor, torch.Tensor, AttentionMetadata, float], torch.Tensor]
+Shape = tuple[int, int, int, str]  # heads, KV heads, head size, cache dtype
+_winners: dict[Shape, str] = {}
+
+
+def use_kernel(kernel: PrefillAttentionKernel | None, query: torch.Tensor, kv_cache: torch.Tensor,
+               masked: bool, maskless: MasklessPath) -> bool:
+    """Whether this chunk goes to the kernel; `masked`: it has a window or a soft-cap;
+    `maskless`: the other path, raced against the kernel the first time a shape is seen."""
+    if kernel is None or not kernel.supports(query, kv_cache):
+        return False
+    pinned = envs.PREFILL_KERNEL.get()
+    if pinned != "auto":
+        return pinned == "kernel"
+    if masked:
+        return True
+    return winner(kernel, maskless, query.shape[1], kv_cache) == "kernel"
+
+
+def winner(kernel: PrefillAttentionKernel, maskless: MasklessPath, heads: int, kv_cache: torch.Tensor) -> str:
+    """'kernel' or 'maskless' for this shape: raced once per process, kept per machine."""
+    kv_heads, head_dim = kv_cache.shape[3:]
+    shape: Shape = (heads, kv_heads, head_dim, str(kv_cache.dtype).removeprefix("torch."))
+    if shape in _winners:
+        return _winners[shape]
+    key = ":".join(map(str, (*shape, RACE_CHUNK, RACE_CONTEXT)))
+    kept = race_memory.recall("prefill-attention", key)
+    if kept in ("kernel", "maskless"):
+        _winners[shape] = kept
+        log.info("prefill attention %s: %s (measured at an earlier start)", key, kept)
+        return str(kept)
+    name, times = race(kernel, maskless, heads, kv_cache.shape[2], kv_heads, head_dim, kv_cache.dtype)
+    _winners[shape] = name
+    race_memory.keep("prefill-attention", key, name)
+    log.info("prefill attention %s: %s (ms at a chunk of %d after %d: %s; kernel body: %s)", key, name,
+             RACE_CHUNK, RACE_CONTEXT, {k: round(v * 1e3, 2) for k, v in times.items()},
+             kernel.body(head_dim, kv_cache.dtype))
+    return name
+
+
+def race(kernel: PrefillAttentionKernel, maskless: MasklessPath, heads: int, block_size: int, kv_heads: int,
+         head_dim: int, dtype: torch.dtype) -> tuple[str, dict[str, float]]:
+    """Time both paths on one synthetic chunk in a cache of its own, on one thread."""
+    query, cache, meta = synthetic_chunk(heads, kv_heads, head_dim, block_size, dtype)
+    scale = head_dim ** -0.5
+    candidates = {
+        "kernel": lambda: kernel.prefill(query, cache, meta.block_tables, meta.query_start_loc, meta.seq_lens,
+                                         scale),
+        "maskless": lambda: maskless(query, cache, meta, scale),
+    }
+    return autotune.fastest(candidates, RACE_REPS)
+
+
+def synthetic_chunk(heads: int, kv_heads: int, head_dim: int, block_size: int,
+                    dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+    """One sequence: RACE_CHUNK new queries after RACE_CONTEXT cached positions, random K/V."""
+    total = RACE_CONTEXT + RACE_CHUNK
+    blocks = -(-total // block_size)
+    g = torch.Generator().manual_seed(0)
+    cache = torch.randn(2, blocks, block_size, kv_heads, head_dim, generator=g).to(dtype)
+    query = torch.randn(RACE_CHUNK, heads, head_dim, generator=g)
+    meta = AttentionMetadata(
+        slot_mapping=torch.zeros(RACE_CHUNK, dtype=torch.int64),
+        query_start_loc=torch.tensor([0, RACE_CHUNK], dtype=torch.int32),
+        seq_lens=torch.tensor([total], dtype=torch.int32),
+        block_tables=torch.arange(blocks, dtype=torch.int32)[None], num_decodes=0,
+        max_query_len=RACE_CHUNK, max_seq_len=total, query_start_loc_cpu=[0, RACE_CHUNK], seq_lens_cpu=[total])
+    return query, cache, meta
