@@ -1,0 +1,156 @@
+"""The fused prefill/extend kernel (cpu_kernels/prefill_attention.py) agrees with a float64
+torch reference over the gathered cache, under each ISA cap the machine allows; the cpu
+backend routes chunks to it or to the maskless path as raced or pinned, and the race result
+is kept for the next start."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from tests_support import cache_sharing_builds
+
+from cpu_kernels.prefill_attention import PrefillAttentionKernel
+from cuda_kernels.reference import paged_decode_attention_ref, paged_prefill_attention_ref
+from engine import autotune, envs, native, race_memory
+from engine.attention import prefill_choice
+from engine.attention.cpu_backend import CpuAttentionBackend
+from engine.attention.metadata import AttentionMetadata
+
+# Fresh prompts (context 0) and extends after a cached prefix, with chunk lengths that are
+# not multiples of any tile (1, 7, 37, 40), a chunk crossing many blocks, one 100 long.
+LENS, CHUNKS = [40, 23, 31, 100, 537], [40, 7, 1, 100, 37]
+# heads, KV heads, head size, block size: GQA 3 (SmolLM2), 1, 3 at 128, 8
+SHAPES = [(9, 3, 64, 16), (4, 4, 128, 32), (12, 4, 128, 16), (8, 1, 64, 16)]
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+SCALE = 0.125
+
+
+def kernel() -> PrefillAttentionKernel:
+    found = native.prefill_attention()
+    if found is None:
+        pytest.skip("no C++ compiler or a CPU below AVX2: the kernel is not built here")
+    return found
+
+
+def case(seed: int, lens: list[int], chunks: list[int], heads: int, kv_heads: int, head_dim: int,
+         block_size: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+    """Random queries packed by sequence, a cache of `dtype` in shuffled blocks."""
+    g = torch.Generator().manual_seed(seed)
+    max_blocks = max(-(-n // block_size) for n in lens)
+    num_blocks = len(lens) * max_blocks + 3
+    kv = torch.randn(2, num_blocks, block_size, kv_heads, head_dim, generator=g).to(dtype)
+    tables = torch.randperm(num_blocks, generator=g)[:len(lens) * max_blocks].view(len(lens), max_blocks)
+    starts = [0]
+    for n in chunks:
+        starts.append(starts[-1] + n)
+    q = torch.randn(starts[-1], heads, head_dim, generator=g)
+    meta = AttentionMetadata(
+        slot_mapping=torch.zeros(starts[-1], dtype=torch.long),
+        query_start_loc=torch.tensor(starts, dtype=torch.int32), seq_lens=torch.tensor(lens, dtype=torch.int32),
+        block_tables=tables.int(), num_decodes=0, max_query_len=max(chunks), max_seq_len=max(lens),
+        query_start_loc_cpu=starts, seq_lens_cpu=lens)
+    return q, kv, meta
+
+
+def expected_body(cap: str, dtype: torch.dtype) -> str:
+    if cap == "avx2":
+        return "avx2 fp32"
+    return "avx512 bf16 dot products" if dtype == torch.bfloat16 else "avx512 fp32"
+
+
+def reference(q: torch.Tensor, kv: torch.Tensor, meta: AttentionMetadata, body: str | None,
+              window: int | None = None, softcap: float | None = None) -> tuple[torch.Tensor, float]:
+    """float64 attention over the cache's own (rounded) values, and the tolerance of `body`.
+
+    The bf16 body rounds the queries and the probabilities to bf16 (K/V already are): it is
+    compared with queries rounded alike, to within the probabilities' rounding."""
+    bf16 = body == "avx512 bf16 dot products"
+    queries = (q.bfloat16() if bf16 else q).double()
+    out = paged_prefill_attention_ref(queries, kv.double(), meta.query_start_loc, meta.seq_lens,
+                                      meta.block_tables, SCALE, window=window, softcap=softcap)
+    return out.float(), (1e-2 if bf16 else 1e-5)
+
+
+@pytest.mark.usefixtures("isa_cap")
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_kernel_matches_float64_reference(shape: tuple[int, int, int, int], dtype: torch.dtype,
+                                          isa_cap: str) -> None:
+    k = kernel()
+    q, kv, meta = case(0, LENS, CHUNKS, *shape, dtype)
+    body = k.body(shape[2], dtype)
+    assert body == expected_body(isa_cap, dtype)
+    expected, tol = reference(q, kv, meta, body)
+    got = k.prefill(q, kv, meta.block_tables, meta.query_start_loc, meta.seq_lens, SCALE)
+    torch.testing.assert_close(got, expected, atol=tol, rtol=tol)
+
+
+@pytest.mark.usefixtures("isa_cap")
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape,window,softcap", [((9, 3, 64, 16), 50, None), ((4, 4, 128, 32), None, 5.0),
+                                                  ((9, 3, 64, 16), 17, 30.0)], ids=str)
+def test_window_and_softcap_match_reference(shape: tuple[int, int, int, int], window: int | None,
+                                            softcap: float | None, dtype: torch.dtype) -> None:
+    k = kernel()
+    q, kv, meta = case(1, LENS, CHUNKS, *shape, dtype)
+    expected, tol = reference(q, kv, meta, k.body(shape[2], dtype), window, softcap)
+    got = k.prefill(q, kv, meta.block_tables, meta.query_start_loc, meta.seq_lens, SCALE, window=window,
+                    softcap=softcap)
+    torch.testing.assert_close(got, expected, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("path", ["kernel", "maskless"])
+def test_the_backend_attends_decodes_and_chunks_by_either_path(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step packs decodes first, then chunks: the backend hands the kernel only the chunks."""
+    kernel()
+    monkeypatch.setenv("PAGODE_PREFILL_KERNEL", path)
+    lens, chunks = [17, 160, *LENS], [1, 1, *CHUNKS]
+    q, kv, meta = case(2, lens, chunks, 9, 3, 64, 16, torch.float32)
+    meta.num_decodes = 2
+    backend = CpuAttentionBackend()
+    assert prefill_choice.use_kernel(backend.prefill_kernel, q, kv, False, backend.prefill_maskless) == (
+        path == "kernel")
+    got = backend.attend(q, kv, meta, SCALE)
+    decodes = paged_decode_attention_ref(q[:2], kv, meta.block_tables[:2], meta.seq_lens[:2], SCALE)
+    prefills = paged_prefill_attention_ref(q, kv, meta.query_start_loc, meta.seq_lens, meta.block_tables, SCALE)
+    torch.testing.assert_close(got[:2], decodes, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got[2:], prefills[2:], atol=1e-5, rtol=1e-5)
+
+
+def test_the_race_runs_once_and_is_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    kernel()
+    monkeypatch.setenv("PAGODE_CACHE_DIR", str(cache_sharing_builds(tmp_path / "cache", envs.CACHE_DIR.get())))
+    monkeypatch.delenv("PAGODE_PREFILL_KERNEL", raising=False)
+    monkeypatch.delenv("PAGODE_RACE_CACHE", raising=False)
+    monkeypatch.setattr(race_memory, "_fresh", False)
+    monkeypatch.setattr(prefill_choice, "_winners", {})
+    raced: list[dict[str, float]] = []
+    fastest = autotune.fastest
+
+    def counted(*args: object, **kwargs: object) -> tuple[str, dict[str, float]]:
+        name, times = fastest(*args, **kwargs)  # type: ignore[arg-type]
+        raced.append(times)
+        return name, times
+
+    monkeypatch.setattr(autotune, "fastest", counted)
+    cache = torch.zeros(2, 8, 16, 3, 64, dtype=torch.float16)
+    backend = CpuAttentionBackend()
+    backend.prepare(9, torch.float32, cache)
+    assert len(raced) == 1 and set(raced[0]) == {"kernel", "maskless"}
+    won = min(raced[0], key=lambda name: raced[0][name])
+    key = f"9:3:64:float16:{prefill_choice.RACE_CHUNK}:{prefill_choice.RACE_CONTEXT}"
+    assert race_memory.recall("prefill-attention", key) == won
+    q = torch.empty(0, 9, 64)
+    assert prefill_choice.use_kernel(backend.prefill_kernel, q, cache, False, backend.prefill_maskless) == (
+        won == "kernel")
+    # windowed or capped chunks take the kernel whatever the race said; maskless pins them off it
+    assert prefill_choice.use_kernel(backend.prefill_kernel, q, cache, True, backend.prefill_maskless)
+    monkeypatch.setenv("PAGODE_PREFILL_KERNEL", "maskless")
+    assert not prefill_choice.use_kernel(backend.prefill_kernel, q, cache, True, backend.prefill_maskless)
+    monkeypatch.delenv("PAGODE_PREFILL_KERNEL")
+    monkeypatch.setattr(prefill_choice, "_winners", {})  # a later start: read back, not raced
+    CpuAttentionBackend().prepare(9, torch.float32, cache)
+    assert len(raced) == 1
+    assert prefill_choice._winners[(9, 3, 64, "float16")] == won
