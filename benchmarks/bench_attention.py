@@ -1,28 +1,51 @@
-"""The attention share of a CPU decode step (batch 64, contexts of 256 by default).
+"""CPU attention: the attention share of a decode step, and prefill/extend attention by path.
 
-    python -m benchmarks.bench_attention [--batch 64] [--context 256] [--reps 5] [--kv-cache-dtype fp32 fp16]
+    python -m benchmarks.bench_attention [--part both|decode|prefill] [--quick]
+        decode:  [--batch 64] [--context 256] [--reps 5] [--kv-cache-dtype fp32 fp16]
+        prefill: [--chunks 128 512 1024] [--contexts 0 512] [--prefill-kv fp32 fp16 bf16]
+                 [--heads 9 --kv-heads 3 --head-dim 64] [--out-dir docs/results/attention]
 
-It times whole decode steps of the real model (packing, forward, logits) and, inside
+Decode: it times whole decode steps of the real model (packing, forward, logits) and, inside
 them, the paged attention calls (the step profiler's forward hooks, engine/io/profiler.py),
 for each KV cache dtype: with the `cpu` attention backend (the CPU default: the C++
 kernels where they build), and for fp32 also with `sdpa` (pure torch, never C++: it
 gathers the batch's blocks).
+
+Prefill: one sequence's chunk of new tokens after `context` cached positions, attended by
+each path the cpu backend can take, on the engine's torch threads, best of a few: the fused
+C++ kernel (reads the paged cache in place), the maskless path (gathers K/V, torch's flash
+kernel per query tile) and the sdpa backend (gathers K/V, one SDPA call with a causal mask).
+Every ratio is of two timings of the same run. The table (markdown), the JSON and a plot go
+to --out-dir; --quick (a smoke run: small sizes, one rep) writes under results/ instead.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import torch
 
 from benchmarks.decode_probe import forward_seconds, held_decode_batch
+from engine import autotune, native
+from engine.attention import prefill_choice
+from engine.attention.cpu_backend import CpuAttentionBackend
+from engine.attention.sdpa_backend import SdpaAttentionBackend
 from engine.io.profiler import StepProfiler
 from engine.llm import LLM
+from engine.runner.kv_cache import kv_cache_dtype
 
 BACKENDS = {"cpu": "cpu backend (C++ kernels where they build)",
             "sdpa": "sdpa backend (pure torch, gathers blocks)"}
+PREFILL_PATHS = {"kernel": "fused C++ kernel (paged, in place)",
+                 "maskless": "maskless (gathered K/V, torch flash per tile)",
+                 "sdpa": "sdpa (gathered K/V, one call with a causal mask)"}
 
 
+# ---- decode ----------------------------------------------------------------------
 def measure(llm: LLM, batch: int, context: int, reps: int) -> tuple[float, float]:
     """(seconds per decode step, attention share of it)."""
     runner = llm.engine.runner
@@ -41,13 +64,7 @@ def backends_for(kv: str) -> list[str]:
     return ["cpu", "sdpa"] if kv == "fp32" else ["cpu"]
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--context", type=int, default=256)
-    ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--kv-cache-dtype", nargs="+", default=["fp32", "fp16"])
-    args = ap.parse_args(argv)
+def run_decode(args: argparse.Namespace) -> None:
     print(f"decode step, batch {args.batch}, context {args.context}, torch threads {torch.get_num_threads()}")
     for kv in args.kv_cache_dtype:
         for backend in backends_for(kv):
@@ -56,6 +73,127 @@ def main(argv: list[str] | None = None) -> None:
             print(f"  KV {kv:4s} {BACKENDS[backend]:44s} step {step * 1000:7.1f} ms  {args.batch / step:6.1f} tok/s  "
                   f"attention {share:5.1%} of the step", flush=True)
             del llm
+
+
+# ---- prefill ---------------------------------------------------------------------
+def prefill_paths(heads: int, kv_heads: int, head_dim: int, kv: str, chunk: int,
+                  context: int) -> dict[str, Callable[[], torch.Tensor]]:
+    """Each path the cpu backend can take for this chunk, as a call on the same inputs."""
+    query, cache, meta = prefill_choice.synthetic_chunk(heads, kv_heads, head_dim, 16, kv_cache_dtype(kv),
+                                                        chunk=chunk, context=context)
+    scale = head_dim ** -0.5
+    cpu, sdpa = CpuAttentionBackend(), SdpaAttentionBackend()
+    paths: dict[str, Callable[[], torch.Tensor]] = {
+        "maskless": lambda: cpu.prefill_maskless(query, cache, meta, scale),
+        "sdpa": lambda: sdpa.prefill(query, cache, meta, scale),
+    }
+    kernel = cpu.prefill_kernel
+    if kernel is not None and kernel.supports(query, cache):
+        paths["kernel"] = lambda: kernel.prefill(query, cache, meta.block_tables, meta.query_start_loc,
+                                                 meta.seq_lens, scale)
+    return paths
+
+
+def run_prefill(args: argparse.Namespace) -> list[dict[str, Any]]:
+    kernel = native.prefill_attention()
+    print(f"prefill attention, {args.heads} heads / {args.kv_heads} KV heads x {args.head_dim}, "
+          f"torch threads {torch.get_num_threads()}, kernels for {native.cpu_target().target}")
+    rows = []
+    for kv in args.prefill_kv:
+        for context in args.contexts:
+            for chunk in args.chunks:
+                paths = prefill_paths(args.heads, args.kv_heads, args.head_dim, kv, chunk, context)
+                with autotune.racing(None):
+                    ms = {name: autotune.best_time(fn, args.prefill_reps) * 1e3 for name, fn in paths.items()}
+                body = None if kernel is None else kernel.body(args.head_dim, kv_cache_dtype(kv))
+                row = {"kv": kv, "chunk": chunk, "context": context, "ms": ms, "kernel_body": body}
+                rows.append(row)
+                print("  " + describe(row), flush=True)
+    return rows
+
+
+def describe(row: dict[str, Any]) -> str:
+    ms = row["ms"]
+    text = f"KV {row['kv']:4s} chunk {row['chunk']:5d} after {row['context']:4d}: " + "  ".join(
+        f"{name} {ms[name]:8.2f} ms" for name in PREFILL_PATHS if name in ms)
+    if "kernel" in ms:
+        text += (f"  | maskless/kernel x{ms['maskless'] / ms['kernel']:.2f}"
+                 f"  sdpa/kernel x{ms['sdpa'] / ms['kernel']:.2f}")
+    return text
+
+
+def table(rows: list[dict[str, Any]], header: str) -> str:
+    lines = [header, "", "| KV | chunk | context | " + " | ".join(f"{n} ms" for n in PREFILL_PATHS)
+             + " | maskless / kernel | sdpa / kernel | kernel body |", "|---|---:|---:|" + "---:|" * 5 + "---|"]
+    for r in rows:
+        ms = r["ms"]
+        cells = [f"{ms[n]:.2f}" if n in ms else "–" for n in PREFILL_PATHS]
+        ratios = [f"×{ms[n] / ms['kernel']:.2f}" if "kernel" in ms else "–" for n in ("maskless", "sdpa")]
+        lines.append(f"| {r['kv']} | {r['chunk']} | {r['context']} | " + " | ".join(cells + ratios)
+                     + f" | {r['kernel_body'] or 'not built'} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    """ms against chunk length, one panel per KV dtype, one line per path and context."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    kvs = list(dict.fromkeys(r["kv"] for r in rows))
+    fig, axes = plt.subplots(1, len(kvs), figsize=(5 * len(kvs), 4), squeeze=False)
+    for ax, kv in zip(axes[0], kvs, strict=True):
+        for context, style in zip(sorted({r["context"] for r in rows}), ("-", "--", ":", "-."), strict=False):
+            mine = [r for r in rows if r["kv"] == kv and r["context"] == context]
+            for name in PREFILL_PATHS:
+                points = [(r["chunk"], r["ms"][name]) for r in mine if name in r["ms"]]
+                if points:
+                    ax.plot(*zip(*points, strict=True), style, marker="o", label=f"{name}, context {context}")
+        ax.set(title=f"KV {kv}", xlabel="chunk (tokens)", ylabel="ms", xscale="log", yscale="log")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def write_prefill(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
+    out: Path = args.out_dir or (Path("results/attention-quick") if args.quick else Path("docs/results/attention"))
+    out.mkdir(parents=True, exist_ok=True)
+    target = native.cpu_target()
+    header = (f"Prefill attention on {target.describe()}, torch threads {torch.get_num_threads()}, "
+              f"{args.heads} heads / {args.kv_heads} KV heads x {args.head_dim}; best of {args.prefill_reps}.")
+    report = {"cpu": target.describe(), "threads": torch.get_num_threads(), "quick": args.quick,
+              "shape": [args.heads, args.kv_heads, args.head_dim], "rows": rows}
+    (out / "prefill.json").write_text(json.dumps(report, indent=2) + "\n")
+    (out / "prefill.md").write_text(table(rows, header))
+    plot(rows, out / "prefill.png")
+    print(f"wrote {out / 'prefill.md'}, prefill.json and prefill.png")
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--part", choices=("both", "decode", "prefill"), default="both")
+    ap.add_argument("--quick", action="store_true", help="a smoke run: small sizes, one rep, out under results/")
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--context", type=int, default=256)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--kv-cache-dtype", nargs="+", default=["fp32", "fp16"])
+    ap.add_argument("--chunks", type=int, nargs="+", default=[128, 512, 1024])
+    ap.add_argument("--contexts", type=int, nargs="+", default=[0, 512])
+    ap.add_argument("--prefill-kv", nargs="+", default=["fp32", "fp16", "bf16"])
+    ap.add_argument("--prefill-reps", type=int, default=5)
+    ap.add_argument("--heads", type=int, default=9)  # SmolLM2-135M's attention
+    ap.add_argument("--kv-heads", type=int, default=3)
+    ap.add_argument("--head-dim", type=int, default=64)
+    ap.add_argument("--out-dir", type=Path, default=None)
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.batch, args.context, args.reps, args.kv_cache_dtype = 8, 64, 1, ["fp16"]
+        args.chunks, args.prefill_reps = [128], 1
+    if args.part in ("both", "prefill"):
+        write_prefill(run_prefill(args), args)
+    if args.part in ("both", "decode"):
+        run_decode(args)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import torch
 from reference import assert_greedy_match, reference_greedy
 from tests_support import PROMPTS, SHARED_PREFIX
 
-from engine import LLM, SamplingParams
+from engine import LLM, SamplingParams, native
 
 MAX_TOKENS = 40
 
@@ -66,3 +66,19 @@ def test_prefix_cache_hits(llm_paged: LLM, hf_reference: torch.nn.Module, refere
     _check(llm_paged, hf_reference, references, prompts[:1])
     _check(llm_paged, hf_reference, references, prompts[1:])
     assert llm_paged.engine.stats().prefix_cache_hits_total - before >= 16 * 4
+
+
+def test_fused_prefill_kernel(hf_reference: torch.nn.Module, references: dict,
+                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fused C++ prefill kernel forced on, over chunks that extend cached positions and
+    a prompt that extends a prefix-cache hit, on unquantized weights."""
+    if native.prefill_attention() is None:
+        pytest.skip("the fused prefill kernel is not built here")
+    monkeypatch.setenv("PAGODE_PREFILL_KERNEL", "kernel")
+    llm = LLM(kv_cache_memory="64MiB", max_model_len=512, max_num_batched_tokens=24, kv_cache_dtype="fp32",
+              quantization="none")
+    _check(llm, hf_reference, references, PROMPTS)
+    shared = [SHARED_PREFIX + tail for tail in ("Summarize it.", "Translate it.")]
+    _check(llm, hf_reference, references, shared[:1])
+    _check(llm, hf_reference, references, shared[1:])
+    assert llm.engine.stats().prefix_cache_hits_total >= 16 * 4

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests_support import cache_sharing_builds
+from tests_support import SHARED_PREFIX, cache_sharing_builds
 
 from cpu_kernels.prefill_attention import PrefillAttentionKernel
 from cuda_kernels.reference import paged_decode_attention_ref, paged_prefill_attention_ref
-from engine import autotune, envs, native, race_memory
+from engine import LLM, SamplingParams, autotune, envs, native, race_memory
 from engine.attention import prefill_choice
 from engine.attention.cpu_backend import CpuAttentionBackend
 from engine.attention.metadata import AttentionMetadata
@@ -154,3 +154,32 @@ def test_the_race_runs_once_and_is_kept(tmp_path: Path, monkeypatch: pytest.Monk
     CpuAttentionBackend().prepare(9, torch.float32, cache)
     assert len(raced) == 1
     assert prefill_choice._winners[(9, 3, 64, "float16")] == won
+
+
+@pytest.mark.slow
+def test_the_default_model_prefills_alike_on_either_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default model with the fp16 cache (the CPU default), a prompt read
+    in chunks that extend cached positions: the kernel and the maskless path give the same
+    prompt logprobs to within float rounding, and the same greedy tokens."""
+    kernel()
+    calls: list[int] = []
+    run = PrefillAttentionKernel.prefill
+
+    def counted(self: PrefillAttentionKernel, *args: object, **kwargs: object) -> torch.Tensor:
+        calls.append(1)
+        return run(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(PrefillAttentionKernel, "prefill", counted)
+    llm = LLM(kv_cache_memory="64MiB", max_model_len=512, max_num_batched_tokens=32)
+    params = SamplingParams(temperature=0, max_tokens=16, prompt_logprobs=0)
+    prompt = SHARED_PREFIX + "Summarize it."
+    seen = {}
+    for path in ("maskless", "kernel"):
+        monkeypatch.setenv("PAGODE_PREFILL_KERNEL", path)
+        calls.clear()
+        out = llm.generate(prompt, params)[0]
+        assert bool(calls) == (path == "kernel")
+        assert out.prompt_logprobs is not None and len(out.prompt_token_ids) > 2 * 32
+        seen[path] = (torch.tensor([lp.logprob for lp in out.prompt_logprobs[1:]]), out.token_ids)  # type: ignore[union-attr]
+    torch.testing.assert_close(seen["kernel"][0], seen["maskless"][0], atol=2e-3, rtol=0)
+    assert seen["kernel"][1] == seen["maskless"][1]

@@ -12,6 +12,7 @@ from tests_support import cache_sharing_builds
 from tiny_models import TinyZoo, one_torch_thread, prompts, tiny_spec
 
 from engine import autotune, envs, native, race_memory
+from engine.attention import prefill_choice
 from engine.llm import LLM
 from engine.model import decode_step
 from engine.quant import dispatch, gemm_choice
@@ -37,6 +38,7 @@ def forget_this_process(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(dispatch, "_cache", {})
     monkeypatch.setattr(gemm_choice, "_winners", {})
     monkeypatch.setattr(decode_step, "_limits", {})
+    monkeypatch.setattr(prefill_choice, "_winners", {})
     monkeypatch.setattr(race_memory, "_fresh", False)  # each engine sets it from its --warmup
 
 

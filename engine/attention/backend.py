@@ -60,8 +60,9 @@ class AttentionBackend(ABC):
 
     def prepare(self, num_heads: int, dtype: torch.dtype, kv_cache: torch.Tensor) -> None:
         """Called once at load with the model's query heads, its activations' dtype and a layer's
-        cache: a backend that
-        chooses among its paths by measurement does so here. Nothing by default."""
+        cache: a backend that chooses among its paths by measurement does so here. Nothing by
+        default."""
+        return None
 
     def supports_fused_cpu_step(self, kv_cache: torch.Tensor) -> bool:
         """Whether the fused C++ decode step (engine/model/decode_step.py) may stand in for

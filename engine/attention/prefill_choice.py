@@ -86,18 +86,20 @@ def race(kernel: PrefillAttentionKernel, maskless: MasklessPath, heads: int, blo
     return autotune.fastest(candidates, RACE_REPS)
 
 
-def synthetic_chunk(heads: int, kv_heads: int, head_dim: int, block_size: int,
-                    dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
-    """One sequence: RACE_CHUNK new queries after RACE_CONTEXT cached positions, random K/V."""
-    total = RACE_CONTEXT + RACE_CHUNK
+def synthetic_chunk(heads: int, kv_heads: int, head_dim: int, block_size: int, dtype: torch.dtype,
+                    chunk: int = RACE_CHUNK, context: int = RACE_CONTEXT,
+                    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+    """One sequence: `chunk` new queries after `context` cached positions, random K/V in a
+    cache of its own (also benchmarks/bench_attention.py's case)."""
+    total = context + chunk
     blocks = -(-total // block_size)
     g = torch.Generator().manual_seed(0)
     cache = torch.randn(2, blocks, block_size, kv_heads, head_dim, generator=g).to(dtype)
-    query = torch.randn(RACE_CHUNK, heads, head_dim, generator=g)
+    query = torch.randn(chunk, heads, head_dim, generator=g)
     meta = AttentionMetadata(
-        slot_mapping=torch.zeros(RACE_CHUNK, dtype=torch.int64),
-        query_start_loc=torch.tensor([0, RACE_CHUNK], dtype=torch.int32),
+        slot_mapping=torch.zeros(chunk, dtype=torch.int64),
+        query_start_loc=torch.tensor([0, chunk], dtype=torch.int32),
         seq_lens=torch.tensor([total], dtype=torch.int32),
         block_tables=torch.arange(blocks, dtype=torch.int32)[None], num_decodes=0,
-        max_query_len=RACE_CHUNK, max_seq_len=total, query_start_loc_cpu=[0, RACE_CHUNK], seq_lens_cpu=[total])
+        max_query_len=chunk, max_seq_len=total, query_start_loc_cpu=[0, chunk], seq_lens_cpu=[total])
     return query, cache, meta
