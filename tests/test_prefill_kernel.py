@@ -158,9 +158,10 @@ def test_the_race_runs_once_and_is_kept(tmp_path: Path, monkeypatch: pytest.Monk
 
 @pytest.mark.slow
 def test_the_default_model_prefills_alike_on_either_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The default model with the fp16 cache (the CPU default), a prompt read
-    in chunks that extend cached positions: the kernel and the maskless path give the same
-    prompt logprobs to within float rounding, and the same greedy tokens."""
+    """The default model with the fp16 cache (the CPU default), a prompt read in chunks that
+    extend cached positions: the kernel and the maskless path give the same greedy tokens and
+    prompt logprobs within the fp16 cache's rounding (the two paths' last-bit differences
+    can round a later layer's K/V to a neighbouring fp16 value)."""
     kernel()
     calls: list[int] = []
     run = PrefillAttentionKernel.prefill
@@ -181,5 +182,5 @@ def test_the_default_model_prefills_alike_on_either_path(monkeypatch: pytest.Mon
         assert bool(calls) == (path == "kernel")
         assert out.prompt_logprobs is not None and len(out.prompt_token_ids) > 2 * 32
         seen[path] = (torch.tensor([lp.logprob for lp in out.prompt_logprobs[1:]]), out.token_ids)  # type: ignore[union-attr]
-    torch.testing.assert_close(seen["kernel"][0], seen["maskless"][0], atol=2e-3, rtol=0)
+    torch.testing.assert_close(seen["kernel"][0], seen["maskless"][0], atol=1e-2, rtol=0)
     assert seen["kernel"][1] == seen["maskless"][1]
