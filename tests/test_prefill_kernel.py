@@ -101,6 +101,17 @@ def test_window_and_softcap_match_reference(shape: tuple[int, int, int, int], wi
     torch.testing.assert_close(got, expected, atol=tol, rtol=tol)
 
 
+@pytest.mark.usefixtures("isa_cap")
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_a_lone_chunk_on_few_tasks_matches_reference(dtype: torch.dtype) -> None:
+    """Too few tasks for the threads: the kernel cuts the chunk into its smaller query tiles."""
+    k = kernel()
+    q, kv, meta = case(3, [80], [50], 8, 1, 64, 16, dtype)
+    expected, tol = reference(q, kv, meta, k.body(64, dtype))
+    got = k.prefill(q, kv, meta.block_tables, meta.query_start_loc, meta.seq_lens, SCALE)
+    torch.testing.assert_close(got, expected, atol=tol, rtol=tol)
+
+
 @pytest.mark.parametrize("path", ["kernel", "maskless"])
 def test_the_backend_attends_decodes_and_chunks_by_either_path(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A step packs decodes first, then chunks: the backend hands the kernel only the chunks."""

@@ -49,7 +49,9 @@ namespace {
 using pagode::BF16;
 using pagode::F16;
 
-constexpr int64_t QUERY_TILE = 16;  // queries per task; each brings its group's G query heads
+// Queries per task (each brings its group's G query heads): the larger tile shares each
+// converted K/V tile among more rows; the smaller one keeps enough tasks for every thread.
+constexpr int64_t QUERY_TILE = 32, SMALL_QUERY_TILE = 16;
 
 enum Body : int { NONE = 0, AVX2_F32 = 1, AVX512_F32 = 2, AVX512_BF16 = 3 };
 
@@ -488,12 +490,12 @@ void run_task(const Args<T>& a, const Task& t, Scratch& sc) {
 // Every (sequence, KV head, query tile), the costliest first so that the dynamic schedule
 // ends with the short ones.
 template <typename T>
-std::vector<Task> tasks_of(const Args<T>& a) {
+std::vector<Task> tasks_of(const Args<T>& a, int64_t tile) {
   std::vector<Task> tasks;
   for (int64_t s = 0; s < a.S; ++s) {
     const int64_t n = a.q_starts[s + 1] - a.q_starts[s], ctx = a.seq_lens[s] - n;
-    for (int64_t i0 = 0; i0 < n; i0 += QUERY_TILE) {
-      const int64_t i1 = std::min(n, i0 + QUERY_TILE), last = ctx + i1;
+    for (int64_t i0 = 0; i0 < n; i0 += tile) {
+      const int64_t i1 = std::min(n, i0 + tile), last = ctx + i1;
       const int64_t first = a.window > 0 ? std::max<int64_t>(0, ctx + i0 - a.window + 1) : 0;
       for (int64_t h = 0; h < a.KVH; ++h) tasks.push_back({s, h, i0, i1, last - first});
     }
@@ -504,7 +506,8 @@ std::vector<Task> tasks_of(const Args<T>& a) {
 
 template <class Body, typename T>
 void run(const Args<T>& a, int num_threads) {
-  const std::vector<Task> tasks = tasks_of(a);
+  std::vector<Task> tasks = tasks_of(a, QUERY_TILE);
+  if (static_cast<int64_t>(tasks.size()) < 4 * num_threads) tasks = tasks_of(a, SMALL_QUERY_TILE);
   const int64_t count = static_cast<int64_t>(tasks.size());
 #pragma omp parallel num_threads(num_threads)
   {
