@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 TORCH_SPEC ?= torch==2.13.0
 ARGS ?=
 
-.PHONY: install serve test lint bench-engine bench-structured bench-attention bench-serve profile-steps bench-kernels experiment crosscheck plan-check clean bench-quant bench-fused-ops test-docker bench-vs-vllm bench-spec
+.PHONY: install serve test lint bench-engine bench-structured bench-attention bench-serve profile-steps bench-kernels experiment crosscheck plan-check clean bench-quant bench-fused-ops test-docker bench-vs-peers bench-spec bench-sweep
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +51,10 @@ bench-serve: $(STAMP)
 bench-spec: $(STAMP)
 	$(PY) -m benchmarks.bench_spec $(ARGS)
 
+# Decode tok/s over batch x context, and the serving request set offline beside it (docs/speed.md).
+bench-sweep: $(STAMP)
+	$(PY) -m benchmarks.bench_sweep $(ARGS)
+
 profile-steps: $(STAMP)
 	$(PY) -m benchmarks.profile_steps $(ARGS)
 
@@ -81,8 +85,8 @@ $(VLLM_VENV)/.installed:
 	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec || true
 	touch $@
 
-bench-vs-vllm: $(STAMP) $(VLLM_VENV)/.installed
-	$(PY) -m benchmarks.bench_vs_vllm --vllm-bin $(VLLM_VENV)/bin/vllm $(ARGS)
+bench-vs-peers: $(STAMP) $(VLLM_VENV)/.installed
+	$(PY) -m benchmarks.bench_vs_peers --vllm-bin $(VLLM_VENV)/bin/vllm $(ARGS)
 
 plan-check: $(STAMP)
 	$(PY) -m benchmarks.plan_check $(ARGS)
