@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 TORCH_SPEC ?= torch==2.13.0
 ARGS ?=
 
-.PHONY: install serve test lint bench-engine bench-structured bench-attention bench-serve profile-steps bench-kernels experiment crosscheck plan-check clean bench-quant bench-fused-ops test-docker bench-vs-peers bench-spec bench-sweep
+.PHONY: install serve test lint bench-engine bench-structured bench-attention bench-serve profile-steps bench-kernels experiment crosscheck plan-check clean bench-quant bench-fused-ops test-docker bench-vs-peers bench-spec bench-sweep experiment-cache
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -63,6 +63,10 @@ bench-kernels: $(STAMP)
 
 experiment: $(STAMP)
 	$(PY) -m benchmarks.experiment $(ARGS)
+
+# The article's second experiment: 256 MiB and 1 GiB caches, fp16 and int8 KV, at overload.
+experiment-cache: $(STAMP)
+	$(PY) -m benchmarks.cache_experiment $(ARGS)
 
 # guidellm in its own venv (CPU torch first, so pip never pulls a CUDA build); not a pagode dependency.
 CROSSCHECK_VENV := .venv-crosscheck
