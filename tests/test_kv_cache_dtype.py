@@ -112,6 +112,7 @@ def test_fp16_cache_passes_the_quality_gate(llm16: LLM, fp32_reading: Reading) -
     assert_passes_gate(llm16, fp32_reading, "fp16")
 
 
+@pytest.mark.slow
 def test_int8_cache_passes_the_quality_gate(llm8: LLM, fp32_reading: Reading) -> None:
     cache = llm8.engine.runner.kv_caches[0]
     assert cache.dtype == torch.int8 and cache.shape[-1] == 64 + 4  # each row's values, then its scale
