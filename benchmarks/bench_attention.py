@@ -1,6 +1,6 @@
 """The attention share of a CPU decode step (batch 64, contexts of 256 by default).
 
-    python -m benchmarks.bench_attention [--batch 64] [--context 256] [--reps 5] [--kv-cache-dtype fp32 fp16]
+    python -m benchmarks.bench_attention [--batch 64] [--context 256] [--reps 5] [--kv-cache-dtype fp32 fp16 int8]
 
 It times whole decode steps of the real model (packing, forward, logits) and, inside
 them, the paged attention calls (the step profiler's forward hooks, engine/io/profiler.py),
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--context", type=int, default=256)
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--kv-cache-dtype", nargs="+", default=["fp32", "fp16"])
+    ap.add_argument("--kv-cache-dtype", nargs="+", default=["fp32", "fp16", "int8"])
     args = ap.parse_args(argv)
     print(f"decode step, batch {args.batch}, context {args.context}, torch threads {torch.get_num_threads()}")
     for kv in args.kv_cache_dtype:
