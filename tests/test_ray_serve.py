@@ -176,7 +176,7 @@ def replica_actor_names() -> list[str]:
 async def outcome(client: httpx.AsyncClient, i: int, stream: bool) -> str:
     """ok, or how the request failed: it must fail cleanly (a 5xx with an OpenAI error body,
     or an error event that ends a stream), never hang or break off silently."""
-    body = {"stream": stream, "max_tokens": 24, "temperature": 0,
+    body = {"stream": stream, "max_tokens": 48, "temperature": 0,
             "messages": [{"role": "user", "content": f"Count from {i} to {i + 20}, one number a line."}]}
     if not stream:
         response = await client.post("/v1/chat/completions", json=body)
@@ -210,19 +210,31 @@ async def test_replica_killed_mid_load(deployed: Deployed) -> None:
             async with gate:
                 return await outcome(client, i, stream=i % 2 == 0)
 
-        load = [asyncio.create_task(asyncio.wait_for(one(i), REQUEST_TIMEOUT_S)) for i in range(16)]
-        await asyncio.sleep(3.0)  # requests in flight on both replicas
+        load = [asyncio.create_task(asyncio.wait_for(one(i), REQUEST_TIMEOUT_S)) for i in range(24)]
+        await asyncio.sleep(1.5)  # requests in flight on both replicas
+        assert not all(task.done() for task in load), "the load ended before the kill"
         ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)
         killed_at = time.monotonic()
         outcomes = await asyncio.gather(*load)  # a hang fails here, with wait_for's TimeoutError
-        back_s = await asyncio.to_thread(wait_replicas, 2, REPLICA_START_S)
+        back_s = await asyncio.to_thread(wait_replaced, victim, REPLICA_START_S)
         after = await outcome(client, 99, stream=True)
     counts = {kind: outcomes.count(kind) for kind in sorted(set(outcomes))}
     print(f"\nreplica killed mid-load: {counts}; two replicas again {time.monotonic() - killed_at:.0f}s "
           f"after the kill ({back_s:.0f}s after the load ended)")
     assert "ok" in counts
-    assert victim not in replica_actor_names()
     assert after == "ok"
+
+
+def wait_replaced(victim: str, timeout: float) -> float:
+    """Seconds until two replicas run again, neither of them `victim`."""
+    start = time.monotonic()
+    while True:
+        names = replica_actor_names()
+        if victim not in names and len(names) == 2 and replica_count() == 2:
+            return time.monotonic() - start
+        if time.monotonic() - start > timeout:
+            raise TimeoutError(f"replicas {names} ({replica_count()} running) {timeout:.0f}s after the kill")
+        time.sleep(0.5)
 
 
 async def test_autoscaling_from_one_replica_to_two_and_back(deployed: Deployed) -> None:
