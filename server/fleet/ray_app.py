@@ -58,7 +58,6 @@ class FleetConfig:
     imbalanced_threshold: int = 8  # queue spread past which the least loaded replica wins
     routing_stats_period_s: float = 2.0  # how often replicas report their cached blocks
     replica_cpus: float = 1.0
-    block_size: int = 16  # the engine's KV block (engine/config.py)
 
     @classmethod
     def of(cls, args: dict[str, Any]) -> "FleetConfig":
@@ -191,13 +190,12 @@ class PagodeIngress:
     """Reads the body, computes the prompt's block keys, and relays the request to the
     replica the router picks; streams the answer back as the replica sends it."""
 
-    def __init__(self, replicas: DeploymentHandle, pagode_args: list[str], block_size: int,
-                 default_policy: str) -> None:
+    def __init__(self, replicas: DeploymentHandle, pagode_args: list[str], default_policy: str) -> None:
         from engine.model.loader import load_tokenizer, resolve_model
 
         args = parse_pagode_args(pagode_args)
         self.replicas = replicas
-        self.block_size = block_size
+        self.block_size = args.block_size  # the replicas' KV block, from the same flags
         self.default_policy = default_policy
         self.tokenizer = load_tokenizer(resolve_model(args.model))
         if args.chat_template:
@@ -268,4 +266,4 @@ def build_app(args: dict[str, Any]) -> serve.Application:
         request_router_config=config.router_config(),
         ray_actor_options={"num_cpus": config.replica_cpus},
     ).bind(config.pagode_args)
-    return cast(Any, PagodeIngress).bind(replicas, config.pagode_args, config.block_size, config.router)
+    return cast(Any, PagodeIngress).bind(replicas, config.pagode_args, config.router)
