@@ -4,6 +4,7 @@ tests/test_kv_events_server.py runs them in a real server."""
 
 from __future__ import annotations
 
+import json
 import random
 import time
 from pathlib import Path
@@ -26,6 +27,7 @@ from engine.sampling_params import SamplingParams
 from server.cli import build_parser
 
 BS = 16
+VECTORS = Path(__file__).parent / "data" / "vllm_block_hashes.json"  # scripts/vllm_block_hash_vectors.py
 
 
 # ---- the config ---------------------------------------------------------
@@ -74,6 +76,21 @@ def test_events_need_prefix_caching() -> None:
 
 
 # ---- vLLM's block hash ----------------------------------------------------
+@pytest.mark.parametrize("case", json.loads(VECTORS.read_text())["cases"])
+def test_block_hashes_equal_those_vllms_own_functions_computed(case: dict[str, object],
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """The file holds what vLLM's source computed (see its generated_by); the transcription the
+    server tests use as reference must agree with it too."""
+    if case["pythonhashseed"] is None:
+        monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    else:
+        monkeypatch.setenv("PYTHONHASHSEED", str(case["pythonhashseed"]))
+    tokens = case["token_ids"]
+    assert isinstance(tokens, list)
+    assert [external_hash(d) for d in hash_blocks(tokens, BS)] == case["hashes"]
+    assert vllm.request_block_hashes(tokens, BS) == case["hashes"]
+
+
 def test_block_hashes_equal_vllms_sha256_cbor(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("PYTHONHASHSEED", raising=False)
     rng = random.Random(7)

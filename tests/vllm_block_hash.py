@@ -1,9 +1,12 @@
-"""vLLM's block hash, transcribed as the tests' reference (no vLLM install is at hand here).
+"""vLLM's block hash, transcribed as the tests' reference for prompts only a server sees.
 
-From vllm-project/vllm main, `vllm/utils/hashing.py` (sha256_cbor) and
+No vLLM install is at hand to import (its package needs its GPU stack), so this transcribes
+from vllm-project/vllm (0.34.0), `vllm/utils/hashing.py` (sha256_cbor) and
 `vllm/v1/core/kv_cache_utils.py` (resolve_none_hash_seed, init_none_hash, hash_block_tokens,
 maybe_convert_block_hash), kept as close to the original text as a standalone module allows.
-engine/core/block_hashes.py is written separately; the tests hold the two equal.
+engine/core/block_hashes.py is written separately. tests/test_kv_events.py holds both to
+tests/data/vllm_block_hashes.json, which vLLM's own source computed
+(scripts/vllm_block_hash_vectors.py).
 """
 
 from __future__ import annotations
