@@ -257,3 +257,19 @@ def test_an_endpoint_in_use_is_a_startup_error(tmp_path: Path) -> None:
     finally:
         taken.close(linger=0)
         context.term()
+
+
+def test_a_full_queue_drops_batches_rather_than_wait(tmp_path: Path) -> None:
+    """The engine's side never waits for the publisher's thread: past max_queue_size a batch
+    is dropped and counted (vLLM's publisher would block the step instead)."""
+    config = parse_kv_events_config({"enable_kv_cache_events": True, "endpoint": f"ipc://{tmp_path}/full",
+                                     "max_queue_size": 1})
+    assert config is not None
+    publisher = ZmqEventPublisher(config)
+    try:
+        cleared = KVEventRecorder(BS, "CPU").types["AllBlocksCleared"]
+        for _ in range(2_000):
+            publisher.publish([cleared()])
+        assert publisher.dropped > 0
+    finally:
+        publisher.shutdown()

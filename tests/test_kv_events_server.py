@@ -101,6 +101,10 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     finally:
         sub.close(linger=0)
         context.term()
+    # The publisher's thread let the server stop on SIGTERM like any other.
+    assert server.proc.returncode == 0, server.log_tail()
+    assert f"KV events: publishing on {endpoint} (bound), replay {replay}" in server.log()
+    assert "Traceback" not in server.log(), server.log_tail()
 
 
 def test_stored_blocks_are_the_prompts_tokens_under_vllms_hashes(fleet: Fleet) -> None:
