@@ -122,7 +122,7 @@ def test_stored_blocks_are_the_prompts_tokens_under_vllms_hashes(fleet: Fleet) -
     assert [t for event in stored for t in event[3]] == first_ids[:first_full * BS]
     assert stored[0][2] is None  # the prompt's first block has no parent
     for event in stored:
-        assert event[4:8] == [BS, None, "CPU", None]  # block_size, lora_id, medium, lora_name
+        assert len(event) == 8 and event[4:] == [BS, None, "CPU", None]  # block_size, lora_id, medium, lora_name
         assert len(event[3]) == BS * len(event[1])
     assert [seq for _, seq, _ in fleet.frames] == list(range(len(fleet.frames)))
     assert all(topic == TOPIC.encode() for topic, _, _ in fleet.frames)
@@ -155,7 +155,7 @@ def test_evicted_blocks_are_removed_by_the_hashes_they_were_stored_under(fleet: 
     assert removed, "no eviction after 12 distinct prompts"
     stored_since = {h for e in tagged(events, "BlockStored") for h in e[1]}
     for event in removed:
-        assert event[0:3] == ["BlockRemoved", event[1], "CPU"] and len(event[1]) == 1
+        assert event == ["BlockRemoved", event[1], "CPU"] and len(event[1]) == 1
         assert event[1][0] in stored_before | stored_since
     assert {e[1][0] for e in removed} & stored_before, "the first test's blocks were the oldest"
 

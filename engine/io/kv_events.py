@@ -12,13 +12,14 @@ one batch:
 - BlockRemoved: one evicted block's hash, as vLLM sends one per eviction;
 - AllBlocksCleared: the prefix cache was reset.
 
-Two wire layouts: "array", msgspec's array_like structs tagged by class name
-(`["BlockStored", hashes, parent, token_ids, block_size, lora_id, medium, lora_name, extra_keys,
-group_idx, kv_cache_spec_kind, kv_cache_spec_sliding_window]`), whose first eight llm-d's
-decoder reads; "map", named fields with the tag under "type", as newer vLLM sends.
-Either way a batch is the array `[ts, [events], data_parallel_rank]`. As with vLLM's structs
-(omit_defaults), a map leaves out the fields at their defaults (extra_keys, group_idx, ...),
-while an array carries them all, as None: msgspec omits defaults from maps only.
+Two wire layouts:
+- "array" (the default): msgspec's array_like structs tagged by the class name, the layout
+  llm-d's decoder reads: `["BlockStored", hashes, parent, token_ids, block_size, lora_id,
+  medium, lora_name]`, `["BlockRemoved", hashes, medium]`, `["AllBlocksCleared"]`; exactly
+  as many elements as llm-d's structs have fields (see event_types);
+- "map": named fields with the tag under "type", as newer vLLM sends (vLLM's later fields
+  are there too, left out at their defaults, as its omit_defaults does).
+Either way a batch is the array `[ts, [events], data_parallel_rank]`.
 """
 
 from __future__ import annotations
@@ -35,18 +36,24 @@ DATA_PARALLEL_RANK = 0  # one engine per server
 
 
 def event_types(layout: str) -> dict[str, type[msgspec.Struct]]:
-    """vLLM's event classes in one wire layout, by their tag (the class name)."""
-    base = msgspec.defstruct("KVCacheEvent", [], array_like=layout == "array", omit_defaults=True,
-                             gc=False, tag=True)
+    """vLLM's event classes in one wire layout, by their tag (the class name).
+
+    The array layout stops at the fields llm-d's structs have: its msgpack library reads an
+    array into a struct only when both have the same number of fields, so vLLM's later
+    fields (extra_keys, group_idx, ...), which msgspec would write as nulls, would make every
+    event unreadable there. The map layout has them all, left out at their defaults."""
+    array = layout == "array"
+    later_stored = [] if array else [
+        ("extra_keys", "list[Any] | None", None), ("group_idx", "int | None", None),
+        ("kv_cache_spec_kind", "str | None", None), ("kv_cache_spec_sliding_window", "int | None", None)]
+    later_removed = [] if array else [("group_idx", "int | None", None)]
+    base = msgspec.defstruct("KVCacheEvent", [], array_like=array, omit_defaults=True, gc=False, tag=True)
     stored = msgspec.defstruct("BlockStored", [
         ("block_hashes", list[int]), ("parent_block_hash", "int | None"), ("token_ids", list[int]),
         ("block_size", int), ("lora_id", "int | None"), ("medium", "str | None"), ("lora_name", "str | None"),
-        ("extra_keys", "list[Any] | None", None), ("group_idx", "int | None", None),
-        ("kv_cache_spec_kind", "str | None", None), ("kv_cache_spec_sliding_window", "int | None", None),
-    ], bases=(base,))
+        *later_stored], bases=(base,))
     removed = msgspec.defstruct("BlockRemoved", [
-        ("block_hashes", list[int]), ("medium", "str | None"), ("group_idx", "int | None", None),
-    ], bases=(base,))
+        ("block_hashes", list[int]), ("medium", "str | None"), *later_removed], bases=(base,))
     cleared = msgspec.defstruct("AllBlocksCleared", [], bases=(base,))
     return {"BlockStored": stored, "BlockRemoved": removed, "AllBlocksCleared": cleared}
 
