@@ -8,6 +8,7 @@ from typing import Literal
 
 import torch
 
+from engine.io.kv_events_config import KVEventsConfig
 from engine.io.request_limits import RequestCaps
 from engine.spec.config import SpeculativeConfig
 
@@ -92,6 +93,7 @@ class EngineConfig:
     scheduling_policy: SchedulingPolicy = "fcfs"  # priority: waiting queue by (priority, arrival)
     fused_decode_limit: int | None = None  # None: measured at load; N pins the fused C++ step's limit
     speculative_config: SpeculativeConfig | None = None  # None: off (docs/speculative.md)
+    kv_events_config: KVEventsConfig | None = None  # None: no KV events (docs/deploy.md)
     warmup: bool = False  # race the kernels again rather than read an earlier start's results
     # Time decode steps at load and cap max_num_seqs where a bigger batch stops paying
     # (engine/core/batch_cap.py); pagode serve sets it when neither a flag nor a calibration sizes the batch.
@@ -121,6 +123,9 @@ class EngineConfig:
             raise ValueError("max_itl_ms must be positive")
         if self.fused_decode_limit is not None and self.fused_decode_limit < 0:
             raise ValueError("fused_decode_limit must be >= 0 (0 turns the fused step off)")
+        if self.kv_events_config is not None and self.kv_events_config.publishes and not self.enable_prefix_caching:
+            raise ValueError("kv events describe the prefix cache: they need prefix caching "
+                             "(drop --no-enable-prefix-caching)")
         if self.quantization not in QUANTIZATION_MODES:
             raise ValueError(f"quantization must be one of {QUANTIZATION_MODES}, not {self.quantization!r}")
 
