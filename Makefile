@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 TORCH_SPEC ?= torch==2.13.0
 ARGS ?=
 
-.PHONY: install serve test lint bench-engine bench-structured bench-attention bench-serve profile-steps bench-kernels experiment crosscheck plan-check clean bench-quant bench-fused-ops test-docker bench-vs-vllm bench-spec
+.PHONY: install serve test lint bench-engine bench-structured bench-attention bench-serve profile-steps bench-kernels experiment crosscheck plan-check clean bench-quant bench-fused-ops test-docker bench-vs-peers bench-spec bench-sweep experiment-cache
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,7 @@ serve: $(STAMP)
 test: $(STAMP)
 	bash scripts/install-deploy-tools.sh
 	bash scripts/install-browser.sh
+	bash scripts/install-go-msgpack.sh
 	$(PY) -m pytest -q -ra --durations=15 $(ARGS)
 
 # The image built and its compose stacks run for real (needs root for dockerd; see docs/docker.md).
@@ -51,6 +52,10 @@ bench-serve: $(STAMP)
 bench-spec: $(STAMP)
 	$(PY) -m benchmarks.bench_spec $(ARGS)
 
+# Decode tok/s over batch x context, and the serving request set offline beside it (docs/speed.md).
+bench-sweep: $(STAMP)
+	$(PY) -m benchmarks.bench_sweep $(ARGS)
+
 profile-steps: $(STAMP)
 	$(PY) -m benchmarks.profile_steps $(ARGS)
 
@@ -59,6 +64,10 @@ bench-kernels: $(STAMP)
 
 experiment: $(STAMP)
 	$(PY) -m benchmarks.experiment $(ARGS)
+
+# The article's second experiment: 256 MiB and 1 GiB caches, fp16 and int8 KV, at overload.
+experiment-cache: $(STAMP)
+	$(PY) -m benchmarks.cache_experiment $(ARGS)
 
 # guidellm in its own venv (CPU torch first, so pip never pulls a CUDA build); not a pagode dependency.
 CROSSCHECK_VENV := .venv-crosscheck
@@ -81,8 +90,8 @@ $(VLLM_VENV)/.installed:
 	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec || true
 	touch $@
 
-bench-vs-vllm: $(STAMP) $(VLLM_VENV)/.installed
-	$(PY) -m benchmarks.bench_vs_vllm --vllm-bin $(VLLM_VENV)/bin/vllm $(ARGS)
+bench-vs-peers: $(STAMP) $(VLLM_VENV)/.installed
+	$(PY) -m benchmarks.bench_vs_peers --vllm-bin $(VLLM_VENV)/bin/vllm $(ARGS)
 
 plan-check: $(STAMP)
 	$(PY) -m benchmarks.plan_check $(ARGS)

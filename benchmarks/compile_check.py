@@ -1,8 +1,8 @@
 """Compile every kernel for a GPU architecture without a GPU: catches what the
 interpreter cannot (tl.dot shape limits, types that only matter in compiled code).
 
-    python -m benchmarks.compile_check            # sm_90, fp16/bf16/fp32
-    python -m benchmarks.compile_check --quick    # one dtype, the test suite's check
+    python -m benchmarks.compile_check            # sm_90, fp16/bf16/fp32, and each over an int8 cache
+    python -m benchmarks.compile_check --quick    # one dtype (and an int8 cache), the test suite's check
 
 Needs triton's bundled ptxas, not a device. Must run without TRITON_INTERPRET.
 """
@@ -38,19 +38,22 @@ def compile_kernel(fn: Any, pointer_types: dict[str, str], constexprs: dict[str,
     return {"name": fn.__name__, "shared": kernel.metadata.shared, **constexprs}
 
 
-def kernel_specs(dt: str, group: int, head_dim: int, block_size: int) -> list[tuple]:
-    """(kernel, pointer types, constexprs) as the wrappers launch them for this shape."""
+def kernel_specs(dt: str, group: int, head_dim: int, block_size: int, cache_dt: str | None = None) -> list[tuple]:
+    """(kernel, pointer types, constexprs) as the wrappers launch them for this shape; the
+    cache in dt unless cache_dt names another (*i8: int8 rows with their scales)."""
     pad = triton.next_power_of_2(head_dim)
-    cache = {"k_cache_ptr": dt, "v_cache_ptr": dt, "block_tables_ptr": "*i32",
+    cache_dt = cache_dt or dt
+    quant = cache_dt == "*i8"
+    cache = {"k_cache_ptr": cache_dt, "v_cache_ptr": cache_dt, "block_tables_ptr": "*i32",
              "seq_lens_ptr": "*i32", "scale": "fp32"}
     decode = dict(GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)),
                   HEAD_DIM=head_dim, DIM_PAD=pad, BLOCK_SIZE=block_size,
-                  BLOCK_N=max(64, block_size), UPCAST=False)
+                  BLOCK_N=max(64, block_size), UPCAST=False, QUANT=quant)
     return [
-        (_reshape_and_cache_kernel, {"key_ptr": dt, "value_ptr": dt, "k_cache_ptr": dt,
-                                     "v_cache_ptr": dt, "slot_ptr": "*i64"},
+        (_reshape_and_cache_kernel, {"key_ptr": dt, "value_ptr": dt, "k_cache_ptr": cache_dt,
+                                     "v_cache_ptr": cache_dt, "slot_ptr": "*i64"},
          dict(NUM_KV_HEADS=8, HEAD_DIM=head_dim, HEADS_PAD=8, DIM_PAD=pad,
-              BLOCK_SIZE=block_size)),
+              BLOCK_SIZE=block_size, QUANT=quant)),
         (_decode_kernel, {"q_ptr": dt, "out_ptr": dt, "m_ptr": dt, "l_ptr": dt, **cache},
          dict(decode, NUM_SPLITS=1)),
         (_decode_kernel, {"q_ptr": dt, "out_ptr": "*fp32", "m_ptr": "*fp32", "l_ptr": "*fp32",
@@ -60,7 +63,7 @@ def kernel_specs(dt: str, group: int, head_dim: int, block_size: int) -> list[tu
          dict(HEAD_DIM=head_dim, DIM_PAD=pad, NUM_SPLITS=4, SPLITS_PAD=4)),
         (_prefill_kernel, {"q_ptr": dt, "out_ptr": dt, "cu_seqlens_ptr": "*i32", **cache},
          dict(GROUP=group, HEAD_DIM=head_dim, DIM_PAD=pad, BLOCK_SIZE=block_size, BLOCK_M=64,
-              BLOCK_N=max(32, block_size), UPCAST=False)),
+              BLOCK_N=max(32, block_size), UPCAST=False, QUANT=quant)),
     ]
 
 
@@ -74,10 +77,10 @@ def main(argv: list[str] | None = None) -> int:
     dtypes = ["*fp16"] if args.quick else ["*fp16", "*bf16", "*fp32"]
     shapes = [(4, 128, 16)] if args.quick else [(4, 128, 16), (9, 64, 32), (2, 16, 16)]
     for dt in dtypes:
-        for group, head_dim, block_size in shapes:
-            for fn, pointers, consts in kernel_specs(dt, group, head_dim, block_size):
+        for (group, head_dim, block_size), cache_dt in [*((s, None) for s in shapes), (shapes[0], "*i8")]:
+            for fn, pointers, consts in kernel_specs(dt, group, head_dim, block_size, cache_dt):
                 info = compile_kernel(fn, pointers, consts, target)
-                print(f"sm_{args.arch} {dt[1:]:>4} ok: {info}")
+                print(f"sm_{args.arch} {dt[1:]:>4} cache {(cache_dt or dt)[1:]:>4} ok: {info}")
     return 0
 
 

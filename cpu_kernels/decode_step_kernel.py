@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 _P, _I64 = ctypes.c_void_p, ctypes.c_int64
-CACHE_TYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+CACHE_TYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.int8: 3}
 KINDS = {"q4_1": 0, "q8_0": 1}
 # Per layer, in this order: input norm, post-attention norm, K cache, V cache, then for each
 # projection (PROJECTIONS order) its qs, scales, mins and bias pointers (0 where absent).

@@ -18,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
+from cuda_kernels.kv_rows import load_rows, quantized
 from cuda_kernels.launch import check_device, last_dim_contiguous, runs_interpreted
 
 # Finite "minus infinity" for running maxima: exp(M_INIT - M_INIT) = 1, never NaN.
@@ -62,7 +63,7 @@ def _decode_kernel(
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
     NUM_SPLITS: tl.constexpr, UPCAST: tl.constexpr, HAS_WINDOW: tl.constexpr,
-    HAS_SOFTCAP: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, QUANT: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
@@ -95,7 +96,7 @@ def _decode_kernel(
         block = tl.load(table + pos // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
         rows = block * stride_cb + (pos % BLOCK_SIZE) * stride_cs + kv_head * stride_ch
         kv_mask = valid[:, None] & (dims[None, :] < HEAD_DIM)
-        k = tl.load(k_cache_ptr + rows[:, None] + dims[None, :], mask=kv_mask, other=0.0)
+        k = load_rows(k_cache_ptr, rows, dims, kv_mask, valid, HEAD_DIM, QUANT)
         s = _mma(q, tl.trans(k.to(q.dtype)), UPCAST) * scale
         if HAS_SOFTCAP:
             s = _soft_cap(s, softcap)
@@ -104,7 +105,7 @@ def _decode_kernel(
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_cache_ptr + rows[:, None] + dims[None, :], mask=kv_mask, other=0.0)
+        v = load_rows(v_cache_ptr, rows, dims, kv_mask, valid, HEAD_DIM, QUANT)
         acc = acc * alpha[:, None] + _mma(p.to(q.dtype), v.to(q.dtype), UPCAST)
         m_i = m_new
 
@@ -165,7 +166,8 @@ def paged_decode_attention(query: torch.Tensor, kv_cache: torch.Tensor,
                            num_splits: int | None = None,
                            max_seq_len: int | None = None, window: int | None = None,
                            softcap: float | None = None) -> torch.Tensor:
-    """query [B, H, d] over kv_cache [2, nb, bs, kvh, d] -> [B, H, d].
+    """query [B, H, d] over kv_cache [2, nb, bs, kvh, d] -> [B, H, d] (an int8 cache is
+    [.., d + 4], each row's scale after its values: kv_rows.py).
 
     block_tables [B, max_blocks] int32, seq_lens [B] int32 (cached positions including
     the new token, already written). num_splits None picks one from max_seq_len
@@ -205,7 +207,7 @@ def paged_decode_attention(query: torch.Tensor, kv_cache: torch.Tensor,
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
         DIM_PAD=dim_pad, BLOCK_SIZE=block_size, BLOCK_N=max(64, block_size),
         NUM_SPLITS=num_splits, UPCAST=upcast_dots(query.dtype), num_warps=4,
-        **window_args(window, softcap),
+        **window_args(window, softcap), QUANT=quantized(kv_cache.dtype),
     )
     if num_splits > 1:
         _reduce_kernel[(batch, num_heads)](

@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from cuda_kernels.decode_attention import M_INIT, _mma, _soft_cap, upcast_dots, window_args
+from cuda_kernels.kv_rows import load_rows, quantized
 from cuda_kernels.launch import check_device, last_dim_contiguous
 
 
@@ -28,7 +29,7 @@ def _prefill_kernel(
     window, softcap,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    UPCAST: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+    UPCAST: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, QUANT: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
@@ -68,7 +69,7 @@ def _prefill_kernel(
         block = tl.load(table + pos // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
         rows = block * stride_cb + (pos % BLOCK_SIZE) * stride_cs + kv_head * stride_ch
         kv_mask = valid[:, None] & (dims[None, :] < HEAD_DIM)
-        k = tl.load(k_cache_ptr + rows[:, None] + dims[None, :], mask=kv_mask, other=0.0)
+        k = load_rows(k_cache_ptr, rows, dims, kv_mask, valid, HEAD_DIM, QUANT)
         s = _mma(q, tl.trans(k.to(q.dtype)), UPCAST) * scale
         if HAS_SOFTCAP:
             s = _soft_cap(s, softcap)
@@ -80,7 +81,7 @@ def _prefill_kernel(
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_cache_ptr + rows[:, None] + dims[None, :], mask=kv_mask, other=0.0)
+        v = load_rows(v_cache_ptr, rows, dims, kv_mask, valid, HEAD_DIM, QUANT)
         acc = acc * alpha[:, None] + _mma(p.to(q.dtype), v.to(q.dtype), UPCAST)
         m_i = m_new
 
@@ -120,6 +121,6 @@ def paged_prefill_attention(query: torch.Tensor, kv_cache: torch.Tensor,
         k_cache.stride(2), block_tables.stride(0), out.stride(0), out.stride(1),
         GROUP=group, HEAD_DIM=head_dim, DIM_PAD=triton.next_power_of_2(head_dim),
         BLOCK_SIZE=block_size, BLOCK_M=block_m, BLOCK_N=max(32, block_size),
-        UPCAST=upcast_dots(query.dtype), num_warps=4, **window_args(window, softcap),
+        UPCAST=upcast_dots(query.dtype), num_warps=4, **window_args(window, softcap), QUANT=quantized(kv_cache.dtype),
     )
     return out

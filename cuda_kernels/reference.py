@@ -24,12 +24,22 @@ def reshape_and_cache_ref(key: torch.Tensor, value: torch.Tensor, kv_cache: torc
 
 def gather_kv(kv_cache: torch.Tensor, block_table: torch.Tensor,
               length: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """K and V [length, kvh, d] of one sequence, read position by position."""
+    """K and V [length, kvh, d] of one sequence, read position by position (an int8 cache's
+    rows as their values times their scale)."""
     block_size = kv_cache.shape[2]
     pos = torch.arange(length, device=kv_cache.device)
     blocks = block_table.long()[pos // block_size]
     offsets = pos % block_size
-    return kv_cache[0, blocks, offsets], kv_cache[1, blocks, offsets]
+    return as_values(kv_cache[0, blocks, offsets]), as_values(kv_cache[1, blocks, offsets])
+
+
+def as_values(rows: torch.Tensor) -> torch.Tensor:
+    """Cache rows as the numbers they stand for: an int8 row [d + 4] is d int8 values and
+    then their fp32 scale (its 4 bytes); other dtypes are the numbers themselves."""
+    if rows.dtype != torch.int8:
+        return rows
+    d = rows.shape[-1] - 4
+    return rows[..., :d].float() * rows[..., d:].contiguous().view(torch.float32)
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,

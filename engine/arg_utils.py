@@ -22,6 +22,7 @@ from engine.config import (
     SCHEDULING_POLICIES,
     EngineConfig,
 )
+from engine.io.kv_events_config import KVEventsConfig, parse_kv_events_config
 from engine.io.request_limits import RequestCaps
 from engine.spec.config import SpeculativeConfig, parse_speculative_config
 
@@ -30,7 +31,7 @@ FLAG_FIELDS = ("model", "batching", "kv_cache_memory", "block_size", "max_model_
                "max_num_batched_tokens", "watermark", "enable_prefix_caching", "dtype", "device",
                "attention_backend", "seed", "enforce_eager", "kv_cache_dtype", "quantization",
                "fused_decode_limit", "scheduling_policy", "logprobs_mode", "warmup", "max_itl_ms",
-               "speculative_config")
+               "speculative_config", "kv_events_config")
 
 
 def default_of(cls: type, name: str) -> object:
@@ -111,7 +112,7 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup
     group.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default=engine_default("kv_cache_dtype"),
                        help="KV cache element type (default auto: fp16 on CPU, converted on the fly "
                             "by the attention kernel, which doubles the tokens per GiB; the model "
-                            "dtype on CUDA)")
+                            "dtype on CUDA). int8: a scale per token and head, ~1.9x fp16's tokens")
     group.add_argument("--quantization", choices=QUANTIZATION_MODES, default="auto",
                        help="linear-layer weights on the CPU: auto (default: the fastest mode that "
                             "passes the quality gate: int4 on an AVX2 CPU, i.e. the GGUF's own "
@@ -132,6 +133,10 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup
                        help='speculative decoding in vLLM\'s shape, e.g. \'{"method": "ngram", '
                             '"num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 5}\' '
                             "(default: off; greedy requests only; docs/speculative.md)")
+    group.add_argument("--kv-events-config", type=kv_events_flag, default=None, metavar="JSON",
+                       help='publish the prefix cache\'s changes as vLLM\'s KV events over ZMQ, in vLLM\'s '
+                            'shape, e.g. \'{"enable_kv_cache_events": true, "endpoint": "tcp://*:5557", '
+                            '"replay_endpoint": "tcp://*:5558"}\' (default: off; docs/deploy.md)')
     group.add_argument("--warmup", action="store_true",
                        help="race the kernels again at load and keep the new winners (by default a "
                             "race measured at an earlier start on this machine is read back; "
@@ -145,6 +150,14 @@ def speculative_flag(text: str) -> SpeculativeConfig | None:
     try:
         return parse_speculative_config(text)
     except ValueError as err:  # json.JSONDecodeError is a ValueError too
+        raise argparse.ArgumentTypeError(str(err)) from err
+
+
+def kv_events_flag(text: str) -> KVEventsConfig | None:
+    """argparse type: a bad config is a usage error naming the key at fault."""
+    try:
+        return parse_kv_events_config(text)
+    except ValueError as err:
         raise argparse.ArgumentTypeError(str(err)) from err
 
 

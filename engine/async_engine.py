@@ -81,6 +81,7 @@ class AsyncEngine:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, EngineDeadError):
                 await self._task
+        self._executor.submit(self.engine.close)
         self._executor.shutdown(wait=True)
 
     @property
@@ -98,6 +99,10 @@ class AsyncEngine:
     def enable_step_profile(self, every: int, report: Callable[[str], None],
                             extra: dict[str, Callable[[], float]] | None = None) -> None:
         self.engine.enable_step_profile(every, report, extra)
+
+    async def reset_prefix_cache(self) -> None:
+        """Forget every cached prefix block, between two steps (in the engine's own thread)."""
+        await asyncio.get_running_loop().run_in_executor(self._executor, self.engine.reset_prefix_cache)
 
     def add_step_listener(self, callback: Callable[[StepStats], None]) -> None:
         self.engine.step_listeners.append(callback)

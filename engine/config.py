@@ -8,6 +8,7 @@ from typing import Literal
 
 import torch
 
+from engine.io.kv_events_config import KVEventsConfig
 from engine.io.request_limits import RequestCaps
 from engine.spec.config import SpeculativeConfig
 
@@ -22,7 +23,10 @@ DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
     "half": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
 }
-KV_CACHE_DTYPES = ("auto", "fp32", "fp16", "bf16")  # auto: fp16 on CPU, the model dtype on CUDA
+# auto: fp16 on CPU, the model dtype on CUDA (engine/runner/kv_cache.py's resolve_kv_cache_dtype);
+# int8 stores each row with its own scale (engine/attention/kv_int8.py).
+KV_CACHE_DTYPES = ("auto", "fp32", "fp16", "bf16", "int8")
+KV_ONLY_DTYPES: dict[str, torch.dtype] = {"int8": torch.int8}  # cache dtypes that are no model dtype
 QUANTIZATION_MODES = ("auto", "none", "int8", "int4")
 LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")
 
@@ -61,8 +65,8 @@ def parse_dtype(name: str | torch.dtype | None, device: torch.device) -> torch.d
 
 
 def dtype_name(dtype: torch.dtype) -> str:
-    """The short name (fp32, fp16, bf16) that flags and logs use."""
-    short = {DTYPES[name]: name for name in KV_CACHE_DTYPES if name != "auto"}
+    """The short name (fp32, fp16, bf16, int8) that flags and logs use."""
+    short = {DTYPES.get(name) or KV_ONLY_DTYPES[name]: name for name in KV_CACHE_DTYPES if name != "auto"}
     return short.get(dtype, str(dtype).removeprefix("torch."))
 
 
@@ -83,12 +87,13 @@ class EngineConfig:
     seed: int = 0
     enforce_eager: bool = False  # disable CUDA graphs
     request_caps: RequestCaps = field(default_factory=RequestCaps)  # per-request limits
-    kv_cache_dtype: str = "auto"  # auto | fp32 | fp16 | bf16; auto: fp16 on CPU, the model dtype on CUDA
+    kv_cache_dtype: str = "auto"  # auto | fp32 | fp16 | bf16 | int8; auto: fp16 on CPU, the model dtype on CUDA
     logprobs_mode: str = "raw_logprobs"  # or processed_logprobs (after bias, penalties, masks)
     quantization: str = "none"  # auto | none | int8 | int4 (engine/quant/modes.py)
     scheduling_policy: SchedulingPolicy = "fcfs"  # priority: waiting queue by (priority, arrival)
     fused_decode_limit: int | None = None  # None: measured at load; N pins the fused C++ step's limit
     speculative_config: SpeculativeConfig | None = None  # None: off (docs/speculative.md)
+    kv_events_config: KVEventsConfig | None = None  # None: no KV events (docs/deploy.md)
     warmup: bool = False  # race the kernels again rather than read an earlier start's results
     # Time decode steps at load and cap max_num_seqs where a bigger batch stops paying
     # (engine/core/batch_cap.py); pagode serve sets it when neither a flag nor a calibration sizes the batch.
@@ -118,6 +123,9 @@ class EngineConfig:
             raise ValueError("max_itl_ms must be positive")
         if self.fused_decode_limit is not None and self.fused_decode_limit < 0:
             raise ValueError("fused_decode_limit must be >= 0 (0 turns the fused step off)")
+        if self.kv_events_config is not None and self.kv_events_config.publishes and not self.enable_prefix_caching:
+            raise ValueError("kv events describe the prefix cache: they need prefix caching "
+                             "(drop --no-enable-prefix-caching)")
         if self.quantization not in QUANTIZATION_MODES:
             raise ValueError(f"quantization must be one of {QUANTIZATION_MODES}, not {self.quantization!r}")
 

@@ -17,6 +17,8 @@ from engine.core.sequence import Sequence
 from engine.io.detokenizer import IncrementalDetokenizer
 from engine.io.errors import InvalidRequestError
 from engine.io.info import EngineInfo
+from engine.io.kv_events import KVEventRecorder
+from engine.io.kv_publisher import ZmqEventPublisher
 from engine.io.outputs import RequestTimes, StreamDelta, TokenLogprob
 from engine.io.profiler import StepProfiler
 from engine.io.request_limits import RequestLimits, check_request
@@ -62,6 +64,7 @@ class LLMEngine:
         self.runner.enable_cuda_graphs(config, self.max_model_len)
         self.block_manager = BlockManager(self.num_blocks, self.block_size, config.enable_prefix_caching,
                                           window=kv_window(self.runner.model))
+        self.kv_events, self.kv_publisher = self._build_kv_events(config)
         self.scheduler = Scheduler(config, self.block_manager, self.max_model_len)
         self.scheduler.drafter = self._build_drafter(config)
         self.limits = self._build_limits()
@@ -124,6 +127,34 @@ class LLMEngine:
         """Check what can never be served; return the effective max_tokens."""
         return check_request(token_ids, params, self.limits)
 
+    def _build_kv_events(self, config: EngineConfig) -> tuple[KVEventRecorder | None, ZmqEventPublisher | None]:
+        """The prefix cache's observer and its publisher, when --kv-events-config enables them."""
+        if config.kv_events_config is None or not config.kv_events_config.publishes:
+            return None, None
+        medium = "GPU" if self.runner.device.type == "cuda" else "CPU"
+        recorder = KVEventRecorder(self.block_size, medium, config.kv_events_config.event_layout)
+        publisher = ZmqEventPublisher(config.kv_events_config)
+        self.block_manager.observer = recorder
+        return recorder, publisher
+
+    def _publish_kv_events(self) -> None:
+        """This step's events, as one batch (none when nothing changed, as vLLM does)."""
+        if self.kv_events is not None and self.kv_publisher is not None:
+            events = self.kv_events.take_events()
+            if events:
+                self.kv_publisher.publish(events)
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prefix block (the KV events say AllBlocksCleared)."""
+        self.block_manager.reset_prefix_cache()
+        self._publish_kv_events()
+
+    def close(self) -> None:
+        """Release what outlives a step: the KV-event publisher's thread and sockets."""
+        if self.kv_publisher is not None:
+            self.kv_publisher.shutdown()
+            self.kv_publisher = None
+
     def _build_drafter(self, config: EngineConfig) -> Drafter | None:
         """The drafter, with this machine's step cost curve, when the engine speculates."""
         if config.speculative_config is None:
@@ -151,6 +182,7 @@ class LLMEngine:
         if not out.is_empty:
             deltas = self._run(out, finished)
         self.recorder.record_step(out, start, finished, deltas)
+        self._publish_kv_events()
         return deltas
 
     def _run(self, out: SchedulerOutput, finished: list[FinishedRequestStats]) -> list[StreamDelta]:

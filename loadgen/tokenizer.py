@@ -62,7 +62,10 @@ class RemoteTokenizer:
             data = resp.json()
         except ValueError:
             return None
-        return parse_count(data)
+        n = parse_count(data)
+        # llama-server answers the vLLM body (no "content") with 200 and no tokens: a count of
+        # zero for non-blank text means the dialect is wrong, not that the text is empty.
+        return None if n == 0 and text.strip() else n
 
 
 def parse_count(data: Any) -> int | None:

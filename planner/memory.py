@@ -1,7 +1,7 @@
 """KV-cache and weight memory from a model's config alone (no weights are loaded).
 
 The KV bytes per token are the engine's own (engine/runner/kv_cache.py: 2 x layers x kv_heads x
-head_dim x bytes_per_value), in the dtypes the engine takes and
+row width x bytes_per_value, an int8 row counting its 4-byte scale), in the dtypes the engine takes and
 resolves for the config (`device_dtypes`). The cache holds whole blocks of `block_size`
 positions, so the token capacity is rounded down to blocks, and a sequence of C
 positions holds ceil(C / block_size) blocks.
@@ -31,7 +31,7 @@ def device_dtypes(config: EngineConfig) -> tuple[str, str]:
 
 
 def kv_bytes_per_token(cfg: ModelConfig, kv_dtype: str) -> int:
-    """The engine's KV bytes per token at `kv_dtype` (fp32, fp16 or bf16; 'auto' resolved)."""
+    """The engine's KV bytes per token at `kv_dtype` (fp32, fp16, bf16 or int8; 'auto' resolved)."""
     return bytes_per_token(cfg, kv_cache_dtype(kv_dtype))
 
 

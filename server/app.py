@@ -26,7 +26,7 @@ from server.middleware.content_type import JSONContentTypeMiddleware
 from server.middleware.cors import install_cors
 from server.middleware.http_limits import HeaderLimitMiddleware
 from server.middleware.response_metrics import ResponseCountMiddleware
-from server.routes import chat, completions, health, metrics, models, stats, tokenize
+from server.routes import chat, completions, health, metrics, models, prefix_cache, stats, tokenize
 from server.runtime.engine_client import EngineClient
 from server.runtime.state import ServerState
 from server.settings import ServerSettings
@@ -35,7 +35,7 @@ from server.ui import pages
 
 logger = logging.getLogger("pagode.server")
 
-ROUTE_MODULES = (completions, chat, tokenize, models, health, metrics, stats)
+ROUTE_MODULES = (completions, chat, tokenize, models, health, metrics, stats, prefix_cache)
 
 # sse-starlette would cancel every stream on SIGTERM; our drain ends them instead.
 AppStatus.disable_automatic_graceful_drain()

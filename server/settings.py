@@ -24,6 +24,7 @@ from engine import envs
 # holds these lists to the registries; settings import no other part of the server).
 TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json", "mistral", "phi4_mini_json", "granite", "pythonic")
 REASONING_PARSERS = ("auto", "none", "qwen3", "deepseek_r1")
+METRICS_COMPAT = ("vllm", "none")
 JINJA_MARKS = ("{{", "{%")
 POSITIVE = "positive"
 NON_NEGATIVE = "non-negative"
@@ -42,8 +43,8 @@ class ServerSettings:
     served_model_name: str | None = option(
         None, "the model name clients send and /v1/models lists (default: the engine's model name)")
     api_key: str | None = option(
-        None, "require 'Authorization: Bearer KEY' on /v1/*, /tokenize, /detokenize and "
-        "/stats/stream; /health, /metrics and the web page at / stay open (default: "
+        None, "require 'Authorization: Bearer KEY' on /v1/*, /tokenize, /detokenize, "
+        "/reset_prefix_cache and /stats/stream; /health, /metrics and the web page at / stay open (default: "
         "$PAGODE_API_KEY, else no authentication)",
         env=envs.API_KEY)
     max_num_queued_reqs: int | None = option(
@@ -62,6 +63,10 @@ class ServerSettings:
     profile_steps: int = option(
         0, "log a table of where the time of N engine steps goes (packing, forward by op class, "
         "sampling, detokenize, streaming), then every N", metavar="N")
+    metrics_compat: str = option(
+        "vllm", "also publish vLLM's names of the series that fleet routers, autoscalers and "
+        "Prometheus adapters read (vllm:num_requests_waiting, vllm:kv_cache_usage_perc, ...), fed by "
+        "the same numbers as pagode's own; none: pagode: series only (docs/deploy.md)", metavar="NAME")
     engine_factory: str | None = option(
         None, "build the engine with MODULE:CALLABLE, called with the EngineConfig, instead of "
         "engine.async_engine:AsyncEngine (a custom engine, or a test double)",
@@ -115,6 +120,7 @@ class ServerSettings:
             raise ValueError(f"engine_factory must be MODULE:CALLABLE, got {self.engine_factory!r}")
         check_choice("tool_call_parser", self.tool_call_parser, TOOL_CALL_PARSERS)
         check_choice("reasoning_parser", self.reasoning_parser, REASONING_PARSERS)
+        check_choice("metrics_compat", self.metrics_compat, METRICS_COMPAT)
         if self.chat_template is not None and self.chat_template_text is None:
             self.chat_template_text = read_chat_template(self.chat_template)
 

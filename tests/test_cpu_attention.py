@@ -10,7 +10,7 @@ import torch
 
 from cuda_kernels.reference import paged_decode_attention_ref, paged_prefill_attention_ref
 from engine import native
-from engine.attention import select_backend
+from engine.attention import kv_int8, select_backend
 from engine.attention.cpu_backend import CpuAttentionBackend
 from engine.attention.metadata import AttentionMetadata
 from engine.attention.sdpa_backend import SdpaAttentionBackend
@@ -190,3 +190,70 @@ def test_windowed_softcapped_prefill_over_context_matches_reference(window: int 
     for backend in (SdpaAttentionBackend(), CpuAttentionBackend()):
         ours = backend.attend(q, kv, meta, 0.125, window=window, softcap=softcap)
         torch.testing.assert_close(ours, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(9, 3, 64), (4, 4, 128), (6, 2, 80), (4, 2, 40)])
+@pytest.mark.parametrize("window,softcap", [(None, None), (23, 5.0)])
+def test_decode_over_an_int8_cache_matches_the_dequantized_reference(heads: int, kv_heads: int, head_dim: int,
+                                                                    window: int | None,
+                                                                    softcap: float | None) -> None:
+    """--kv-cache-dtype int8: the C++ kernel (each ISA cap; head sizes the avx512 body takes
+    and ones it leaves to the avx2 body) and the torch gather read int8 rows and their scales
+    as the reference reads the same cache dequantized; and that stays near the fp32 cache."""
+    lens = [1, 17, 160, 53]
+    q, kv, meta = _case(9, lens, [1] * len(lens), heads, kv_heads, head_dim, 16)
+    q = q * 4
+    int8 = kv_int8.quantize(kv)
+    assert int8.dtype == torch.int8 and int8.shape[-1] == head_dim + 4
+    expected = paged_decode_attention_ref(q, kv_int8.dequantize(int8), meta.block_tables, meta.seq_lens, 0.125,
+                                          window, softcap)
+    gathered = SdpaAttentionBackend().decode(q, int8, meta, 0.125, window=window, softcap=softcap)
+    torch.testing.assert_close(gathered, expected, atol=1e-5, rtol=1e-5)
+    full = paged_decode_attention_ref(q, kv, meta.block_tables, meta.seq_lens, 0.125, window, softcap)
+    torch.testing.assert_close(expected, full, atol=0.1, rtol=0.1)  # int8's rounding, no more
+    if native.paged_attention() is None:
+        pytest.skip("no C++ compiler: the kernel path is not built here")
+    kernel = CpuAttentionBackend().decode(q, int8, meta, 0.125, window=window, softcap=softcap)
+    torch.testing.assert_close(kernel, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_prefill_over_an_int8_cache_matches_reference() -> None:
+    """Chunks over cached context and a fresh prompt, with decodes in the same step."""
+    lens, q_lens = [90, 1, 140, 40], [1, 1, 70, 40]
+    q, kv, meta = _case(10, lens, q_lens, 8, 2, 64, 16)
+    int8 = kv_int8.quantize(kv)
+    expected = paged_prefill_attention_ref(q, kv_int8.dequantize(int8), meta.query_start_loc, meta.seq_lens,
+                                           meta.block_tables, 0.125)
+    for backend in (SdpaAttentionBackend(), CpuAttentionBackend()):
+        ours = backend.attend(q, int8, meta, 0.125)
+        torch.testing.assert_close(ours, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_rotate_and_write_kv_quantizes_the_same_in_cpp_and_torch() -> None:
+    """The C++ RoPE + cache write quantizes each (token, KV head) row as the torch path does:
+    the same int8 values and the same fp32 scale, to the bit; an all-zero row stores zeros."""
+    if native.paged_attention() is None:
+        pytest.skip("no C++ compiler: the kernel path is not built here")
+    from engine.model.layers import RotaryEmbedding
+
+    heads, kv_heads, d, tokens = 9, 3, 64, 6
+    g = torch.Generator().manual_seed(7)
+    rope = RotaryEmbedding(d, 128, 10000.0)
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * d, generator=g) * 3
+    qkv[0, (heads + kv_heads) * d:(heads + kv_heads + 1) * d] = 0  # the first token's first V row
+    positions = torch.randint(0, 128, (tokens,), generator=g)
+    slots = torch.randperm(4 * 16, generator=g)[:tokens]
+    caches = [torch.zeros(2, 4, 16, kv_heads, d + 4, dtype=torch.int8) for _ in range(2)]
+    cpu = CpuAttentionBackend()
+    assert cpu.kernel is not None and cpu.kernel.can_rope_write(qkv, caches[0], positions, rope.cos)
+    outs = [backend.rotate_and_write_kv(qkv, positions, rope.cos, rope.sin, cache, slots, heads)
+            for backend, cache in zip((cpu, SdpaAttentionBackend()), caches, strict=True)]
+    assert torch.equal(outs[0], outs[1])
+    assert torch.equal(caches[0], caches[1])
+    flat = caches[0].view(2, -1, kv_heads, d + 4)
+    assert flat[:, slots].count_nonzero() > 0
+    assert not flat[1, slots[0], 0].any()  # values and scale all zero
+    written = torch.zeros(64, dtype=torch.bool)
+    written[slots] = True
+    assert not flat[:, ~written].any()
+    assert cpu.supports_fused_cpu_step(caches[0])

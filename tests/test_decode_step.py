@@ -25,11 +25,12 @@ from loadgen.prose import prose_token_ids
 pytestmark = pytest.mark.skipif(native.decode_step() is None, reason="no C++ compiler")
 
 
-@pytest.fixture(scope="module", params=[("int4", "fp16"), ("int8", "fp32")], ids=lambda p: f"{p[0]}-{p[1]}")
+@pytest.fixture(scope="module", params=[("int4", "fp16"), ("int8", "fp32"), ("int4", "int8")],
+                ids=lambda p: f"{p[0]}-{p[1]}")
 def quantized_llm(request: pytest.FixtureRequest) -> Iterator[LLM]:
     mode, kv = request.param
     # No prefix cache: the second run's prefills must compute what the first run's did, not
-    # read its fp16 blocks back.
+    # read its fp16 or int8 blocks back.
     yield LLM(quantization=mode, kv_cache_dtype=kv, kv_cache_memory="64MiB", max_model_len=512, max_num_seqs=8,
               enable_prefix_caching=False)
 

@@ -208,7 +208,8 @@ def test_kernels_compile_for_hopper_without_a_gpu() -> None:
                           env=env, cwd=Path(__file__).resolve().parents[1],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.count(" ok: ") == 5
+    assert proc.stdout.count(" ok: ") == 10  # five kernel variants, over an fp16 cache and an int8 one
+    assert proc.stdout.count("cache   i8 ok: ") == 5
 
 
 @needs_triton
@@ -356,6 +357,47 @@ def test_kernels_take_a_cache_of_another_dtype(device: str, query_dtype: torch.d
     out = cuda_kernels.paged_decode_attention(decode_q, cache, tables[1:], seq_lens[1:], scale, num_splits=2)
     assert_close(out, paged_decode_attention_ref(decode_q, widened, tables[1:], seq_lens[1:], scale))
 
+
+
+@needs_triton
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("query_dtype", [F32, BF16])
+def test_kernels_write_and_read_an_int8_cache(device: str, query_dtype: torch.dtype) -> None:
+    """--kv-cache-dtype int8: the Triton cache write stores the same bytes (values and each
+    row's scale) as the torch path, and decode and prefill over that cache match the oracle
+    reading the dequantized rows, with a window and a soft-cap on the decode."""
+    from engine.attention import kv_int8
+    from engine.attention.sdpa_backend import SdpaAttentionBackend
+
+    kv_heads, group, head_dim, block_size = 3, 3, 64, 16
+    gen = torch.Generator().manual_seed(8)
+    chunks = [(6, 20), (1, 40)]
+    lens = [new + cached for new, cached in chunks]
+    floats, tables = scattered_cache(lens, kv_heads, head_dim, block_size, F32, "cpu", gen)
+    cache = kv_int8.quantize(floats).to(device)
+    tables = tables.to(device)
+    assert cache.shape[-1] == head_dim + kv_int8.SCALE_BYTES
+    total = sum(new for new, _ in chunks)
+    key, value = (torch.randn(total, kv_heads, head_dim, generator=gen).to(device, query_dtype)
+                  for _ in range(2))
+    key[0, 1] = 0  # an all-zero row: scale 0, values 0
+    slots = torch.tensor([int(tables[b, p // block_size]) * block_size + p % block_size
+                          for b, (new, cached) in enumerate(chunks) for p in range(cached, cached + new)],
+                         dtype=torch.long, device=device)
+    expected = cache.cpu().clone()
+    SdpaAttentionBackend().write_kv(key.cpu(), value.cpu(), expected, slots.cpu())
+    cuda_kernels.reshape_and_cache(key, value, cache, slots)
+    assert torch.equal(cache.cpu(), expected)
+    query = torch.randn(total, kv_heads * group, head_dim, generator=gen).to(device, query_dtype)
+    cu = torch.tensor([0, 6, 7], dtype=torch.int32, device=device)
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device=device)
+    scale = head_dim**-0.5
+    out = cuda_kernels.paged_prefill_attention(query, cache, cu, seq_lens, tables, scale, 6)
+    assert_close(out, paged_prefill_attention_ref(query, cache, cu, seq_lens, tables, scale))
+    decode_q = query[[6]] * 8
+    out = cuda_kernels.paged_decode_attention(decode_q, cache, tables[1:], seq_lens[1:], scale, num_splits=2,
+                                              window=23, softcap=5.0)
+    assert_close(out, paged_decode_attention_ref(decode_q, cache, tables[1:], seq_lens[1:], scale, 23, 5.0))
 
 # (window, softcap): windows shorter than most contexts and not multiples of the block
 WINDOW_CASES = [(23, None), (37, 5.0), (None, 5.0), (1, None)]

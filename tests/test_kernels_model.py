@@ -39,7 +39,7 @@ BATCHES = [
 
 
 def greedy_tokens(model_dir: Path, backend: str, batches: list[list[list[int]]],
-                  device: str = "cpu", enforce_eager: bool = True) -> list[list[int]]:
+                  device: str = "cpu", enforce_eager: bool = True, kv_cache_dtype: str = "auto") -> list[list[int]]:
     """Generate the batches one after another on one engine, so later ones hit its cache."""
     from engine.llm import LLM
     from engine.sampling_params import SamplingParams
@@ -47,7 +47,7 @@ def greedy_tokens(model_dir: Path, backend: str, batches: list[list[list[int]]],
     llm = LLM(model=str(model_dir), attention_backend=backend, device=device, dtype="float32",
               kv_cache_memory="4MiB", max_model_len=256, block_size=16,
               max_num_batched_tokens=32, enable_prefix_caching=True, max_num_seqs=8,
-              enforce_eager=enforce_eager)
+              enforce_eager=enforce_eager, kv_cache_dtype=kv_cache_dtype)
     params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
     return [out.outputs[0].token_ids for batch in batches
             for out in llm.generate(batch, params)]
@@ -81,6 +81,17 @@ def test_greedy_generation_matches_cpu_backend(tmp_path: Path, device: str,
         monkeypatch.setattr(torch.cuda, "graph", no_graphs)
     assert greedy_tokens(tmp_path, "triton", BATCHES, device) == expected
     assert 0 in contexts and max(contexts) >= 32, contexts
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("device", DEVICES)
+def test_greedy_generation_over_an_int8_cache_matches_cpu_backend(tmp_path: Path, device: str) -> None:
+    """--kv-cache-dtype int8: the Triton write stores the bytes the C++ write stores, and both
+    backends read them back to the same greedy tokens, prefix-cache hits included."""
+    save_tiny_model(tmp_path)
+    expected = greedy_tokens(tmp_path, "cpu", BATCHES, device, kv_cache_dtype="int8")
+    assert all(len(tokens) == 10 for tokens in expected)
+    assert greedy_tokens(tmp_path, "triton", BATCHES, device, kv_cache_dtype="int8") == expected
 
 
 @pytest.mark.gpu

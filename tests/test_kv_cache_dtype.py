@@ -1,9 +1,11 @@
-"""The fp16 KV cache (the CPU default) passes the int8 quality gate, and reports its capacity.
+"""The fp16 KV cache (the CPU default) and the int8 one pass the int8 quality gate, and report
+their capacity.
 
 Quality gate, on 2048 positions of English prose (Python's own documentation text, in
 four windows of 512 tokens read in chunks of 128, so that attention reads earlier
 chunks back from the cache): perplexity within 3% of the fp32 cache's, and greedy
-top-1 agreement with it of at least 95%.
+top-1 agreement with it of at least 95%. tests/test_family_kv_int8.py holds the int8 cache
+to the same gate on other families.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from engine.io.outputs import RequestTimes
 from engine.sampling_params import SamplingParams
 
 WINDOWS, WINDOW, CHUNK = 4, 512, 128
+GATE = (0.03, 0.95)  # the largest perplexity change against the fp32 cache, the least top-1 agreement
 
 
 def prose_windows(llm: LLM) -> list[list[int]]:
@@ -76,18 +79,44 @@ def llm16() -> LLM:
     return LLM(kv_cache_memory=KV_BYTES, max_model_len=600, kv_cache_dtype="fp16")
 
 
-def test_fp16_cache_passes_the_quality_gate(llm32: LLM, llm16: LLM) -> None:
+@pytest.fixture(scope="module")
+def llm8() -> LLM:
+    return LLM(kv_cache_memory=KV_BYTES, max_model_len=600, kv_cache_dtype="int8")
+
+
+Reading = tuple[list[list[int]], float, torch.Tensor]  # the windows, the mean NLL, the top-1 picks
+
+
+@pytest.fixture(scope="module")
+def fp32_reading(llm32: LLM) -> Reading:
+    """The gate's windows read once through the fp32 cache."""
     windows = prose_windows(llm32)
     assert sum(len(w) - 1 for w in windows) >= 2000
-    assert llm16.engine.runner.kv_caches[0].dtype == torch.float16
-    nll32, top32 = nll_and_top1(llm32, windows)
-    nll16, top16 = nll_and_top1(llm16, windows)
-    ppl32, ppl16 = math.exp(nll32), math.exp(nll16)
-    agreement = float((top16 == top32).float().mean())
-    print(f"perplexity fp32 KV {ppl32:.3f}, fp16 KV {ppl16:.3f} ({ppl16 / ppl32 - 1:+.3%}); "
+    return (windows, *nll_and_top1(llm32, windows))
+
+
+def assert_passes_gate(llm: LLM, fp32_reading: Reading, label: str) -> None:
+    windows, nll32, top32 = fp32_reading
+    nll, top = nll_and_top1(llm, windows)
+    ppl32, ppl = math.exp(nll32), math.exp(nll)
+    agreement = float((top == top32).float().mean())
+    print(f"perplexity fp32 KV {ppl32:.3f}, {label} KV {ppl:.3f} ({ppl / ppl32 - 1:+.3%}); "
           f"top-1 agreement {agreement:.2%} over {len(top32)} positions")
-    assert abs(ppl16 / ppl32 - 1) <= 0.03
-    assert agreement >= 0.95
+    max_change, min_agreement = GATE
+    assert abs(ppl / ppl32 - 1) <= max_change
+    assert agreement >= min_agreement
+
+
+def test_fp16_cache_passes_the_quality_gate(llm16: LLM, fp32_reading: Reading) -> None:
+    assert llm16.engine.runner.kv_caches[0].dtype == torch.float16
+    assert_passes_gate(llm16, fp32_reading, "fp16")
+
+
+@pytest.mark.slow
+def test_int8_cache_passes_the_quality_gate(llm8: LLM, fp32_reading: Reading) -> None:
+    cache = llm8.engine.runner.kv_caches[0]
+    assert cache.dtype == torch.int8 and cache.shape[-1] == 64 + 4  # each row's values, then its scale
+    assert_passes_gate(llm8, fp32_reading, "int8")
 
 
 def test_fp16_cache_holds_twice_the_tokens(llm32: LLM, llm16: LLM) -> None:
@@ -96,6 +125,15 @@ def test_fp16_cache_holds_twice_the_tokens(llm32: LLM, llm16: LLM) -> None:
     assert fp32.kv_tokens == 40 * 16
     assert fp16.kv_tokens == 2 * fp32.kv_tokens
     assert fp16.kv_tokens_per_gib == 2 * fp32.kv_tokens_per_gib
+
+
+def test_int8_cache_holds_nearly_twice_fp16s_tokens(llm16: LLM, llm8: LLM) -> None:
+    """30 layers x 2 x 3 KV heads x (64 values + a 4-byte scale) = 12,240 bytes a token."""
+    fp16, int8 = llm16.engine.describe(), llm8.engine.describe()
+    assert int8.kv_cache_dtype == "int8"
+    assert int8.kv_tokens == KV_BYTES // (16 * 12_240) * 16
+    assert int8.kv_tokens_per_gib == 2**30 // (16 * 12_240) * 16
+    assert 1.85 < int8.kv_tokens / fp16.kv_tokens < 2
 
 
 def test_unknown_kv_cache_dtype_is_refused() -> None:

@@ -46,6 +46,10 @@ def test_kv_bytes_per_token_of_the_default_model(smol: ModelConfig) -> None:
     import torch
     assert mem.num_blocks == num_blocks_for(GIB, smol, 16, torch.float32)
     assert plan_memory(smol, GIB, "fp16").num_blocks == 2912
+    # int8: 64 one-byte values and a 4-byte scale per row, 1.88x fp16's tokens
+    assert kv_bytes_per_token(smol, "int8") == 2 * 30 * 3 * (64 + 4) == 12_240
+    assert plan_memory(smol, GIB, "int8").num_blocks == GIB // (12_240 * 16) == 5482
+    assert plan_memory(smol, GIB, "int8").num_blocks == num_blocks_for(GIB, smol, 16, torch.int8)
 
 
 def test_weights_of_the_default_model(smol: ModelConfig) -> None:

@@ -25,6 +25,7 @@ namespace {
 
 using pagode::BF16;
 using pagode::F16;
+using pagode::I8;
 
 // Per layer, the pointer slots the Python side fills (engine/model/decode_step.py).
 enum Slot : int64_t {
@@ -33,7 +34,7 @@ enum Slot : int64_t {
     SLOTS = DOWN + 4,
 };
 enum Kind : int64_t { Q4_1 = 0, Q8_0 = 1 };
-enum CacheType : int64_t { F32 = 0, F16_CACHE = 1, BF16_CACHE = 2 };
+enum CacheType : int64_t { F32 = 0, F16_CACHE = 1, BF16_CACHE = 2, I8_CACHE = 3 };
 
 struct Dims {
     int64_t hidden, heads, kv_heads, head_dim, inter, block_size;
@@ -62,6 +63,10 @@ template <> struct CacheKernels<F16> {
 template <> struct CacheKernels<BF16> {
     static constexpr auto rope_write = rope_write_kv_bf16;
     static constexpr auto decode = paged_decode_attention_bf16;
+};
+template <> struct CacheKernels<I8> {
+    static constexpr auto rope_write = rope_write_kv_i8;
+    static constexpr auto decode = paged_decode_attention_i8;
 };
 
 template <typename T>
@@ -110,6 +115,7 @@ void decode_step(float* hidden, const int64_t* layers, const int64_t* kinds, int
     const int64_t qd = d.heads * d.head_dim, qkv_n = qd + 2 * d.kv_heads * d.head_dim;
     const auto attend_fn = cache_type == F16_CACHE    ? attend<F16>
                            : cache_type == BF16_CACHE ? attend<BF16>
+                           : cache_type == I8_CACHE   ? attend<I8>
                                                       : attend<float>;
     float* x = hidden;  // the running layer output, added into the residual by the next norm
     for (int64_t l = 0; l < L; ++l) {

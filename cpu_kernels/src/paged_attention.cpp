@@ -1,14 +1,17 @@
 // Paged decode attention and the fused RoPE + K/V cache write, for the CPU.
 // Plain C ABI, loaded with ctypes: compiles in about a second, no torch headers.
 //
-// The cache may hold fp32, fp16 or bf16 elements; activations are fp32. Rows of the
+// The cache may hold fp32, fp16, bf16 or int8 elements; activations are fp32. Rows of the
 // cache are converted to fp32 as they are read (F16C's vcvtph2ps for fp16, a 16-bit
-// shift for bf16), so an fp16 cache halves the bytes streamed per decode step.
+// shift for bf16, int8 times the row's scale: include/kv_convert.h), so an fp16 cache
+// halves the bytes streamed per decode step and an int8 one nearly quarters them. An int8
+// row is quantized once, when the cache write stores it (absmax / 127 per token and head).
 // The bodies are AVX2 (+ F16C): below the avx2 level this file compiles to nothing. The
 // avx512 build decodes with its own body (decode512) where the head size is a multiple of
 // 16 up to 256: a K or V row is converted in registers (vcvtph2ps on 16 halves, a 16-bit
 // shift for bf16) and used at once by every query head of its group, with no row buffer;
-// the output rows stay in registers across the whole pass over V.
+// the output rows stay in registers across the whole pass over V; an int8 row's scale is
+// applied once to its dot product (K) or its probability (V) rather than to each element.
 #include "paged_attention.h"
 
 #include "isa.h"
@@ -22,12 +25,15 @@
 #include <cstring>
 #include <vector>
 
+#include "kv_convert.h"
 #include "simd_exp.h"
 
 namespace {
 
 using pagode::BF16;
 using pagode::F16;
+using pagode::I8;
+using pagode::row_width;
 
 // ---- conversions ----------------------------------------------------------
 inline void to_float(const float* src, float* dst, int64_t n) { std::memcpy(dst, src, n * sizeof(float)); }
@@ -51,6 +57,13 @@ inline void to_float(const BF16* src, float* dst, int64_t n) {
   }
 }
 
+inline void to_float(const I8* src, float* dst, int64_t n) { pagode::i8_row_to_float(src, dst, n); }
+
+// The scale an element type's row carries beyond its values: 1 but for int8 rows.
+template <typename T>
+inline float row_scale(const T*, int64_t) { return 1.f; }
+inline float row_scale(const I8* row, int64_t D) { return pagode::i8_scale(row, D); }
+
 inline void from_float(const float* src, float* dst, int64_t n) { std::memcpy(dst, src, n * sizeof(float)); }
 
 inline void from_float(const float* src, F16* dst, int64_t n) {
@@ -71,9 +84,12 @@ inline void from_float(const float* src, BF16* dst, int64_t n) {
   }
 }
 
+inline void from_float(const float* src, I8* dst, int64_t n) { pagode::float_to_i8_row(src, dst, n); }
+
 // ---- decode attention ------------------------------------------------------
-// Position t's row of a KV head in a paged cache [blocks, BS, KVH, D]: the block the
-// sequence's table names, the slot in it, the head's offset kv (row = KVH * D).
+// Position t's row of a KV head in a paged cache [blocks, BS, KVH, W]: the block the
+// sequence's table names, the slot in it, the head's offset kv (row = KVH * W, W the
+// row width: D, or D + 4 for int8 rows with their scale).
 template <typename T>
 inline const T* cache_row(const T* cache, const int32_t* table, int64_t t, int64_t BS, int64_t row, int64_t kv) {
   return cache + (static_cast<int64_t>(table[t / BS]) * BS + t % BS) * row + kv;
@@ -129,6 +145,7 @@ inline __m512 load16(const BF16* p) {
   const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
 }
+inline __m512 load16(const I8* p) { return pagode::i8_load16(p); }  // unscaled: see row_scale
 
 constexpr int64_t GROUP_TILE = 4;  // query heads whose output rows are held in registers at once
 
@@ -146,7 +163,7 @@ void scores512(const float* q, int64_t D, int64_t g_count, const T* k_cache, con
     for (int64_t g = 0; g < g_count; ++g) {
       __m512 acc = _mm512_mul_ps(qv[g][0], kc[0]);
       for (int c = 1; c < NV; ++c) acc = _mm512_fmadd_ps(qv[g][c], kc[c], acc);
-      scores[g * L + t] = _mm512_reduce_add_ps(acc) * scale;
+      scores[g * L + t] = _mm512_reduce_add_ps(acc) * (scale * row_scale(k, D));
     }
   }
 }
@@ -162,8 +179,9 @@ void values512(const float* probs, int64_t g_count, const T* v_cache, const int3
     const T* v = cache_row(v_cache, table, start + t, BS, row, kv);
     __m512 vc[NV];
     for (int c = 0; c < NV; ++c) vc[c] = load16(v + 16 * c);
+    const float vs = row_scale(v, D);
     for (int64_t g = 0; g < g_count; ++g) {
-      const __m512 p = _mm512_set1_ps(probs[g * L + t]);
+      const __m512 p = _mm512_set1_ps(probs[g * L + t] * vs);
       for (int c = 0; c < NV; ++c) acc[g][c] = _mm512_fmadd_ps(p, vc[c], acc[g][c]);
     }
   }
@@ -176,13 +194,13 @@ void decode512(const float* query, const T* k_cache, const T* v_cache, const int
                const int32_t* seq_lens, float* out, int64_t B, int64_t H, int64_t BS, int64_t KVH,
                int64_t MB, float scale, int64_t window, float softcap, int num_threads) {
   constexpr int64_t D = 16 * NV;
-  const int64_t G = H / KVH, row = KVH * D;
+  const int64_t G = H / KVH, W = row_width<T>(D), row = KVH * W;
 #pragma omp parallel num_threads(num_threads)
   {
     thread_local std::vector<float> scores;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < B * KVH; ++task) {
-      const int64_t b = task / KVH, kv = (task % KVH) * D;
+      const int64_t b = task / KVH, kv = (task % KVH) * W;
       const int64_t start = window_start(seq_lens[b], window), L = seq_lens[b] - start;
       const float* q = query + (b * H + (task % KVH) * G) * D;
       float* o = out + (b * H + (task % KVH) * G) * D;
@@ -235,14 +253,14 @@ void decode(const float* query, const T* k_cache, const T* v_cache, const int32_
                   softcap, num_threads))
     return;
 #endif
-  const int64_t G = H / KVH, row = KVH * D;
+  const int64_t G = H / KVH, W = row_width<T>(D), row = KVH * W;
 #pragma omp parallel num_threads(num_threads)
   {
     thread_local std::vector<float> scores, buf;  // kept across calls: no allocation per step
     buf.resize(D);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < B * KVH; ++task) {
-      const int64_t b = task / KVH, kv = (task % KVH) * D;
+      const int64_t b = task / KVH, kv = (task % KVH) * W;
       const int64_t start = window_start(seq_lens[b], window), L = seq_lens[b] - start;
       const float* q = query + (b * H + (task % KVH) * G) * D;
       float* o = out + (b * H + (task % KVH) * G) * D;
@@ -277,6 +295,17 @@ inline void rotate(const float* __restrict x, const float* __restrict c, const f
   }
 }
 
+// A token's KVH rows of D values into its cache slot: one conversion for plain element
+// types, one quantization per head (each head's row has its own scale) for int8.
+template <typename T>
+inline void store_rows(const float* src, T* dst, int64_t KVH, int64_t D) {
+  if constexpr (pagode::row_extra<T> == 0) {
+    from_float(src, dst, KVH * D);
+  } else {
+    for (int64_t h = 0; h < KVH; ++h) from_float(src + h * D, dst + h * row_width<T>(D), D);
+  }
+}
+
 // qkv [T, row_stride] holds q (H*D), k (KVH*D), v (KVH*D); q_out [T, H, D] gets the rotated
 // queries; the rotated keys and the values go to cache slots (slot -1: not written).
 template <typename T>
@@ -295,8 +324,8 @@ void rope_write(const float* qkv, int64_t row_stride, const int64_t* positions, 
     float kbuf[1024];
     const float* k = x + H * D;
     for (int64_t h = 0; h < KVH; ++h) rotate(k + h * D, c, s, kbuf + h * D, half);
-    from_float(kbuf, k_cache + slot * KVH * D, KVH * D);
-    from_float(k + KVH * D, v_cache + slot * KVH * D, KVH * D);
+    store_rows(kbuf, k_cache + slot * KVH * row_width<T>(D), KVH, D);
+    store_rows(k + KVH * D, v_cache + slot * KVH * row_width<T>(D), KVH, D);
   }
 }
 
@@ -323,6 +352,12 @@ void paged_decode_attention_bf16(const float* q, const BF16* k, const BF16* v, c
                                 float softcap, int nt) {
   decode(q, k, v, bt, lens, out, B, H, D, BS, KVH, MB, scale, window, softcap, nt);
 }
+void paged_decode_attention_i8(const float* q, const I8* k, const I8* v, const int32_t* bt,
+                               const int32_t* lens, float* out, int64_t B, int64_t H, int64_t D,
+                               int64_t BS, int64_t KVH, int64_t MB, float scale, int64_t window,
+                               float softcap, int nt) {
+  decode(q, k, v, bt, lens, out, B, H, D, BS, KVH, MB, scale, window, softcap, nt);
+}
 
 // Requires KVH * D <= 1024.
 void rope_write_kv_f32(const float* qkv, int64_t stride, const int64_t* pos, const float* cos,
@@ -338,6 +373,11 @@ void rope_write_kv_f16(const float* qkv, int64_t stride, const int64_t* pos, con
 void rope_write_kv_bf16(const float* qkv, int64_t stride, const int64_t* pos, const float* cos,
                         const float* sin, float* q_out, BF16* kc, BF16* vc, const int64_t* slots,
                         int64_t n, int64_t H, int64_t KVH, int64_t D, int nt) {
+  rope_write(qkv, stride, pos, cos, sin, q_out, kc, vc, slots, n, H, KVH, D, nt);
+}
+void rope_write_kv_i8(const float* qkv, int64_t stride, const int64_t* pos, const float* cos,
+                      const float* sin, float* q_out, I8* kc, I8* vc, const int64_t* slots,
+                      int64_t n, int64_t H, int64_t KVH, int64_t D, int nt) {
   rope_write(qkv, stride, pos, cos, sin, q_out, kc, vc, slots, n, H, KVH, D, nt);
 }
 

@@ -25,8 +25,8 @@
 //           probabilities are rounded to bf16 and every product is summed in fp32.
 // AMX is not used: a machine with it runs the avx512 bodies.
 // Cache rows are converted as they are read (row_to_float, one overload per element
-// type): another element type (e.g. int8 with scales) needs one overload there and in
-// the bf16 packers' dispatch, nothing else.
+// type). The int8 cache is not read here yet: it needs an overload calling kv_convert.h's
+// i8_row_to_float and a row stride of D + 4 (the scale after the values) in cache_row.
 #include "prefill_attention.h"
 
 #include "isa.h"

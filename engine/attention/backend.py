@@ -10,6 +10,7 @@ from abc import ABC, abstractmethod
 
 import torch
 
+from engine.attention import kv_int8
 from engine.attention.metadata import AttentionMetadata
 from engine.attention.rope import apply_rope
 
@@ -52,7 +53,7 @@ class AttentionBackend(ABC):
         [max_positions, head_dim / 2] the rotary tables. By default, RoPE in torch then
         write_kv; a backend may fuse the two.
         """
-        kv_heads, head_dim = kv_cache.shape[3:]
+        kv_heads, head_dim = kv_cache.shape[3], kv_int8.head_dim(kv_cache)
         q, k, v = qkv.split([num_heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
         q, k = apply_rope(positions, q.view(-1, num_heads, head_dim), k.view(-1, kv_heads, head_dim), cos, sin)
         self.write_kv(k, v.view(-1, kv_heads, head_dim).contiguous(), kv_cache, slot_mapping)
@@ -81,8 +82,8 @@ class AttentionBackend(ABC):
                scale: float, *, window: int | None = None, softcap: float | None = None) -> torch.Tensor:
         """Decodes then prefill chunks, over a cache that already holds the step's K/V.
 
-        The cache may be stored in a narrower dtype than the query (--kv-cache-dtype);
-        backends convert as they read.
+        The cache may be stored in a narrower dtype than the query (--kv-cache-dtype), or
+        in int8 with a scale per row (kv_int8.py); backends convert as they read.
         """
         nd = meta.num_decodes
         if meta.num_prefills == 0:

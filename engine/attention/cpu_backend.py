@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from engine import native
-from engine.attention import maskless_prefill, prefill_choice
+from engine.attention import kv_int8, maskless_prefill, prefill_choice
 from engine.attention.metadata import AttentionMetadata
 from engine.attention.sdpa_backend import SdpaAttentionBackend
 
@@ -72,7 +72,7 @@ class CpuAttentionBackend(SdpaAttentionBackend):
 
     def supports_fused_cpu_step(self, kv_cache: torch.Tensor) -> bool:
         """The fused step attends and writes K/V with this backend's own C++ kernels."""
-        kv_heads, head_dim = kv_cache.shape[3:]
+        kv_heads, head_dim = kv_cache.shape[3], kv_int8.head_dim(kv_cache)
         return (self.kernel is not None and kv_cache.is_contiguous()
                 and self.kernel.supports(torch.float32, kv_cache.dtype, kv_cache.device)
                 and kv_heads * head_dim <= self.kernel.MAX_KV_ROW)

@@ -1,6 +1,7 @@
 """Attention in pure torch, never C++: `--attention-backend sdpa`, and the reference.
 
-It never copies the whole cache, which may be stored in fp16/bf16 (converted as read).
+It never copies the whole cache, which may be stored in fp16/bf16 (converted as read) or
+int8 (dequantized as read, quantized as written: kv_int8.py).
 Decodes are one padded matmul over a gather of only the batch's blocks; each prefill
 chunk is one scaled_dot_product_attention call. The cpu backend (cpu_backend.py) is
 this one with the C++ kernels where they apply.
@@ -11,6 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from engine.attention import kv_int8
 from engine.attention.backend import AttentionBackend
 from engine.attention.metadata import AttentionMetadata
 
@@ -20,10 +22,10 @@ class SdpaAttentionBackend(AttentionBackend):
 
     def write_kv(self, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
                  slot_mapping: torch.Tensor) -> None:
-        _, num_blocks, block_size, kv_heads, head_dim = kv_cache.shape
-        flat = kv_cache.view(2, num_blocks * block_size, kv_heads, head_dim)
-        flat[0].index_copy_(0, slot_mapping, key.to(kv_cache.dtype))
-        flat[1].index_copy_(0, slot_mapping, value.to(kv_cache.dtype))
+        _, num_blocks, block_size, kv_heads, width = kv_cache.shape
+        flat = kv_cache.view(2, num_blocks * block_size, kv_heads, width)
+        flat[0].index_copy_(0, slot_mapping, kv_int8.store(key, kv_cache.dtype))
+        flat[1].index_copy_(0, slot_mapping, kv_int8.store(value, kv_cache.dtype))
 
     def decode(self, query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,
                scale: float, *, window: int | None = None, softcap: float | None = None) -> torch.Tensor:
@@ -34,13 +36,14 @@ class SdpaAttentionBackend(AttentionBackend):
                         softcap: float | None = None) -> torch.Tensor:
         """Pure torch: gather the batch's blocks, then one padded batched matmul."""
         nd = meta.num_decodes
-        block_size, kv_heads, head_dim = kv_cache.shape[2:]
+        block_size, kv_heads = kv_cache.shape[2:4]
+        head_dim = kv_int8.head_dim(kv_cache)
         max_len = max(meta.seq_lens_cpu[:nd])
         nb = -(-max_len // block_size)
         tables = meta.block_tables[:nd, :nb]
         # [2, B, nb, bs, kvh, d] -> K/V [B, kvh, L, d]
-        kv = kv_cache[:, tables].view(2, nd, nb * block_size, kv_heads, head_dim).transpose(2, 3)
-        kv = kv.to(query.dtype)
+        kv = kv_int8.widen(kv_cache[:, tables], query.dtype)
+        kv = kv.view(2, nd, nb * block_size, kv_heads, head_dim).transpose(2, 3)
         group = query.shape[1] // kv_heads
         q = query.view(nd, kv_heads, group, head_dim)
         scores = soft_cap(torch.matmul(q, kv[0].transpose(-1, -2)) * scale, softcap)  # [B, kvh, g, L]
@@ -65,11 +68,12 @@ class SdpaAttentionBackend(AttentionBackend):
 
     def _prefill_one(self, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,
                      i: int, scale: float, window: int | None, softcap: float | None) -> torch.Tensor:
-        block_size, kv_heads, head_dim = kv_cache.shape[2:]
+        block_size, kv_heads = kv_cache.shape[2:4]
+        head_dim = kv_int8.head_dim(kv_cache)
         seq_len, q_len = meta.seq_lens_cpu[i], q.shape[0]
         nb = -(-seq_len // block_size)
-        kv = kv_cache[:, meta.block_tables[i, :nb]].view(2, nb * block_size, kv_heads, head_dim)
-        kv = kv.to(q.dtype)
+        kv = kv_int8.widen(kv_cache[:, meta.block_tables[i, :nb]], q.dtype)
+        kv = kv.view(2, nb * block_size, kv_heads, head_dim)
         k, v = kv[0, :seq_len].transpose(0, 1), kv[1, :seq_len].transpose(0, 1)  # [kvh, L, d]
         qh = q.transpose(0, 1)  # [H, q_len, d]
         group = q.shape[1] // kv_heads

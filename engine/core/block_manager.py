@@ -21,6 +21,7 @@ import hashlib
 from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Protocol
 
 from engine.core.sequence import Sequence
 
@@ -38,6 +39,19 @@ class Block:
         self.ref_count = 1
         self.hash = None
         self.token_ids = ()
+
+
+class BlockObserver(Protocol):
+    """Told when the prefix cache changes (engine/io/kv_events.py publishes it as KV events)."""
+
+    def blocks_stored(self, seq: Sequence, indices: list[int]) -> None:
+        """Blocks `indices` of seq's table just entered the prefix cache."""
+
+    def block_removed(self, block_hash: int) -> None:
+        """The block cached under `block_hash` left the prefix cache (evicted or forgotten)."""
+
+    def all_cleared(self) -> None:
+        """The prefix cache was emptied."""
 
 
 def chain_hash(parent: int | None, token_ids: tuple[int, ...]) -> int:
@@ -59,6 +73,7 @@ class BlockManager:
         self.num_used = 0
         self.prefix_queries = 0  # tokens looked up in the prefix cache
         self.prefix_hits = 0  # tokens found there
+        self.observer: BlockObserver | None = None
 
     # ---- queries -------------------------------------------------------
     @property
@@ -185,6 +200,7 @@ class BlockManager:
             return
         bs = self.block_size
         full = min(seq.num_computed_tokens // bs, len(seq.block_table))
+        stored: list[int] = []
         for i, h in enumerate(self.hash_blocks(seq, full)):
             if seq.block_table[i] == FREED:
                 continue
@@ -195,6 +211,19 @@ class BlockManager:
                 self.hash_to_block[h] = block.block_id
                 block.hash = h
                 block.token_ids = tuple(seq.token_ids[i * bs:(i + 1) * bs])
+                stored.append(i)
+        if stored and self.observer is not None:
+            self.observer.blocks_stored(seq, stored)
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached block. Blocks that running requests hold stay theirs, and enter
+        the cache again when their request next commits full blocks."""
+        for block in self.blocks:
+            block.hash = None
+            block.token_ids = ()
+        self.hash_to_block.clear()
+        if self.observer is not None:
+            self.observer.all_cleared()
 
     # ---- internals -----------------------------------------------------
     def _grow(self, seq: Sequence, num_blocks: int) -> None:
@@ -205,7 +234,7 @@ class BlockManager:
         block_id, _ = self.free_ids.popitem(last=False)
         block = self.blocks[block_id]
         if block.hash is not None and self.hash_to_block.get(block.hash) == block_id:
-            del self.hash_to_block[block.hash]  # evicted now, not when it was freed
+            self._uncache(block.hash)  # evicted now, not when it was freed
         block.reset()
         self.num_used += 1
         return block_id
@@ -213,9 +242,14 @@ class BlockManager:
     def _forget(self, block: Block) -> None:
         """Take a block out of the prefix cache."""
         if block.hash is not None and self.hash_to_block.get(block.hash) == block.block_id:
-            del self.hash_to_block[block.hash]
+            self._uncache(block.hash)
         block.hash = None
         block.token_ids = ()
+
+    def _uncache(self, block_hash: int) -> None:
+        del self.hash_to_block[block_hash]
+        if self.observer is not None:
+            self.observer.block_removed(block_hash)
 
     def _take(self, block_id: int) -> None:
         block = self.blocks[block_id]

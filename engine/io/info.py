@@ -16,7 +16,7 @@ class EngineInfo:
     device: str
     dtype: str  # the weights' and activations' dtype, e.g. float32
     attention: str  # the attention backend's name
-    kv_cache_dtype: str  # fp32, fp16 or bf16
+    kv_cache_dtype: str  # fp32, fp16, bf16 or int8
     kv_tokens_per_gib: int
     cpu: str  # the CPU's model name
     cpu_isa: str  # the ISA level the CPU kernels are built for (baseline, avx2, avx512, amx)

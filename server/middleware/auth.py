@@ -11,7 +11,7 @@ from server.api.errors import error_response
 
 # /stats/ too: the live view's series say how busy the server is. The page itself (/ and
 # /ui/) is open: it holds no secret and asks for the key.
-PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize", "/stats/")
+PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize", "/stats/", "/reset_prefix_cache")
 
 
 def is_protected(path: str) -> bool:

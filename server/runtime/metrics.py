@@ -26,6 +26,7 @@ from prometheus_client.registry import Collector
 from engine.io.info import EngineInfo
 from engine.io.stats import EngineStats, StepStats
 from engine.spec.counters import SpecCounters
+from server.runtime.vllm_metrics import VllmCompatCollector
 
 PREFIX = "pagode:"
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -161,11 +162,13 @@ class ServerMetrics:
                  read_stats: Callable[[], EngineStats | None],
                  read_queued: Callable[[], int],
                  read_responses: Callable[[], Mapping[tuple[str, str], int]] = dict,
-                 cache_info: EngineInfo | None = None) -> None:
+                 cache_info: EngineInfo | None = None, compat: str = "vllm") -> None:
         disable_created_metrics()  # no *_created series: dashboards do not use them
         self.model_name = model_name
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(EngineSnapshotCollector(model_name, read_stats, read_queued))
+        if compat == "vllm":
+            self.registry.register(VllmCompatCollector(model_name, read_stats, cache_info))
         self.registry.register(ResponseCollector(model_name, read_responses))
         self.engine_failures = Counter(
             PREFIX + "request_engine_failures", "Requests that failed inside the engine "

@@ -84,7 +84,7 @@ class ServerState:
                                      config.token_budget, read_stats=self.read_stats,
                                      read_queued=lambda: self.admission.queued,
                                      read_responses=lambda: self.responses.responses,
-                                     cache_info=engine.describe())
+                                     cache_info=engine.describe(), compat=self.settings.metrics_compat)
         engine.add_step_listener(self.metrics.observe_step)
         self.sampler = StatsSampler(self.read_stats, lambda: self.admission.queued)
         self.metrics.watchers.append(self.sampler.recorder)

