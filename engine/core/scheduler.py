@@ -43,7 +43,7 @@ class ScheduledSeq:
 
 @dataclass
 class SchedulerOutput:
-    scheduled: list[ScheduledSeq] = field(default_factory=list)  # decodes (1 token) first
+    scheduled: list[ScheduledSeq] = field(default_factory=list)  # decodes (1 token + any draft) first
     preempted: list[Sequence] = field(default_factory=list)
 
     @property
@@ -124,7 +124,7 @@ class Scheduler:
             budget = self._schedule_waiting(out, budget)
         if self.drafter is not None:
             self._add_drafts(out, budget)
-        out.scheduled.sort(key=lambda s: s.num_new_tokens != 1)  # decodes first, stable
+        out.scheduled.sort(key=lambda s: s.num_new_tokens - s.num_draft != 1)  # decodes (drafted too) first, stable
         self.max_concurrent = max(self.max_concurrent, len(self.running))
         return out
 
