@@ -8,7 +8,7 @@ from engine.io.outputs import RequestTimes
 from engine.sampling_params import SamplingParams
 from engine.spec import drafter as drafter_module
 from engine.spec.config import parse_speculative_config
-from engine.spec.cost_model import StepCost
+from engine.spec.cost_model import StepCost, plausible
 from engine.spec.drafter import Drafter, StepLoad
 
 SPEC = parse_speculative_config('{"num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}')
@@ -131,3 +131,10 @@ def test_cost_curve_interpolates_and_extends_linearly() -> None:
     assert cost.at(0) == cost.at(1) == 1.0
     assert cost.at(3) == 1.5
     assert cost.at(8) == 4.0
+
+
+def test_a_curve_where_batching_never_pays_is_not_kept() -> None:
+    """Batching shares the weight reads, so a quiet machine's curve always runs some count at
+    twice one token's rate; one that does not was timed on a busy machine."""
+    assert plausible(CPU_LIKE)
+    assert not plausible(COMPUTE_BOUND)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 
 from engine import autotune, race_memory
+from engine.autotune import plausible
 from engine.config import EngineConfig, dtype_name
 from engine.core.batch_cap import BatchCap, from_step_seconds
 from engine.model import decode_step
@@ -66,14 +67,6 @@ def decode_step_seconds(runner: ModelRunner, key: str, batches: tuple[int, ...] 
                     "sequence's tok/s: %s); not kept, so the next start times them again",
                     {b: round(t * 1e3, 1) for b, t in times.items()})
     return times
-
-
-def plausible(seconds: dict[int, float]) -> bool:
-    """Whether some batch ran at least twice the smallest one's tokens/s. Batching shares each
-    step's weight reads, so on a quiet machine it always does; where none does, other
-    processes stretched the bigger steps, and a kept result would cap every later start."""
-    smallest = min(seconds)
-    return max(b / t for b, t in seconds.items()) >= 2 * smallest / seconds[smallest]
 
 
 def step_seconds(runner: ModelRunner, inputs: StepInputs) -> float:

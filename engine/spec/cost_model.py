@@ -110,11 +110,8 @@ def race_key(runner: ModelRunner, counts: list[int]) -> str:
 
 
 def plausible(cost: StepCost) -> bool:
-    """Whether some count ran at least twice one token's tokens/s. Batching shares each
-    step's weight reads, so on a quiet machine it always does; where none does, other
-    processes stretched the bigger steps, and a kept curve would misprice every later start."""
-    rates = [n / t for n, t in zip(cost.counts, cost.seconds, strict=True)]
-    return max(rates) >= 2 * rates[0]
+    """Whether the general curve looks like a quiet machine's (autotune.plausible)."""
+    return autotune.plausible(dict(zip(cost.counts, cost.seconds, strict=True)))
 
 
 def to_json(cost: StepCost) -> dict[str, Any]:
