@@ -24,6 +24,7 @@ from test_spec_decode import COPY, COUNT, FLAT, OPEN, SPEC, off
 from tiny_models import one_torch_thread
 
 from engine import LLM, SamplingParams, native
+from engine.core.scheduler import SchedulerOutput
 from engine.io.outputs import RequestOutput
 from engine.io.stats import StepStats
 from engine.model.decode_step import FusedDecodeStep
@@ -72,11 +73,23 @@ def run(llm: LLM, prompts: list[str], params: list[SamplingParams]) -> tuple[lis
         paths.append(StepPath(stats.num_tokens, stats.num_draft_tokens, stats.num_prefill_tokens,
                               rows.pop() if rows else 0))
 
+    scheduler = llm.engine.scheduler
+    schedule = scheduler.schedule
+
+    def ordered() -> SchedulerOutput:
+        """The packed layout's order: one-token decodes, drafted decodes, prefill chunks."""
+        out = schedule()
+        kinds = [0 if s.num_new_tokens == 1 else 1 if s.num_draft else 2 for s in out.scheduled]
+        assert kinds == sorted(kinds), kinds
+        return out
+
     hook = step.register_forward_hook(lambda mod, args, out: rows.append(out.shape[0]))
     llm.engine.step_listeners.append(record)
+    scheduler.schedule = ordered  # type: ignore[method-assign]
     try:
         outs = llm.generate(prompts, params)
     finally:
+        scheduler.schedule = schedule  # type: ignore[method-assign]
         llm.engine.step_listeners.remove(record)
         hook.remove()
     return outs, paths
