@@ -59,6 +59,15 @@ def fastest(candidates: Mapping[str, Callable[[], object]], reps: int,
     return min(times, key=lambda name: times[name]), times
 
 
+def plausible(seconds: Mapping[int, float]) -> bool:
+    """Whether, of steps timed by their token (or sequence) count, some count ran at least
+    twice the smallest one's tokens/s. Batching shares each step's weight reads, so on a
+    quiet machine it always does; where none does, other processes stretched the bigger
+    steps, and a kept result would misprice every later start."""
+    smallest = min(seconds)
+    return max(b / t for b, t in seconds.items()) >= 2 * smallest / seconds[smallest]
+
+
 @dataclass
 class Crossover:
     """Up to which count a candidate beats the incumbent (the counts are token or sequence counts)."""

@@ -117,3 +117,38 @@ def test_a_broken_cache_file_costs_a_race_not_a_start(own_cache: Path) -> None:
     assert race_memory.recall("block-kernel", "q8_0:64:64") is None
     race_memory.keep("block-kernel", "q8_0:64:64", 8)
     assert race_memory.recall("block-kernel", "q8_0:64:64") == 8
+
+
+def test_the_speculation_cost_curve_is_kept_when_plausible(tiny_zoo: TinyZoo, own_cache: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A speculating engine times its step cost curves once per machine: a second start reads
+    them back, unless the first timings looked like a busy machine's (then it times again)."""
+    from engine.spec import cost_model
+    from engine.spec.config import parse_speculative_config
+
+    timed: list[list[int]] = []
+    real = cost_model._time_counts
+
+    def counted(runner: Any, counts: list[int]) -> cost_model.StepCost:
+        timed.append(counts)
+        return real(runner, counts)
+
+    monkeypatch.setattr(cost_model, "_time_counts", counted)
+    monkeypatch.setattr(cost_model, "_measured", {})
+    config = parse_speculative_config('{"method": "ngram", "num_speculative_tokens": 2}')
+
+    def curve() -> cost_model.StepCost:
+        drafter = LLM(model=str(tiny_zoo.folder(LLAMA)), **ARGS, speculative_config=config).engine.scheduler.drafter
+        assert drafter is not None
+        return drafter.cost
+
+    with one_torch_thread():
+        first = curve()
+        assert len(timed) == 1
+        monkeypatch.setattr(cost_model, "_measured", {})
+        forget_this_process(monkeypatch)
+        second = curve()
+    if cost_model.plausible(first):
+        assert len(timed) == 1 and second == first
+    else:
+        assert len(timed) == 2

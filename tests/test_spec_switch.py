@@ -8,7 +8,7 @@ from engine.io.outputs import RequestTimes
 from engine.sampling_params import SamplingParams
 from engine.spec import drafter as drafter_module
 from engine.spec.config import parse_speculative_config
-from engine.spec.cost_model import StepCost
+from engine.spec.cost_model import StepCost, plausible
 from engine.spec.drafter import Drafter, StepLoad
 
 SPEC = parse_speculative_config('{"num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}')
@@ -102,15 +102,28 @@ def test_a_sure_sequence_drafts_where_a_doubtful_one_does_not() -> None:
     assert d.best_length(load, 4, 0.05) == 0
 
 
-def test_a_draft_must_beat_the_fused_step_it_displaces() -> None:
-    """A decode-only step may run as the fused C++ step, a drafted one cannot: the first draft
-    pays for the general path, so it must be likely enough to land to make up for it."""
-    fused = StepCost((1, 2, 4), (0.3, 0.3, 0.3))
+def test_a_draft_within_the_fused_limit_is_priced_on_the_fused_step() -> None:
+    """The fused C++ step verifies drafts too, so a draft that keeps a decode-only step within
+    its limit costs what the fused step costs; one that pushes the step past the limit pays
+    for leaving it, and must be likely enough to land to make up for that."""
+    fused = StepCost((1, 2, 4, 8), (0.3, 0.3, 0.3, 0.6))
     cost = StepCost(COUNTS, CPU_LIKE.seconds, fused=fused, fused_limit=4)
     d = drafter(cost)
-    assert d.best_length(d.start_step(1, 1), 4, 0.5) == 0  # 3 tokens per general step < 1 per fused
-    assert d.best_length(d.start_step(1, 1), 4, 1.0) == 4  # 5 tokens per general step > 1 per fused
+    assert d.best_length(d.start_step(1, 1), 4, 0.5) == 3  # 1 + 3 fits, 1 + 4 would run general
+    assert d.best_length(d.start_step(1, 1), 2, 0.2) == 2  # on the fused curve even a doubtful draft pays
+    assert d.best_length(d.start_step(4, 4), 4, 1.0) == 0  # at the limit: 8 tokens in 1.0 s < 4 in 0.3 s
     assert d.best_length(d.start_step(8, 8), 4, 0.5) > 0  # past its limit the step runs general anyway
+    mixed = d.start_step(3, 2)  # a prefill chunk in the step: it runs general, drafts or not
+    assert not mixed.decode_only and d.best_length(mixed, 4, 0.5) == 4
+
+
+def test_taking_a_draft_keeps_a_decode_only_step_on_the_fused_curve() -> None:
+    fused = StepCost((1, 2, 4, 8), (0.3, 0.3, 0.3, 0.6))
+    d = drafter(StepCost(COUNTS, CPU_LIKE.seconds, fused=fused, fused_limit=8))
+    load = d.start_step(1, 1)
+    d.take(copying_seq(), 3, load)
+    assert load.decode_only and load.tokens == 4
+    assert d.best_length(load, 4, 1.0) == 4  # 8 tokens still fit the fused step
 
 
 def test_cost_curve_interpolates_and_extends_linearly() -> None:
@@ -118,3 +131,10 @@ def test_cost_curve_interpolates_and_extends_linearly() -> None:
     assert cost.at(0) == cost.at(1) == 1.0
     assert cost.at(3) == 1.5
     assert cost.at(8) == 4.0
+
+
+def test_a_curve_where_batching_never_pays_is_not_kept() -> None:
+    """Batching shares the weight reads, so a quiet machine's curve always runs some count at
+    twice one token's rate; one that does not was timed on a busy machine."""
+    assert plausible(CPU_LIKE)
+    assert not plausible(COMPUTE_BOUND)

@@ -5,6 +5,7 @@ generation holds a bounded number of KV blocks."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -172,6 +173,31 @@ def test_triton_backend_matches_transformers_past_the_window(tiny_zoo: TinyZoo, 
     out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))[0]
     reference = tiny_zoo.reference(spec)
     assert_greedy_match(reference, prompt, out.token_ids, reference_greedy(reference, prompt, 8, None))
+
+
+@pytest.mark.parametrize("spec", [MISTRAL, GEMMA2], ids=lambda s: s.name)
+def test_drafts_verified_past_the_window_are_exact(tiny_zoo: TinyZoo, spec: Any) -> None:
+    """Speculated greedy output equals the plain one where the drafted positions attend by
+    the window (and Gemma 2's soft-cap): each drafted position is a decode row of its own,
+    whose window ends at itself. A prompt that repeats itself gives the proposer matches."""
+    from engine import LLM, SamplingParams
+    from engine.spec.config import parse_speculative_config
+    from engine.spec.cost_model import StepCost
+
+    config = parse_speculative_config('{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1}')
+    llm = LLM(model=str(tiny_zoo.folder(spec)), max_model_len=128, kv_cache_dtype="fp32", speculative_config=config)
+    drafter = llm.engine.scheduler.drafter
+    assert drafter is not None
+    drafter.cost = StepCost((1, 2), (1.0, 1.0))  # flat: every draft found is verified
+    base = prompts()[1]
+    prompt = base + base[1:]
+    assert len(prompt) > WINDOW
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    got = llm.generate([prompt, base], params)
+    want = llm.generate([prompt, base], dataclasses.replace(params, speculative=False))
+    assert drafter.counters.num_draft_tokens > 0
+    assert [g.token_ids for g in got] == [w.token_ids for w in want]
+    llm.engine.check_invariants()
 
 
 # llama.cpp's gemma graphs fix what the file does not say: gemma2's even layers slide, gemma3's

@@ -6,6 +6,12 @@ A token's slot is ``block_id * block_size + offset``.
 
 Tokens of one step are packed: the ``num_decodes`` decode sequences come first,
 one token each, then the prefill (or extend) chunks, varlen via ``query_start_loc``.
+
+A "sequence" here is a row of attention, not always a request: on the CPU each position
+of a drafted request is a decode row of its own, among the decodes, with its request's
+block table and a length that ends at itself (ModelRunner.prepare). Attention per row is
+then causal over the draft, computed as a decode's (and by the fused decode step, when
+the step holds nothing else); the host lists below follow the rows.
 """
 
 from __future__ import annotations

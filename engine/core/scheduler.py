@@ -43,7 +43,7 @@ class ScheduledSeq:
 
 @dataclass
 class SchedulerOutput:
-    scheduled: list[ScheduledSeq] = field(default_factory=list)  # decodes (1 token) first
+    scheduled: list[ScheduledSeq] = field(default_factory=list)  # decodes, drafted decodes, prefills
     preempted: list[Sequence] = field(default_factory=list)
 
     @property
@@ -124,7 +124,9 @@ class Scheduler:
             budget = self._schedule_waiting(out, budget)
         if self.drafter is not None:
             self._add_drafts(out, budget)
-        out.scheduled.sort(key=lambda s: s.num_new_tokens != 1)  # decodes first, stable
+        # Decodes first, then drafted decodes, then prefill chunks (stable): the packed layout
+        # wants one-token sequences first, and the CPU lays the drafted ones out as decode rows.
+        out.scheduled.sort(key=lambda s: (s.num_new_tokens - s.num_draft != 1, s.num_draft > 0))
         self.max_concurrent = max(self.max_concurrent, len(self.running))
         return out
 

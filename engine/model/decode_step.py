@@ -8,8 +8,10 @@ layer-by-layer path calls one at a time (one library), so both give the same num
 This module fills the C++ step's pointer table from a model and decides when it applies;
 the model runner owns the step and calls it instead of the model.
 
-It applies to a step of decodes only, on a model whose projections are all block-quantized
-QuantLinear and whose K/V cache the attention backend reads with the same C++ kernel
+It applies to a step of decodes only (a drafted sequence's positions included: the runner
+lays each out as a decode row of its own, so the step verifies drafts too), on a model
+whose projections are all block-quantized QuantLinear and whose K/V cache the attention
+backend reads with the same C++ kernel
 (AttentionBackend.supports_fused_cpu_step), up to a number of decodes measured at load:
 both paths run synthetic decode steps of 1, 2, 4, ... tokens, and the
 fused step keeps every count up to its last win before the layer-by-layer path (whose big

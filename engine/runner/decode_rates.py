@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import logging
 
-import torch
-
 from engine import autotune, race_memory
+from engine.autotune import plausible
 from engine.config import EngineConfig, dtype_name
 from engine.core.batch_cap import BatchCap, from_step_seconds
 from engine.model import decode_step
+from engine.runner.kv_cache import touch_blocks
 from engine.runner.model_runner import ModelRunner, StepInputs
 
 log = logging.getLogger("pagode")
@@ -58,7 +58,7 @@ def decode_step_seconds(runner: ModelRunner, key: str, batches: tuple[int, ...] 
     kept = race_memory.recall("decode-step-seconds", race_key)
     if kept is not None:
         return {int(b): float(t) for b, t in kept.items()}
-    touch_blocks(runner, max(batches) * blocks_per_sequence(runner, context))
+    touch_blocks(runner.kv_caches, max(batches) * blocks_per_sequence(runner, context))
     times = {b: step_seconds(runner, synthetic_decodes(runner, b, context)) for b in batches}
     if plausible(times):
         race_memory.keep("decode-step-seconds", race_key, {str(b): t for b, t in times.items()})
@@ -67,14 +67,6 @@ def decode_step_seconds(runner: ModelRunner, key: str, batches: tuple[int, ...] 
                     "sequence's tok/s: %s); not kept, so the next start times them again",
                     {b: round(t * 1e3, 1) for b, t in times.items()})
     return times
-
-
-def plausible(seconds: dict[int, float]) -> bool:
-    """Whether some batch ran at least twice the smallest one's tokens/s. Batching shares each
-    step's weight reads, so on a quiet machine it always does; where none does, other
-    processes stretched the bigger steps, and a kept result would cap every later start."""
-    smallest = min(seconds)
-    return max(b / t for b, t in seconds.items()) >= 2 * smallest / seconds[smallest]
 
 
 def step_seconds(runner: ModelRunner, inputs: StepInputs) -> float:
@@ -86,16 +78,8 @@ def blocks_per_sequence(runner: ModelRunner, context: int) -> int:
     return -(-context // runner.block_size)
 
 
-def touch_blocks(runner: ModelRunner, count: int) -> None:
-    """Write the first `count` blocks of every layer's cache (see the module's docstring)."""
-    count = min(count, runner.num_blocks)
-    with torch.inference_mode():
-        for cache in runner.kv_caches:
-            cache[:, :count].fill_(0.01)
-
-
 def synthetic_decodes(runner: ModelRunner, batch: int, context: int) -> StepInputs:
     """`batch` decodes, each at position `context - 1` of its own run of blocks."""
     ids, positions, meta = decode_step.synthetic_decodes(batch, runner.block_size, runner.model_config.vocab_size,
                                                          context, runner.num_blocks)
-    return StepInputs(ids, positions, meta, list(range(batch)))
+    return StepInputs(ids, positions, meta, list(range(batch)), list(range(batch + 1)))

@@ -78,3 +78,12 @@ def lazily_zeroed(shape: tuple[int, ...], dtype: torch.dtype, alignment: int = 6
     raw = torch.from_numpy(np.zeros(nbytes + alignment, dtype=np.uint8))
     skip = -raw.data_ptr() % alignment
     return raw[skip:skip + nbytes].view(dtype).view(shape)
+
+
+def touch_blocks(kv_caches: list[torch.Tensor], count: int) -> None:
+    """Write the first `count` blocks of every layer's cache, before load-time timings read
+    them: untouched pages of a lazily zeroed cache all map to one shared zero page, which
+    would make attention look nearly free. Only for a cache no request has used yet."""
+    with torch.inference_mode():
+        for cache in kv_caches:
+            cache[:, :min(count, cache.shape[1])].fill_(0.01)

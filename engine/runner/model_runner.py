@@ -33,6 +33,8 @@ class StepInputs:
     meta: AttentionMetadata
     sample_indices: list[int]  # rows of the packed tokens whose logits are sampled
     # (a drafted sequence has 1 + its draft's length rows, in order: engine/spec/)
+    seq_starts: list[int]  # [len(scheduled) + 1] each scheduled sequence's first packed row (meta's
+    # sequences are attention rows, which a drafted sequence may split into one per token)
 
 
 class ModelRunner:
@@ -43,6 +45,7 @@ class ModelRunner:
         self.block_size = config.block_size
         self.logprobs_mode = config.logprobs_mode
         self.model_config = model_config
+        self.quantization = config.quantization  # as asked ("auto" resolves alike on one machine)
         self.backend = select_backend(config.attention_backend, self.device)
         self.model: LlamaForCausalLM = load_model(source, model_config, self.backend,
                                                   max(max_model_len, 1), self.dtype, self.device,
@@ -122,6 +125,11 @@ class ModelRunner:
         slots = tables[seq_index, positions // bs].astype(np.int64) * bs + positions % bs
         completes = np.fromiter((s.completes_prefill for s in scheduled), bool, n)
         sample_indices = _sample_rows(scheduled, starts, completes)
+        seq_starts = starts.tolist()
+        drafted = self._drafted_prefix(scheduled)
+        if drafted:
+            tables, seq_lens, counts, starts = _as_decode_rows(drafted, int(starts[drafted]), tables, seq_lens,
+                                                               counts, starts, seq_index, positions)
         num_decodes = int(np.count_nonzero(counts == 1))
         seq_lens_list = seq_lens.tolist()
         meta = AttentionMetadata(
@@ -132,10 +140,22 @@ class ModelRunner:
             num_decodes=num_decodes,
             max_query_len=int(counts.max()),
             max_seq_len=max(seq_lens_list),
-            query_start_loc_cpu=starts.tolist(),
+            query_start_loc_cpu=seq_starts if not drafted else starts.tolist(),
             seq_lens_cpu=seq_lens_list,
         )
-        return StepInputs(self._tensor(ids), self._tensor(positions), meta, sample_indices)
+        return StepInputs(self._tensor(ids), self._tensor(positions), meta, sample_indices, seq_starts)
+
+    def _drafted_prefix(self, scheduled: list[ScheduledSeq]) -> int:
+        """How many leading sequences (the decodes, drafted or not: the scheduler puts them
+        first) to lay out as decode rows, one per token; 0 for a step without drafts.
+
+        On the CPU a drafted sequence's positions then run as the decodes do: in the fused
+        decode step when the step holds nothing else, or in the C++ decode attention of the
+        layer-by-layer path, rather than as an extend chunk that gathers its whole context
+        per layer. The GPU paths keep the chunk (one varlen kernel there already)."""
+        if self.device.type != "cpu" or not any(s.num_draft for s in scheduled):
+            return 0
+        return next((i for i, s in enumerate(scheduled) if s.num_new_tokens != 1 + s.num_draft), len(scheduled))
 
     def _tensor(self, array: np.ndarray) -> torch.Tensor:
         tensor = torch.from_numpy(np.ascontiguousarray(array))
@@ -176,6 +196,19 @@ def _sample_rows(scheduled: list[ScheduledSeq], starts: np.ndarray, completes: n
         if done:
             rows.extend(range(end - 1 - s.num_draft, end))
     return rows
+
+
+def _as_decode_rows(num_seqs: int, num_tokens: int, tables: np.ndarray, seq_lens: np.ndarray, counts: np.ndarray,
+                    starts: np.ndarray, seq_index: np.ndarray,
+                    positions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The first num_seqs sequences (num_tokens tokens) as one decode row per token: a row
+    keeps its sequence's block table and ends at its own position, so attending over it is
+    causal attention over the draft, computed as a decode's (engine/attention/metadata.py)."""
+    rows = seq_index[:num_tokens]
+    return (np.concatenate([tables[rows], tables[num_seqs:]]),
+            np.concatenate([positions[:num_tokens] + 1, seq_lens[num_seqs:]]),
+            np.concatenate([np.ones(num_tokens, np.int64), counts[num_seqs:]]),
+            np.concatenate([np.arange(num_tokens, dtype=np.int64), starts[num_seqs:]]))
 
 
 def _every_row_in_order(indices: list[int], num_rows: int) -> bool:

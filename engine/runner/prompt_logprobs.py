@@ -41,7 +41,7 @@ def plan(requests: dict[str, RequestState], scheduled: list[ScheduledSeq],
               and len(st.prompt_logprobs) < st.seq.num_prompt_tokens}
     if not wanted:
         return []
-    return plan_rows(scheduled, inputs.meta.query_start_loc_cpu, wanted, inputs.sample_indices)
+    return plan_rows(scheduled, inputs.seq_starts, wanted, inputs.sample_indices)
 
 
 def collect(requests: dict[str, RequestState], prompt_logits: torch.Tensor, plans: list[PromptRows],

@@ -8,13 +8,14 @@ Those requests decode one token at a time in the same step as everyone else.
 
 Load-aware: the scheduler offers drafts only from the budget left once every decode and
 prefill of the step is placed. Each draft is then weighed against the start-up cost curves
-(engine/spec/cost_model.py): a step of T tokens that emits B tokens runs at B / cost(T),
-on the fused decode step's curve where it would run fused without drafts; a
+(engine/spec/cost_model.py): a step of T tokens that emits B tokens runs at B / cost(T); a
 draft of d tokens whose sequence has recently had a fraction r of its draft tokens
-accepted makes that (B + r d) / cost(T + d). The draft is kept, at the length that
-maximises the rate, only when the rate rises. One stream pays a few percent of a step for
-drafts that usually land; a full step, whose cost grows with every token, drafts only
-what is nearly certain to be accepted, so saturation turns drafting off by itself.
+accepted makes that (B + r d) / cost(T + d). A step of decodes and drafts only is priced
+on the fused decode step's curve while it fits that step (which verifies drafts as decode
+rows), on the general path's past it. The draft is kept, at the length that maximises the
+rate, only when the rate rises. One stream pays a few percent of a step for drafts that
+usually land; a full step, whose cost grows with every token, drafts only what is nearly
+certain to be accepted, so saturation turns drafting off by itself.
 
 A sequence whose recent acceptance falls under MIN_ACCEPTANCE stops drafting for
 BACKOFF_STEPS steps and then starts afresh: open prose whose n-grams recur by chance does
@@ -45,7 +46,7 @@ class StepLoad:
 
     tokens: int  # tokens in the forward pass, drafts taken so far included
     outputs: float  # tokens it is expected to emit: one per sampled sequence plus expected accepted drafts
-    decode_only: bool = False  # one token per sequence so far: without a draft it may run the fused step
+    decode_only: bool = False  # no prefill chunk, only decodes and drafts: it may run the fused step
 
 
 class Drafter:
@@ -84,10 +85,10 @@ class Drafter:
     def best_length(self, load: StepLoad, longest: int, rate: float) -> int:
         """The draft length up to `longest` with the best expected tokens per second, 0 when
         no length beats the step without it by MIN_GAIN."""
-        best_rate = load.outputs / self.cost.plain(load.tokens, load.decode_only) * (1.0 + MIN_GAIN)
+        best_rate = load.outputs / self.cost.step(load.tokens, load.decode_only) * (1.0 + MIN_GAIN)
         best = 0
         for d in range(1, longest + 1):
-            rate_d = (load.outputs + rate * d) / self.cost.at(load.tokens + d)
+            rate_d = (load.outputs + rate * d) / self.cost.step(load.tokens + d, load.decode_only)
             if rate_d > best_rate:
                 best_rate, best = rate_d, d
         return best
@@ -96,7 +97,6 @@ class Drafter:
         """A draft joined the step: later drafts weigh against the bigger step."""
         load.tokens += num_draft
         load.outputs += seq.spec_acceptance * num_draft
-        load.decode_only = False
 
     def record(self, seq: Sequence, num_draft: int, num_accepted: int) -> None:
         """Count a verified draft and update the sequence's acceptance average."""
