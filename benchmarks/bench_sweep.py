@@ -33,7 +33,7 @@ import torch
 from benchmarks.bench_engine import run_engine
 from engine.llm import LLM
 from engine.native import cpu_target
-from engine.runner import decode_rates
+from engine.runner import decode_rates, kv_cache
 from engine.sampling_params import SamplingParams
 from loadgen.prose import prose_token_ids
 
@@ -41,7 +41,7 @@ from loadgen.prose import prose_token_ids
 def time_grid(llm: LLM, batches: list[int], contexts: list[int]) -> dict[int, dict[int, float]]:
     """context -> batch -> output tokens/s of one decode step."""
     runner = llm.engine.runner
-    decode_rates.touch_blocks(runner, max(batches) * decode_rates.blocks_per_sequence(runner, max(contexts)))
+    kv_cache.touch_blocks(runner.kv_caches, max(batches) * decode_rates.blocks_per_sequence(runner, max(contexts)))
     grid: dict[int, dict[int, float]] = {}
     for context in contexts:
         grid[context] = {}
