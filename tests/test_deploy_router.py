@@ -17,12 +17,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import random
-import re
 import sys
-import threading
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -31,6 +27,7 @@ import httpx
 import openai
 import pytest
 import yaml
+from prefix_trace import PREFIXES, REQUESTS_PER_PREFIX, routing_decisions, run_trace
 from proxy_support import (
     PINNED_REPLICA_ARGS,
     PINNED_REPLICA_ENV,
@@ -38,7 +35,6 @@ from proxy_support import (
     Process,
     Stream,
     completion_body,
-    counter_sum,
     router_args,
     spawn,
     stream,
@@ -50,9 +46,6 @@ from loadgen.server_process import free_port
 
 COMPOSE_REPLICAS = ROOT / "docker" / "compose.replicas.yaml"
 ENTRYPOINT = ROOT / "docker" / "router-entrypoint.py"
-PREFIXES = 3
-REQUESTS_PER_PREFIX = 4
-CLIENTS = 2
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -172,78 +165,23 @@ def test_openai_sdk_chat_through_the_router(fleet: Fleet) -> None:
 # --- cache-aware routing --------------------------------------------------------------------
 
 
-def system_prompt(phase: str, topic: str) -> str:
-    """About 300 tokens that only chats about `topic` in `phase` share (the phase comes first,
-    so no two phases share a cached prefix)."""
-    facts = " ".join(f"Fact {i} about {topic} is worth remembering." for i in range(36))
-    return f"[{phase}] You are an expert on {topic}. {facts}"
-
-
-def trace(phase: str) -> list[tuple[int, list[dict[str, str]]]]:
-    """(prefix, messages) for PREFIXES system prompts, each with REQUESTS_PER_PREFIX questions,
-    shuffled (the same order for every phase)."""
-    topics = ["lighthouses", "volcanoes", "orchards", "glaciers", "harbours"][:PREFIXES]
-    chats = [(p, [{"role": "system", "content": system_prompt(phase, topic)},
-                  {"role": "user", "content": f"Question {q}: what matters most?"}])
-             for p, topic in enumerate(topics) for q in range(REQUESTS_PER_PREFIX)]
-    random.Random(7).shuffle(chats)
-    return chats
-
-
-@dataclass
-class TraceResult:
-    replica_of: dict[int, set[int]]  # prefix -> the replicas that served it
-    hit_rate: float  # prompt tokens found in the replicas' prefix caches / looked up
-
-
-def run_trace(fleet: Fleet, url: str, phase: str) -> TraceResult:
-    """Send the trace through `url` from CLIENTS concurrent clients; where each request ran
-    and the replicas' prefix-cache hit rate over the trace."""
-    before = [(counter_sum(r.url, "prefix_cache_hits_total"), counter_sum(r.url, "prefix_cache_queries_total"))
-              for r in fleet.replicas]
-    chats = trace(phase)
-    lock = threading.Lock()
-    sent: list[tuple[int, str]] = []
-
-    def send(index: int) -> None:
-        prefix, messages = chats[index]
-        rid = f"{phase}-{index}"
-        response = httpx.post(f"{url}/v1/chat/completions", timeout=180, headers={"X-Request-Id": rid},
-                              json={"model": fleet.model, "messages": messages, "max_tokens": 2})
-        assert response.status_code == 200, response.text
-        with lock:
-            sent.append((prefix, rid))
-
-    with ThreadPoolExecutor(CLIENTS) as pool:
-        list(pool.map(send, range(len(chats))))
-    logs = [r.log.read_text(errors="replace") for r in fleet.replicas]
-    replica_of: dict[int, set[int]] = {}
-    for prefix, rid in sent:
-        served = [i for i, log in enumerate(logs) if re.search(rf"request finished id=\S*-{rid}-\d+ ", log)]
-        assert len(served) == 1, f"{rid} was served by replicas {served}"
-        replica_of.setdefault(prefix, set()).add(served[0])
-    after = [(counter_sum(r.url, "prefix_cache_hits_total"), counter_sum(r.url, "prefix_cache_queries_total"))
-             for r in fleet.replicas]
-    hits = sum(a[0] - b[0] for a, b in zip(after, before, strict=True))
-    queries = sum(a[1] - b[1] for a, b in zip(after, before, strict=True))
-    assert queries > 0
-    return TraceResult(replica_of, hits / queries)
-
-
-def routing_decisions(router: Process, outcome: str) -> float:
-    """The router's own count of cache-aware decisions that found (or missed) a prefix."""
+def metrics_url(router: Process) -> str:
     argv = router.proc.args
     assert isinstance(argv, list)
-    text = httpx.get(f"http://127.0.0.1:{argv[argv.index('--prometheus-port') + 1]}/metrics", timeout=10).text
-    return sum(float(v) for v in re.findall(
-        rf'^vllm_router_prefix_routing_decisions_total{{[^}}]*outcome="{outcome}"[^}}]*}} (\S+)$', text, re.M))
+    return f"http://127.0.0.1:{argv[argv.index('--prometheus-port') + 1]}/metrics"
 
 
 def test_cache_aware_routing_keeps_each_prefix_on_one_replica(fleet: Fleet) -> None:
-    hits_before, misses_before = (routing_decisions(fleet.router, o) for o in ("prefix_hit", "prefix_miss"))
-    aware = run_trace(fleet, fleet.router.url, "aware")
-    hits, misses = (routing_decisions(fleet.router, o) for o in ("prefix_hit", "prefix_miss"))
-    baseline = run_trace(fleet, fleet.baseline.url, "round-robin")
+    urls = [r.url for r in fleet.replicas]
+
+    def logs() -> list[str]:
+        return [r.log.read_text(errors="replace") for r in fleet.replicas]
+
+    decisions = [routing_decisions(metrics_url(fleet.router), o) for o in ("prefix_miss", "prefix_hit")]
+    aware = run_trace(fleet.router.url, fleet.model, urls, logs, "aware")
+    decisions = [routing_decisions(metrics_url(fleet.router), o) - before
+                 for o, before in zip(("prefix_miss", "prefix_hit"), decisions, strict=True)]
+    baseline = run_trace(fleet.baseline.url, fleet.model, urls, logs, "round-robin")
     print(f"prefix-cache hit rate over {PREFIXES}x{REQUESTS_PER_PREFIX} chats: cache_aware "
           f"{aware.hit_rate:.2f}, round_robin {baseline.hit_rate:.2f}; replicas per prefix: "
           f"{aware.replica_of} vs {baseline.replica_of}")
@@ -252,5 +190,4 @@ def test_cache_aware_routing_keeps_each_prefix_on_one_replica(fleet: Fleet) -> N
         f"round robin should have split some prefix over both replicas: {baseline.replica_of}"
     assert aware.hit_rate > baseline.hit_rate
     # The router's own account: each system prompt missed once, then was found.
-    assert (misses - misses_before, hits - hits_before) == \
-        (PREFIXES, PREFIXES * (REQUESTS_PER_PREFIX - 1))
+    assert decisions == [PREFIXES, PREFIXES * (REQUESTS_PER_PREFIX - 1)]
