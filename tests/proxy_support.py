@@ -25,8 +25,9 @@ from loadgen.server_process import stop
 ROOT = Path(__file__).resolve().parents[1]
 REPLICA_ARGS = ["--kv-cache-memory", "256MiB", "--max-model-len", "512"]
 # Replicas that start side by side on the same cores would time each other's kernel
-# crossover and batch-size measurements (minutes on a busy machine): these pin them, as
-# the Docker replica tests pin the crossovers (tests/docker_harness.py).
+# crossover and batch-size measurements (minutes on a busy machine, past the startup
+# timeout): these pin them, as the Docker replica tests pin the crossovers
+# (tests/docker_harness.py).
 PINNED_REPLICA_ARGS = [*REPLICA_ARGS, "--fused-decode-limit", "16", "--max-num-seqs", "16"]
 PINNED_REPLICA_ENV = {"PAGODE_QUANT_CROSSOVER": "8"}
 STARTUP_TIMEOUT_S = 300.0  # as tests/server_fixtures.py: two models loading on a busy 2-core machine

@@ -27,7 +27,8 @@ from typing import Any
 import httpx
 import pytest
 from proxy_support import (
-    REPLICA_ARGS,
+    PINNED_REPLICA_ARGS,
+    PINNED_REPLICA_ENV,
     ROOT,
     Process,
     Stream,
@@ -83,8 +84,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         for i in range(2):
             port = free_port()
             replicas.append(spawn(
-                serve_command(port, REPLICA_ARGS),
-                f"http://127.0.0.1:{port}", tmp / f"replica{i}.log"))
+                serve_command(port, PINNED_REPLICA_ARGS),
+                f"http://127.0.0.1:{port}", tmp / f"replica{i}.log", PINNED_REPLICA_ENV))
         port = free_port()
         conf = tmp / "nginx.conf"
         conf.write_text(render_nginx_conf([r.url.removeprefix("http://") for r in replicas],
