@@ -4,7 +4,8 @@ The images are built the way a user builds them (`docker build .`, BuildKit), wi
 build arguments that this machine needs and the Dockerfile documents: the local Debian
 base (scripts/docker-base-image.sh; no registry can be pulled from here) and the torch
 wheel that lies on this machine's disk. Prometheus and nginx come from Debian's packages,
-in images built from docker/local/ on the same base.
+in images built from docker/local/ on the same base; the router image
+(docker/router.Dockerfile) is built on that base too.
 
 A stack is a shipped compose file, resolved by `docker-compose config` and then changed
 only where this machine forces it (`on_loopback`): every service on the host's network,
@@ -13,7 +14,8 @@ collides with another server here), the locally built images, a 2 s health-check
 interval (the image's own check, run more often, so that "healthy" is timed closely),
 and Grafana, which has no package here, left out with its profile. Replicas cannot share
 a port on the host's network, so the scaled `pagode` service becomes one service per
-replica, each an exact copy but for its port, and nginx's upstream list names them.
+replica, each an exact copy but for its port, and nginx's upstream list and the router's
+worker URLs name them (nginx, behind a profile in the shipped file, runs beside the router).
 
 The tests run under `make test-docker` (scripts/test-docker.sh sets DOCKER_TESTS=1 and
 brings up dockerd); under a plain `make test` they skip, saying so.
@@ -39,6 +41,7 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from proxy_support import router_args
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCKER = ROOT / "docker"
@@ -50,6 +53,7 @@ LOCAL_IMAGES = DOCKER / "local"
 IMAGE = "pagode:cpu"
 PROMETHEUS_IMAGE = "pagode-prometheus:local"
 NGINX_IMAGE = "pagode-nginx:local"
+ROUTER_IMAGE = "pagode-router:test"
 BASE_IMAGE = os.environ.get("DOCKER_BASE_IMAGE", "pagode-base:bookworm")
 PROJECT = "pagode-docker-test"
 KERNEL_VOLUME = f"{PROJECT}_pagode-kernels"
@@ -150,6 +154,7 @@ class Images:
     pagode: str
     prometheus: str
     nginx: str
+    router: str
 
 
 def stage_build_inputs() -> dict[str, str]:
@@ -199,16 +204,19 @@ def built_images() -> Images:
     if built:
         record("base image build (debootstrap + import)", float(built.group(1)), "s")
     base = {"BASE_IMAGE": BASE_IMAGE}
-    # Prometheus and nginx are small and mostly download: built beside pagode's image.
+    pagode_args = stage_build_inputs()  # the CAs too, which the router's builder trusts
+    # Prometheus, nginx and the router are small and mostly download: built beside pagode's image.
     with ThreadPoolExecutor(max_workers=2) as pool:
         sidecars = pool.submit(lambda: [
             build(PROMETHEUS_IMAGE, LOCAL_IMAGES / "prometheus.Dockerfile", LOCAL_IMAGES, base),
-            build(NGINX_IMAGE, LOCAL_IMAGES / "nginx.Dockerfile", LOCAL_IMAGES, base)])
-        seconds = build(IMAGE, ROOT / "Dockerfile", ROOT, stage_build_inputs())
+            build(NGINX_IMAGE, LOCAL_IMAGES / "nginx.Dockerfile", LOCAL_IMAGES, base),
+            build(ROUTER_IMAGE, DOCKER / "router.Dockerfile", DOCKER, {"PYTHON_IMAGE": BASE_IMAGE})])
+        seconds = build(IMAGE, ROOT / "Dockerfile", ROOT, pagode_args)
         sidecars.result()
     record("pagode image build (this run; cached layers count as done)", seconds, "s")
     record("pagode image size", image_size(IMAGE) / 1e9, "GB")
-    return Images(IMAGE, PROMETHEUS_IMAGE, NGINX_IMAGE)
+    record("router image size", image_size(ROUTER_IMAGE) / 1e9, "GB")
+    return Images(IMAGE, PROMETHEUS_IMAGE, NGINX_IMAGE, ROUTER_IMAGE)
 
 
 def in_image(image: str, script: str, *docker_args: str, check: bool = True) -> str:
@@ -308,6 +316,18 @@ def nginx_service(service: dict[str, Any], image: str, port: int,
             "depends_on": {name: {"condition": "service_healthy"} for name in replicas}}
 
 
+def router_service(service: dict[str, Any], image: str, port: int, metrics_port: int,
+                   replicas: dict[str, int]) -> dict[str, Any]:
+    """The shipped router service, its one worker URL (the scaled service's name, which the
+    entry point expands by DNS) replaced by one loopback URL per replica."""
+    command = [str(a) for a in service["command"]]
+    assert "http://pagode:8000" in command, command
+    workers = [f"http://127.0.0.1:{p}" for p in replicas.values()]
+    return {**on_loopback(service), "image": image,
+            "command": router_args(command, port, metrics_port, workers),
+            "depends_on": {name: {"condition": "service_healthy"} for name in replicas}}
+
+
 def parse_time(stamp: str) -> float:
     """A Docker timestamp (nanoseconds, Z) as epoch seconds."""
     whole, _, rest = stamp.rstrip("Z").partition(".")
@@ -397,18 +417,22 @@ def single_stack(tmp: Path, images: Images) -> Stack:
 
 
 def replicas_stack(tmp: Path, images: Images, replicas: int = 2) -> Stack:
-    """docker/compose.replicas.yaml (nginx before N replicas, Prometheus) on the loopback."""
+    """docker/compose.replicas.yaml (the router and nginx before N replicas, Prometheus) on
+    the loopback; nginx, behind a profile there, runs too."""
     shipped = resolved_config(COMPOSE_REPLICAS)
     services = shipped["services"]
     assert services["pagode"]["deploy"]["replicas"] == replicas
     names = {f"pagode-{i + 1}": free_port() for i in range(replicas)}
-    ports = {**names, "nginx": free_port(), "prometheus": free_port()}
+    ports = {**names, "router": free_port(), "router-metrics": free_port(), "nginx": free_port(),
+             "prometheus": free_port()}
     prom_config = tmp / "prometheus.yml"
     prom_config.write_text(prometheus_config(list(names.values()), ports["prometheus"]), encoding="utf-8")
     prom_config.chmod(0o644)
     config = {**shipped, "services": {
         **{name: pagode_service(services["pagode"], images.pagode, port, pinned=True)
            for name, port in names.items()},
+        "router": router_service(services["router"], images.router, ports["router"],
+                                 ports["router-metrics"], names),
         "nginx": nginx_service(services["nginx"], images.nginx, ports["nginx"], names),
         "prometheus": prometheus_service(services["prometheus"], images.prometheus,
                                          prom_config, ports["prometheus"]),

@@ -124,13 +124,23 @@ def test_compose_bench_profile_runs_loadgen_against_pagode() -> None:
     assert loadgen["depends_on"]["pagode"]["condition"] == "service_healthy"
 
 
-def test_compose_replicas_runs_n_replicas_behind_nginx() -> None:
+def test_compose_replicas_runs_n_replicas_behind_the_router_and_nginx() -> None:
     config = compose_config("-f", COMPOSE_REPLICAS)
     services = config["services"]
     assert services["pagode"]["deploy"]["replicas"] == 2
     assert "ports" not in services["pagode"], "replicas cannot share a published port"
+    router = services["router"]
+    assert "profiles" not in router, "the router is the default entry"
+    assert {(int(p["published"]), p["target"]) for p in router["ports"]} == {(8000, 8000), (29000, 29000)}
+    command = [str(a) for a in router["command"]]
+    assert command[command.index("--worker-urls") + 1:command.index("--worker-urls") + 2] == \
+        ["http://pagode:8000"]
+    assert command[command.index("--policy") + 1] == "cache_aware"
+    assert router["build"]["dockerfile"] == "router.Dockerfile"
+    assert router["depends_on"]["pagode"]["condition"] == "service_healthy"
     nginx = services["nginx"]
-    assert {p["target"] for p in nginx["ports"]} == {8000}
+    assert nginx["profiles"] == ["nginx"]
+    assert {(int(p["published"]), p["target"]) for p in nginx["ports"]} == {(8001, 8000)}
     mounts = {v.split(":")[1]: Path(v.split(":")[0]) for v in nginx["volumes"]}
     assert mounts["/etc/nginx/templates/nginx.conf.template"] == NGINX_TEMPLATE
     assert nginx["environment"]["NGINX_ENVSUBST_OUTPUT_DIR"] == "/etc/nginx"

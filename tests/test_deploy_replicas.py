@@ -19,22 +19,30 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from proxy_support import (
+    PINNED_REPLICA_ARGS,
+    PINNED_REPLICA_ENV,
+    ROOT,
+    Process,
+    Stream,
+    completion_body,
+    spawn,
+    stream,
+    success_count,
+    wait_ok,
+)
 from server_fixtures import serve_command
 
-from loadgen.server_process import free_port, stop
+from loadgen.server_process import free_port
 
-ROOT = Path(__file__).resolve().parents[1]
 NGINX_TEMPLATE = ROOT / "docker" / "nginx.conf"
-REPLICA_ARGS = ["--kv-cache-memory", "256MiB", "--max-model-len", "512"]
-STARTUP_TIMEOUT_S = 300.0  # as tests/server_fixtures.py: two models loading on a busy 2-core machine
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
@@ -59,39 +67,6 @@ def render_nginx_conf(upstreams: list[str], listen: str) -> str:
 
 
 @dataclass
-class Process:
-    proc: subprocess.Popen[bytes]
-    url: str
-    log: Path
-
-    def tail(self) -> str:
-        return self.log.read_text(errors="replace")[-3000:] if self.log.exists() else ""
-
-    def stop(self) -> None:
-        stop(self.proc, grace=20)
-
-
-def spawn(argv: list[str], url: str, log: Path) -> Process:
-    with open(log, "wb") as out:  # the child keeps its own descriptor
-        proc = subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
-    return Process(proc, url, log)
-
-
-def wait_ok(process: Process, path: str) -> None:
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if process.proc.poll() is not None:
-            pytest.fail(f"{process.url} exited with {process.proc.returncode}:\n{process.tail()}")
-        try:
-            if httpx.get(process.url + path, timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    pytest.fail(f"{process.url}{path} not ready after {STARTUP_TIMEOUT_S} s:\n{process.tail()}")
-
-
-@dataclass
 class Cluster:
     replicas: list[Process]
     nginx: Process
@@ -109,8 +84,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         for i in range(2):
             port = free_port()
             replicas.append(spawn(
-                serve_command(port, REPLICA_ARGS),
-                f"http://127.0.0.1:{port}", tmp / f"replica{i}.log"))
+                serve_command(port, PINNED_REPLICA_ARGS),
+                f"http://127.0.0.1:{port}", tmp / f"replica{i}.log", PINNED_REPLICA_ENV))
         port = free_port()
         conf = tmp / "nginx.conf"
         conf.write_text(render_nginx_conf([r.url.removeprefix("http://") for r in replicas],
@@ -129,71 +104,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 
 # --- streaming through the proxy ----------------------------------------------------
-
-
-@dataclass
-class Stream:
-    events: list[dict[str, Any]] = field(default_factory=list)
-    read_of_event: list[int] = field(default_factory=list)  # which network read carried it
-    done: bool = False
-    first_content: threading.Event = field(default_factory=threading.Event)
-    error: str | None = None
-
-    @property
-    def text(self) -> str:
-        return "".join(c.get("text", "") for e in self.events for c in e.get("choices", []))
-
-    @property
-    def content_reads(self) -> list[int]:
-        return [r for e, r in zip(self.events, self.read_of_event, strict=True)
-                if any(c.get("text") for c in e.get("choices", []))]
-
-    @property
-    def finish_reason(self) -> str | None:
-        reasons = [c.get("finish_reason") for e in self.events for c in e.get("choices", [])]
-        return next((r for r in reversed(reasons) if r), None)
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None and self.done and self.finish_reason in ("stop", "length")
-
-
-def completion_body(model: str, prompt: str, max_tokens: int) -> dict[str, Any]:
-    return {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
-
-
-def stream(url: str, body: dict[str, Any], into: Stream | None = None) -> Stream:
-    """POST a streamed completion, noting which network read delivered each SSE event."""
-    result = into or Stream()
-    buffer = b""
-    try:
-        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=120) as resp:
-            if resp.status_code != 200:
-                result.error = f"HTTP {resp.status_code}: {resp.read()[:300]!r}"
-                return result
-            for read_index, chunk in enumerate(resp.iter_raw()):
-                buffer += chunk
-                while b"\n\n" in buffer:
-                    raw, buffer = buffer.split(b"\n\n", 1)
-                    parse_event(raw.decode(), read_index, result)
-    except httpx.HTTPError as exc:
-        result.error = f"{type(exc).__name__}: {exc}"
-    return result
-
-
-def parse_event(raw: str, read_index: int, result: Stream) -> None:
-    data = "".join(line[5:].strip() for line in raw.splitlines() if line.startswith("data:"))
-    if data == "[DONE]":
-        result.done = True
-    elif data:
-        event = json.loads(data)
-        if "error" in event:
-            result.error = str(event["error"])
-        result.events.append(event)
-        result.read_of_event.append(read_index)
-        if any(c.get("text") for c in event.get("choices", [])):
-            result.first_content.set()
 
 
 def test_streams_flow_token_by_token_and_intact_through_nginx(cluster: Cluster) -> None:
@@ -220,12 +130,6 @@ def test_streams_flow_token_by_token_and_intact_through_nginx(cluster: Cluster) 
 
 
 # --- load spread over both replicas -----------------------------------------------
-
-
-def success_count(replica: Process) -> float:
-    text = httpx.get(f"{replica.url}/metrics", timeout=10).text
-    return sum(float(v) for v in re.findall(
-        r"^pagode:request_success_total\{[^}]*\} (\S+)$", text, re.M))
 
 
 def gauge(replica: Process, name: str) -> float:

@@ -1,9 +1,14 @@
-"""docker/compose.replicas.yaml, run: nginx (least_conn) before two pagode replicas.
+"""docker/compose.replicas.yaml, run: vllm-router (cache-aware) and nginx (least_conn)
+before two pagode replicas.
 
 On the host's loopback (tests/docker_harness.py says what changes and why):
 - both replicas come up healthy, reusing the kernels that the first stack compiled into
   the shared volume (no compile when the volume already holds them), and nginx spreads
   requests over both;
+- through the router, the openai SDK's chats (streamed and not) are answered; chats that
+  share three long system prompts keep each prompt on one replica, and the replicas'
+  prefix-cache hit rate beats a round-robin router's (the same image and flags, started
+  beside it in the router's container) on a trace of the same shape;
 - a steady stream of requests (streamed and not) runs while one replica is killed with
   `docker kill`: the only requests that fail are ones that nginx had already handed to
   that replica (its access log names every replica a request was sent to, found by the
@@ -22,10 +27,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import httpx
+import openai
 import pytest
+import yaml
 from docker_harness import (
     Stack,
     built_images,
+    free_port,
     model_name,
     record,
     replicas_stack,
@@ -33,6 +41,8 @@ from docker_harness import (
     skip_unless_enabled,
     volume_holds_kernels,
 )
+from prefix_trace import PREFIXES, REQUESTS_PER_PREFIX, routing_decisions, run_trace
+from proxy_support import with_flag
 
 pytestmark = [pytest.mark.slow, skip_unless_enabled, pytest.mark.timeout(2400)]
 
@@ -65,6 +75,7 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReplicaStack]
         record(f"replica start -> healthy ({'compiled kernels on the volume' if warm else 'cold'})",
                seconds, "s")
     wait_ok(stack.url("nginx") + "/nginx-health")
+    wait_ok(stack.url("router") + "/readiness")
     yield ReplicaStack(stack, warm)
     stack.down()
 
@@ -191,6 +202,59 @@ def test_replicas_start_healthy_and_nginx_spreads_requests(replicas: ReplicaStac
     served = {log[rid].upstreams[-1] for rid in rids if rid in log and log[rid].status == 200}
     assert served == {address(stack, name) for name in REPLICAS}, \
         "six concurrent requests: least_conn sends some to each replica"
+
+
+def test_router_answers_chats_streamed_and_not(replicas: ReplicaStack) -> None:
+    stack = replicas.stack
+    readiness = httpx.get(stack.url("router") + "/readiness", timeout=10).json()
+    assert (readiness["healthy_workers"], readiness["total_workers"]) == (2, 2), readiness
+    url = stack.url("router")
+    model = model_name(url)
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", timeout=300)
+    reply = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Count to twenty."}], max_tokens=MAX_TOKENS,
+        extra_body={"ignore_eos": True})
+    assert reply.choices[0].finish_reason == "length"
+    chunks = list(client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Count to twenty."}], max_tokens=MAX_TOKENS,
+        stream=True, extra_body={"ignore_eos": True}))
+    assert sum(bool(c.choices and c.choices[0].delta.content) for c in chunks) >= MAX_TOKENS - 2
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+
+
+def baseline_router(stack: Stack) -> tuple[str, str]:
+    """A round-robin router with the shipped flags, started in the router's container (the
+    host's network): its API and metrics URLs, once it is ready."""
+    command = yaml.safe_load(stack.file.read_text(encoding="utf-8"))["services"]["router"]["command"]
+    port, metrics_port = free_port(), free_port()
+    for flag, value in (("--port", port), ("--prometheus-port", metrics_port), ("--policy", "round_robin")):
+        command = with_flag(command, flag, str(value))
+    run(["docker", "exec", "-d", stack.container("router"), "vllm-router", *command])
+    wait_ok(f"http://127.0.0.1:{port}/readiness")
+    return f"http://127.0.0.1:{port}", f"http://127.0.0.1:{metrics_port}/metrics"
+
+
+def test_router_keeps_each_shared_prefix_on_one_replica(replicas: ReplicaStack) -> None:
+    stack = replicas.stack
+    url, metrics = stack.url("router"), stack.url("router-metrics") + "/metrics"
+    model = model_name(url)
+    urls = [stack.url(name) for name in REPLICAS]
+
+    def logs() -> list[str]:
+        return [stack.logs(name) for name in REPLICAS]
+
+    before = [routing_decisions(metrics, o) for o in ("prefix_miss", "prefix_hit")]
+    aware = run_trace(url, model, urls, logs, "docker-aware")
+    decisions = [routing_decisions(metrics, o) - b for o, b in zip(("prefix_miss", "prefix_hit"), before, strict=True)]
+    baseline_url, _ = baseline_router(stack)
+    baseline = run_trace(baseline_url, model, urls, logs, "docker-round-robin")
+    record("router: prefix-cache hit rate, cache_aware / round_robin "
+           f"({PREFIXES} system prompts x {REQUESTS_PER_PREFIX} chats)",
+           f"{aware.hit_rate:.2f} / {baseline.hit_rate:.2f}")
+    assert all(len(r) == 1 for r in aware.replica_of.values()), aware.replica_of
+    assert any(len(r) == 2 for r in baseline.replica_of.values()), baseline.replica_of
+    assert aware.hit_rate > baseline.hit_rate
+    assert decisions == [PREFIXES, PREFIXES * (REQUESTS_PER_PREFIX - 1)]
 
 
 def test_killing_a_replica_fails_only_the_requests_it_held(replicas: ReplicaStack) -> None:
