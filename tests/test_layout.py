@@ -68,6 +68,8 @@ SERVER_PARTS_ALLOWED: dict[str, set[str]] = {
     "app": {"api", "middleware", "routes", "runtime", "settings", "translate", "ui"},
     "cli": {"app", "middleware", "runtime", "settings"},
     "__main__": {"cli"},
+    # Ray Serve's deployments: each replica builds the whole app, as `pagode serve` does.
+    "fleet": {"api", "app", "cli", "middleware", "settings"},
 }
 
 

@@ -115,18 +115,26 @@ class StatsSampler:
                 await self.task
 
     async def run(self) -> None:
-        """Sample on the wall clock's seconds, so points of one minute share it."""
+        """Sample on the wall clock's seconds, so points of one minute share it. Each point is
+        stamped with the tick it was due at, and the next tick is always a later one: an event
+        loop whose timers fire a little early (uvloop's are rounded to the millisecond) would
+        otherwise wake just before a tick, then again just after it, and stamp both alike."""
+        due = self.next_tick(time.time())
         while True:
-            await asyncio.sleep(self.interval_s - time.time() % self.interval_s)
+            await asyncio.sleep(max(0.0, due - time.time()))
             try:
-                self.sample()
+                self.sample(due)
             except Exception:  # a bad point must not end the live view
                 logger.exception("stats sampler: a point was lost")
+            due = max(due + self.interval_s, self.next_tick(time.time()) - self.interval_s)
 
-    def sample(self) -> Point:
+    def next_tick(self, now: float) -> float:
+        return (now // self.interval_s + 1) * self.interval_s
+
+    def sample(self, due: float | None = None) -> Point:
         stats = self.read_stats() or EngineStats()
         now = time.monotonic()
-        point: Point = {"t": round(time.time())}
+        point: Point = {"t": round(time.time() if due is None else due)}
         point |= counter_point(stats, self.last_stats, max(now - self.last_time, 1e-3))
         point |= self.recorder.drain()
         point["queued"] = self.read_queued()
