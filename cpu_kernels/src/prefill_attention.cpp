@@ -157,24 +157,7 @@ struct Vec16 {
   static V add(V a, V b) { return _mm512_add_ps(a, b); }
   static V sub(V a, V b) { return _mm512_sub_ps(a, b); }
   static V max(V a, V b) { return _mm512_max_ps(a, b); }
-  // exp256's polynomial (Cephes, ~1 ulp on [-87, 88]) on 16 lanes.
-  static V exp(V x) {
-    x = _mm512_max_ps(_mm512_min_ps(x, set1(88.3762626647949f)), set1(-88.3762626647949f));
-    const V fx = _mm512_roundscale_ps(_mm512_mul_ps(x, set1(1.44269504088896341f)),
-                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    x = _mm512_sub_ps(x, _mm512_mul_ps(fx, set1(0.693359375f)));
-    x = _mm512_sub_ps(x, _mm512_mul_ps(fx, set1(-2.12194440e-4f)));
-    const V z = _mm512_mul_ps(x, x);
-    V y = set1(1.9875691500E-4f);
-    y = _mm512_add_ps(_mm512_mul_ps(y, x), set1(1.3981999507E-3f));
-    y = _mm512_add_ps(_mm512_mul_ps(y, x), set1(8.3334519073E-3f));
-    y = _mm512_add_ps(_mm512_mul_ps(y, x), set1(4.1665795894E-2f));
-    y = _mm512_add_ps(_mm512_mul_ps(y, x), set1(1.6666665459E-1f));
-    y = _mm512_add_ps(_mm512_mul_ps(y, x), set1(5.0000001201E-1f));
-    y = _mm512_add_ps(_mm512_mul_ps(y, z), _mm512_add_ps(x, set1(1.f)));
-    const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(fx), _mm512_set1_epi32(127)), 23);
-    return _mm512_mul_ps(y, _mm512_castsi512_ps(e));
-  }
+  static V exp(V x) { return pagode_simd::exp512(x); }
   static float hmax(V v) { return _mm512_reduce_max_ps(v); }
   static float hsum(V v) { return _mm512_reduce_add_ps(v); }
 };

@@ -12,9 +12,10 @@ Unknown keys and bad values are refused, so that a typo never silently turns eve
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
+
+from engine.json_flag import read_json_object
 
 PUBLISHERS = ("zmq", "null")
 EVENT_LAYOUTS = ("array", "map")
@@ -42,14 +43,9 @@ class KVEventsConfig:
 
 def parse_kv_events_config(text: str | dict[str, Any] | None) -> KVEventsConfig | None:
     """The flag's JSON (or a decoded dict) as a config; None or empty: no events."""
-    if text is None or text == "" or text == {}:
+    raw = read_json_object(text, "kv events config", KNOWN_KEYS)
+    if raw is None:
         return None
-    raw = json.loads(text) if isinstance(text, str) else dict(text)
-    if not isinstance(raw, dict):
-        raise ValueError("kv events config must be a JSON object")
-    unknown = set(raw) - KNOWN_KEYS
-    if unknown:
-        raise ValueError(f"kv events config: unknown keys {sorted(unknown)}; known: {sorted(KNOWN_KEYS)}")
     enabled = _typed(raw, "enable_kv_cache_events", bool, False)
     publisher = _choice(raw, "publisher", PUBLISHERS, "zmq" if enabled else "null")
     endpoint = _endpoint(raw, "endpoint", "tcp://*:5557")

@@ -8,9 +8,10 @@ rather than ignored, so that a typo never silently turns speculation into someth
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
+
+from engine.json_flag import read_json_object
 
 METHODS = ("ngram",)
 METHOD_ALIASES = {"[ngram]": "ngram"}
@@ -29,14 +30,9 @@ class SpeculativeConfig:
 
 def parse_speculative_config(text: str | dict[str, Any] | None) -> SpeculativeConfig | None:
     """The flag's JSON (or an already decoded dict) as a config; None or empty: speculation off."""
-    if text is None or text == "" or text == {}:
+    raw = read_json_object(text, "speculative config", KNOWN_KEYS)
+    if raw is None:
         return None
-    raw = json.loads(text) if isinstance(text, str) else dict(text)
-    if not isinstance(raw, dict):
-        raise ValueError("speculative config must be a JSON object")
-    unknown = set(raw) - KNOWN_KEYS
-    if unknown:
-        raise ValueError(f"speculative config: unknown keys {sorted(unknown)}; known: {sorted(KNOWN_KEYS)}")
     method = METHOD_ALIASES.get(raw.get("method", "ngram"), raw.get("method", "ngram"))
     if method not in METHODS:
         raise ValueError(f"speculative config: method must be one of {METHODS}, not {raw.get('method')!r}")
