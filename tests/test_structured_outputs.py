@@ -112,3 +112,13 @@ def test_length_is_reported_honestly(llm: LLM) -> None:
                        SamplingParams(temperature=0, max_tokens=5, structured_outputs=spec))[0]
     assert out.finish_reason == "length" and len(out.token_ids) == 5
     assert out.text.startswith("{")
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_grammar_that_must_end_outranks_min_tokens(llm: LLM, temperature: float) -> None:
+    """After "a" the choice's grammar allows only a stop token, which min_tokens would mask:
+    the grammar wins and the output ends, instead of a step with no token left to sample."""
+    params = SamplingParams(temperature=temperature, max_tokens=4, min_tokens=3, seed=0,
+                            structured_outputs=StructuredOutputSpec.choice(["a"]))
+    out = llm.generate("x", params)[0]
+    assert out.text == "a" and out.finish_reason == "stop"

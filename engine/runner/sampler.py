@@ -91,7 +91,14 @@ def apply_processors(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
         _presence_frequency_penalty(logits, rows, pres)
     blocked = [(i, r.blocked_ids) for i, r in enumerate(rows) if r.blocked_ids]
     if blocked:
-        logits.index_put_(_index(blocked, dev), torch.tensor(float("-inf"), device=dev))
+        ri, ti = _index(blocked, dev)
+        before = logits[ri, ti].clone()
+        logits.index_put_((ri, ti), torch.tensor(float("-inf"), device=dev))
+        # A grammar that can only end here (its mask left nothing but stop tokens) outranks
+        # min_tokens: such a row keeps its stop tokens rather than having no token at all.
+        emptied = torch.isneginf(logits).all(dim=1)[ri]
+        if bool(emptied.any()):
+            logits[ri[emptied], ti[emptied]] = before[emptied]
 
 
 def _repetition_penalty(logits: torch.Tensor, rows: list[SamplingRow], which: list[int]) -> None:
