@@ -7,42 +7,24 @@ import logging
 
 import pytest
 import torch
+from tests_support import paged_attention_case
 
 from cuda_kernels.reference import paged_decode_attention_ref, paged_prefill_attention_ref
 from engine import native
 from engine.attention import kv_int8, select_backend
 from engine.attention.cpu_backend import CpuAttentionBackend
-from engine.attention.metadata import AttentionMetadata
 from engine.attention.sdpa_backend import SdpaAttentionBackend
 
 pytestmark = pytest.mark.usefixtures("isa_cap")  # every kernel under each cap the machine allows
 
 
-def _case(seed: int, lens: list[int], q_lens: list[int], heads: int, kv_heads: int, head_dim: int,
-          block_size: int) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
-    g = torch.Generator().manual_seed(seed)
-    max_blocks = max(-(-n // block_size) for n in lens)
-    num_blocks = len(lens) * max_blocks + 3
-    kv = torch.randn(2, num_blocks, block_size, kv_heads, head_dim, generator=g)
-    tables = torch.randperm(num_blocks, generator=g)[:len(lens) * max_blocks].view(len(lens), max_blocks)
-    starts = [0]
-    for n in q_lens:
-        starts.append(starts[-1] + n)
-    q = torch.randn(starts[-1], heads, head_dim, generator=g)
-    meta = AttentionMetadata(
-        slot_mapping=torch.zeros(starts[-1], dtype=torch.long),
-        query_start_loc=torch.tensor(starts, dtype=torch.int32),
-        seq_lens=torch.tensor(lens, dtype=torch.int32), block_tables=tables.int(),
-        num_decodes=sum(1 for n in q_lens if n == 1), max_query_len=max(q_lens), max_seq_len=max(lens),
-        query_start_loc_cpu=starts, seq_lens_cpu=lens)
-    return q, kv, meta
 
 
 @pytest.mark.parametrize("heads,kv_heads,head_dim,block_size", [(9, 3, 64, 16), (4, 4, 128, 32), (8, 1, 64, 16)])
 def test_decode_kernel_and_gather_match_reference(heads: int, kv_heads: int, head_dim: int,
                                                    block_size: int) -> None:
     lens = [1, 17, 160, block_size, 3 * block_size + 5]
-    q, kv, meta = _case(0, lens, [1] * len(lens), heads, kv_heads, head_dim, block_size)
+    q, kv, meta = paged_attention_case(0, lens, [1] * len(lens), heads, kv_heads, head_dim, block_size)
     expected = paged_decode_attention_ref(q, kv, meta.block_tables, meta.seq_lens, 0.125)
     gathered = SdpaAttentionBackend().decode(q, kv, meta, 0.125)
     torch.testing.assert_close(gathered, expected, atol=1e-5, rtol=1e-5)
@@ -54,7 +36,7 @@ def test_decode_kernel_and_gather_match_reference(heads: int, kv_heads: int, hea
 
 def test_prefill_over_cached_context_matches_reference() -> None:
     lens, q_lens = [40, 23, 16], [40, 7, 16]  # fresh prompt, chunk over 16 cached, one full block
-    q, kv, meta = _case(1, lens, q_lens, 9, 3, 64, 16)
+    q, kv, meta = paged_attention_case(1, lens, q_lens, 9, 3, 64, 16)
     expected = paged_prefill_attention_ref(q, kv, meta.query_start_loc, meta.seq_lens,
                                            meta.block_tables, 0.125)
     ours = CpuAttentionBackend().prefill(q, kv, meta, 0.125)
@@ -67,7 +49,7 @@ def test_decode_over_a_narrow_cache_matches_fp32_reference(dtype: torch.dtype) -
     if native.paged_attention() is None:
         pytest.skip("no C++ compiler: the kernel path is not built here")
     lens = [1, 17, 160, 53]
-    q, kv, meta = _case(2, lens, [1] * len(lens), 9, 3, 64, 16)
+    q, kv, meta = paged_attention_case(2, lens, [1] * len(lens), 9, 3, 64, 16)
     narrow = kv.to(dtype)
     expected = paged_decode_attention_ref(q, narrow.float(), meta.block_tables, meta.seq_lens, 0.125)
     kernel = CpuAttentionBackend().decode(q, narrow, meta, 0.125)
@@ -84,7 +66,7 @@ def test_long_prefill_and_extend_chunks_match_reference_across_query_tiles() -> 
     """Chunks longer than maskless_prefill.TILE, fresh and over cached context: each tile's
     keys-before and diagonal parts are merged by their log-sum-exps."""
     lens, q_lens = [300, 530, 129], [300, 330, 1 + 128]
-    q, kv, meta = _case(3, lens, q_lens, 9, 3, 64, 16)
+    q, kv, meta = paged_attention_case(3, lens, q_lens, 9, 3, 64, 16)
     expected = paged_prefill_attention_ref(q, kv, meta.query_start_loc, meta.seq_lens,
                                            meta.block_tables, 0.125)
     ours = CpuAttentionBackend().prefill(q, kv, meta, 0.125)
@@ -93,7 +75,7 @@ def test_long_prefill_and_extend_chunks_match_reference_across_query_tiles() -> 
 
 def test_prefill_over_an_fp16_cache_matches_reference() -> None:
     lens, q_lens = [40, 23], [40, 7]
-    q, kv, meta = _case(3, lens, q_lens, 9, 3, 64, 16)
+    q, kv, meta = paged_attention_case(3, lens, q_lens, 9, 3, 64, 16)
     narrow = kv.half()
     expected = paged_prefill_attention_ref(q, narrow.float(), meta.query_start_loc, meta.seq_lens,
                                            meta.block_tables, 0.125)
@@ -162,7 +144,7 @@ def test_windowed_softcapped_decode_matches_reference(window: int | None, softca
     """A sliding window shorter than most contexts and Gemma 2's soft-cap, GQA, in the C++
     kernel (each ISA cap) and the torch gather, against a full masked softmax."""
     lens = [1, 17, 160, 23, 3 * 16 + 5]
-    q, kv, meta = _case(4, lens, [1] * len(lens), 9, 3, 64, 16)
+    q, kv, meta = paged_attention_case(4, lens, [1] * len(lens), 9, 3, 64, 16)
     q = q * 8  # scores large enough for the cap to bite
     expected = paged_decode_attention_ref(q, kv, meta.block_tables, meta.seq_lens, 0.125, window, softcap)
     assert not torch.allclose(expected, paged_decode_attention_ref(q, kv, meta.block_tables, meta.seq_lens, 0.125))
@@ -183,7 +165,7 @@ def test_windowed_softcapped_prefill_over_context_matches_reference(window: int 
                                                                     softcap: float | None) -> None:
     """Fresh prompts and chunks over cached context, with decodes in the same step."""
     lens, q_lens = [90, 1, 140, 40, 16], [1, 1, 70, 40, 16]
-    q, kv, meta = _case(5, lens, q_lens, 8, 2, 64, 16)
+    q, kv, meta = paged_attention_case(5, lens, q_lens, 8, 2, 64, 16)
     q = q * 8
     expected = paged_prefill_attention_ref(q, kv, meta.query_start_loc, meta.seq_lens, meta.block_tables,
                                            0.125, window=window, softcap=softcap)
@@ -201,7 +183,7 @@ def test_decode_over_an_int8_cache_matches_the_dequantized_reference(heads: int,
     and ones it leaves to the avx2 body) and the torch gather read int8 rows and their scales
     as the reference reads the same cache dequantized; and that stays near the fp32 cache."""
     lens = [1, 17, 160, 53]
-    q, kv, meta = _case(9, lens, [1] * len(lens), heads, kv_heads, head_dim, 16)
+    q, kv, meta = paged_attention_case(9, lens, [1] * len(lens), heads, kv_heads, head_dim, 16)
     q = q * 4
     int8 = kv_int8.quantize(kv)
     assert int8.dtype == torch.int8 and int8.shape[-1] == head_dim + 4
@@ -220,7 +202,7 @@ def test_decode_over_an_int8_cache_matches_the_dequantized_reference(heads: int,
 def test_prefill_over_an_int8_cache_matches_reference() -> None:
     """Chunks over cached context and a fresh prompt, with decodes in the same step."""
     lens, q_lens = [90, 1, 140, 40], [1, 1, 70, 40]
-    q, kv, meta = _case(10, lens, q_lens, 8, 2, 64, 16)
+    q, kv, meta = paged_attention_case(10, lens, q_lens, 8, 2, 64, 16)
     int8 = kv_int8.quantize(kv)
     expected = paged_prefill_attention_ref(q, kv_int8.dequantize(int8), meta.query_start_loc, meta.seq_lens,
                                            meta.block_tables, 0.125)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests_support import SHARED_PREFIX, cache_sharing_builds
+from tests_support import SHARED_PREFIX, cache_sharing_builds, paged_attention_case
 
 from cpu_kernels.prefill_attention import PrefillAttentionKernel
 from cuda_kernels.reference import paged_decode_attention_ref, paged_prefill_attention_ref
@@ -36,22 +36,8 @@ def kernel() -> PrefillAttentionKernel:
 
 def case(seed: int, lens: list[int], chunks: list[int], heads: int, kv_heads: int, head_dim: int,
          block_size: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
-    """Random queries packed by sequence, a cache of `dtype` in shuffled blocks."""
-    g = torch.Generator().manual_seed(seed)
-    max_blocks = max(-(-n // block_size) for n in lens)
-    num_blocks = len(lens) * max_blocks + 3
-    kv = torch.randn(2, num_blocks, block_size, kv_heads, head_dim, generator=g).to(dtype)
-    tables = torch.randperm(num_blocks, generator=g)[:len(lens) * max_blocks].view(len(lens), max_blocks)
-    starts = [0]
-    for n in chunks:
-        starts.append(starts[-1] + n)
-    q = torch.randn(starts[-1], heads, head_dim, generator=g)
-    meta = AttentionMetadata(
-        slot_mapping=torch.zeros(starts[-1], dtype=torch.long),
-        query_start_loc=torch.tensor(starts, dtype=torch.int32), seq_lens=torch.tensor(lens, dtype=torch.int32),
-        block_tables=tables.int(), num_decodes=0, max_query_len=max(chunks), max_seq_len=max(lens),
-        query_start_loc_cpu=starts, seq_lens_cpu=lens)
-    return q, kv, meta
+    """Every chunk as a prefill, a chunk of one included."""
+    return paged_attention_case(seed, lens, chunks, heads, kv_heads, head_dim, block_size, dtype, num_decodes=0)
 
 
 def expected_body(cap: str, dtype: torch.dtype) -> str:

@@ -2,6 +2,10 @@
 
 from pathlib import Path
 
+import torch
+
+from engine.attention.metadata import AttentionMetadata
+
 # What a cache holds that was measured (step-time fits, batch caps, kernel races) must not
 # leak from a developer's earlier runs into the tests; what is only derived from sources
 # (compiled kernels, tokenizers built from the GGUF) is shared, so no test rebuilds it.
@@ -45,3 +49,27 @@ SHARED_PREFIX = (
     "of them still bears its name. In spring the melting snow swells the river; in late summer it "
     "can almost dry out. "
 )
+
+
+def paged_attention_case(seed: int, lens: list[int], q_lens: list[int], heads: int, kv_heads: int, head_dim: int,
+                         block_size: int, dtype: torch.dtype = torch.float32, num_decodes: int | None = None,
+                         ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+    """Random queries packed by sequence (q_lens of them, ending at each of `lens`) and a K/V
+    cache of `dtype` in shuffled blocks, for the attention kernels' equality tests.
+    `num_decodes` defaults to the sequences with one query."""
+    g = torch.Generator().manual_seed(seed)
+    max_blocks = max(-(-n // block_size) for n in lens)
+    num_blocks = len(lens) * max_blocks + 3
+    kv = torch.randn(2, num_blocks, block_size, kv_heads, head_dim, generator=g).to(dtype)
+    tables = torch.randperm(num_blocks, generator=g)[:len(lens) * max_blocks].view(len(lens), max_blocks)
+    starts = [0]
+    for n in q_lens:
+        starts.append(starts[-1] + n)
+    q = torch.randn(starts[-1], heads, head_dim, generator=g)
+    meta = AttentionMetadata(
+        slot_mapping=torch.zeros(starts[-1], dtype=torch.long),
+        query_start_loc=torch.tensor(starts, dtype=torch.int32),
+        seq_lens=torch.tensor(lens, dtype=torch.int32), block_tables=tables.int(),
+        num_decodes=sum(1 for n in q_lens if n == 1) if num_decodes is None else num_decodes,
+        max_query_len=max(q_lens), max_seq_len=max(lens), query_start_loc_cpu=starts, seq_lens_cpu=lens)
+    return q, kv, meta
