@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import logging
+import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +15,7 @@ import torch
 
 from engine import envs
 from engine.attention import AttentionBackend
+from engine.model import prepack
 from engine.model.config import ModelConfig
 from engine.model.gguf_file import GGUFModel
 from engine.model.llama import LlamaForCausalLM
@@ -73,9 +75,34 @@ def read_config(source: ModelSource) -> ModelConfig:
 def load_model(source: ModelSource, cfg: ModelConfig, backend: AttentionBackend,
                max_positions: int, dtype: torch.dtype, device: torch.device,
                quantization: str = "none", max_tokens: int = 512) -> LlamaForCausalLM:
+    """The model, ready to run: read back from an earlier start's pack where there is one
+    (engine/model/prepack.py), else loaded, quantized and packed for the next start."""
+    mode, why = resolve_mode(quantization, device, dtype)
+    if not prepack.applies(mode, dtype, device):
+        return build_model(source, cfg, backend, max_positions, dtype, device, quantization, max_tokens)[0]
+    key = prepack.pack_key(source.path, mode, dtype, device, max_tokens)
+    path = prepack.path_for(key)
+    found = prepack.read(path, key, empty_model(cfg, backend, max_positions))
+    if found is not None:
+        model, summary = found
+        log.info("quantization: %s (%s): %s", mode, why, summary)
+        return model
+    start = time.perf_counter()
+    model, summary = build_model(source, cfg, backend, max_positions, dtype, device, quantization, max_tokens)
+    prepack.write(model, path, key, summary, time.perf_counter() - start)
+    return model
+
+
+def empty_model(cfg: ModelConfig, backend: AttentionBackend, max_positions: int) -> LlamaForCausalLM:
     with torch.device("meta"):
-        model = cast(LlamaForCausalLM, model_class(cfg)(cfg, backend, max_positions))
-    model = model.to_empty(device="cpu")
+        return cast(LlamaForCausalLM, model_class(cfg)(cfg, backend, max_positions))
+
+
+def build_model(source: ModelSource, cfg: ModelConfig, backend: AttentionBackend, max_positions: int,
+                dtype: torch.dtype, device: torch.device, quantization: str,
+                max_tokens: int) -> tuple[LlamaForCausalLM, str]:
+    """The model from its file: weights loaded, then quantized; and the quantization's report."""
+    model = empty_model(cfg, backend, max_positions).to_empty(device="cpu")
     with torch.device("cpu"):
         model.build_rope()  # shared by all layers
     if cfg.tie_word_embeddings:
@@ -89,19 +116,19 @@ def load_model(source: ModelSource, cfg: ModelConfig, backend: AttentionBackend,
     model = model.to(device=device, dtype=dtype).eval()
     with torch.device(device):
         model.build_rope()  # keep the table in fp32 whatever the dtype
-    apply_quantization(model, source, quantization, device, dtype, max_tokens)
-    return model
+    return model, apply_quantization(model, source, quantization, device, dtype, max_tokens)
 
 
 def apply_quantization(model: LlamaForCausalLM, source: ModelSource, requested: str, device: torch.device,
                        dtype: torch.dtype, max_tokens: int) -> str:
-    """Resolve --quantization for this device, swap the linear layers, log what was picked."""
+    """Resolve --quantization for this device, swap the linear layers, log what was picked;
+    return the summary of what the quantized layers hold."""
     mode, why = resolve_mode(requested, device, dtype)
     if mode == "none":
         gemms = speed_up_fp32_linears(model) if device.type == "cpu" else {}
         on = "; ".join(f"{n} on {g}" for g, n in sorted(Counter(gemms.values()).items()))
         log.info("quantization: none (%s): linear layers in %s%s", why, dtype, f" ({on})" if on else "")
-        return mode
+        return ""
     raw = None
     if source.is_gguf:
         gguf = GGUFModel(source.path)
@@ -117,7 +144,7 @@ def apply_quantization(model: LlamaForCausalLM, source: ModelSource, requested: 
         raw = None
     report = quantize_model(model, mode, raw, max_tokens)
     log.info("quantization: %s (%s): %s", mode, why, report.summary())
-    return mode
+    return report.summary()
 
 
 def load_tokenizer(source: ModelSource):  # type: ignore[no-untyped-def]
