@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import logging
 import time
 from collections import Counter
@@ -148,14 +149,14 @@ def apply_quantization(model: LlamaForCausalLM, source: ModelSource, requested: 
 
 
 def load_tokenizer(source: ModelSource):  # type: ignore[no-untyped-def]
-    from transformers import AutoTokenizer
-
     if not source.is_gguf:
+        from transformers import AutoTokenizer
+
         return AutoTokenizer.from_pretrained(str(source.path))
     # Building a BPE tokenizer from GGUF metadata takes seconds: do it once, keep a copy.
     cache = _tokenizer_cache_dir(source.path)
     if (cache / "tokenizer.json").exists():
-        return AutoTokenizer.from_pretrained(str(cache))
+        return _read_cached_tokenizer(cache)
     log.info("building the tokenizer from %s (once; cached in %s)", source.path.name, cache)
     tok = tokenizer_from_gguf(source.path)
     try:
@@ -163,6 +164,27 @@ def load_tokenizer(source: ModelSource):  # type: ignore[no-untyped-def]
     except OSError as err:
         log.warning("could not cache the tokenizer: %s", err)
     return tok
+
+
+# The classes that a cached tokenizer.json is the whole of, with nothing of their own on top.
+PLAIN_TOKENIZER_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
+
+
+def _read_cached_tokenizer(cache: Path):  # type: ignore[no-untyped-def]
+    """A tokenizer saved by an earlier start. A plain fast tokenizer is built by its class:
+    AutoTokenizer would first import transformers' auto-model tables to find that class,
+    over a second of every start; a tokenizer of another class goes through AutoTokenizer."""
+    try:
+        declared = json.loads((cache / "tokenizer_config.json").read_text()).get("tokenizer_class")
+    except (OSError, ValueError):
+        declared = None
+    if declared in PLAIN_TOKENIZER_CLASSES:
+        from transformers import PreTrainedTokenizerFast
+
+        return PreTrainedTokenizerFast.from_pretrained(str(cache))
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(cache))
 
 
 def tokenizer_from_gguf(path: Path):  # type: ignore[no-untyped-def]
