@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
 import logging
 import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
 import torch
+from torch import nn
 
 from engine import envs
 from engine.attention import AttentionBackend
@@ -95,8 +98,32 @@ def load_model(source: ModelSource, cfg: ModelConfig, backend: AttentionBackend,
 
 
 def empty_model(cfg: ModelConfig, backend: AttentionBackend, max_positions: int) -> LlamaForCausalLM:
-    with torch.device("meta"):
+    with torch.device("meta"), _no_weight_init():
         return cast(LlamaForCausalLM, model_class(cfg)(cfg, backend, max_positions))
+
+
+_INIT_FUNCTIONS = ("normal_", "uniform_", "kaiming_uniform_", "kaiming_normal_", "xavier_uniform_",
+                   "xavier_normal_", "trunc_normal_", "zeros_", "ones_", "constant_")
+
+
+@contextlib.contextmanager
+def _no_weight_init() -> Iterator[None]:
+    """Skip torch.nn's random initialisation while the model is built on the meta device: its
+    values are never used (the weights are loaded over them), and torch's meta kernels for the
+    random fills import torch._dynamo, seconds of every start. Only the loading thread builds
+    modules, so swapping the functions for the duration is safe."""
+    saved = {name: getattr(nn.init, name) for name in _INIT_FUNCTIONS}
+    for name in _INIT_FUNCTIONS:
+        setattr(nn.init, name, _keep)
+    try:
+        yield
+    finally:
+        for name, function in saved.items():
+            setattr(nn.init, name, function)
+
+
+def _keep(tensor: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+    return tensor
 
 
 def build_model(source: ModelSource, cfg: ModelConfig, backend: AttentionBackend, max_positions: int,
