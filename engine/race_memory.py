@@ -52,9 +52,14 @@ def path_for(described: dict[str, Any]) -> Path:
     return envs.CACHE_DIR.get() / "races" / f"{digest}.json"
 
 
+def reads() -> bool:
+    """Whether this process reads kept results (not under --warmup or PAGODE_RACE_CACHE=0)."""
+    return not _fresh and envs.RACE_CACHE.get()
+
+
 def recall(race: str, key: str) -> Any | None:
     """The kept result of `race` for `key` on this machine, or None (not kept, or --warmup)."""
-    if _fresh or not envs.RACE_CACHE.get():
+    if not reads():
         return None
     return _read(path_for(machine())).get("races", {}).get(race, {}).get(key)
 

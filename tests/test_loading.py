@@ -87,6 +87,36 @@ def test_default_model_chat_template_and_eos(default_model_path: str) -> None:
     assert tok(PROMPTS[1]).input_ids == [504, 3575, 282, 4649, 314]
 
 
+def test_a_cached_gguf_tokenizer_reads_back_as_autotokenizer_reads_it(default_model_path: str) -> None:
+    """The start-up path builds the cached tokenizer by its class instead of through
+    AutoTokenizer; what the server uses of it must not change."""
+    from transformers import AutoTokenizer
+
+    from engine.model.loader import _tokenizer_cache_dir, load_tokenizer
+
+    source = resolve_model(None)
+    tok = load_tokenizer(source)  # the first call builds the cache where a test run has none
+    tok = load_tokenizer(source)
+    auto = AutoTokenizer.from_pretrained(str(_tokenizer_cache_dir(source.path)))
+    assert type(tok) is type(auto) and len(tok) == len(auto)
+    assert (tok.bos_token_id, tok.eos_token_id, tok.chat_template) == (auto.bos_token_id, auto.eos_token_id,
+                                                                       auto.chat_template)
+    assert tok.all_special_tokens == auto.all_special_tokens
+    assert {i: str(t) for i, t in tok.added_tokens_decoder.items()} == \
+        {i: str(t) for i, t in auto.added_tokens_decoder.items()}
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi <|im_end|> there"},
+            {"role": "assistant", "content": "Hello"}, {"role": "user", "content": "Héllo, 世界 ✓"}]
+    for options in ({"add_generation_prompt": True}, {"continue_final_message": True}):
+        assert tok.apply_chat_template(chat, tokenize=False, **options) == \
+            auto.apply_chat_template(chat, tokenize=False, **options)
+    for text in PROMPTS + ["  spaces  and\ttabs\n", "<|im_start|>user\nx<|im_end|>"]:
+        for special in (True, False):
+            ids = tok.encode(text, add_special_tokens=special)
+            assert ids == auto.encode(text, add_special_tokens=special)
+            assert tok.decode(ids) == auto.decode(ids)
+            assert tok.decode(ids, skip_special_tokens=True) == auto.decode(ids, skip_special_tokens=True)
+
+
 def test_missing_default_model_names_the_install_command(monkeypatch: pytest.MonkeyPatch) -> None:
     import importlib.util
 

@@ -65,7 +65,10 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("sin", torch.empty(0), persistent=False)
         self.args = (head_dim, max_positions, theta, scaling, rotary_dim or head_dim,
                      max_position_embeddings or max_positions, identity)
-        self.build()
+        # On the meta device the table is rebuilt after materializing anyway, and torch's
+        # meta kernels for its arithmetic import torch._dynamo: seconds of start-up for nothing.
+        if torch.get_default_device().type != "meta":
+            self.build()
 
     def build(self) -> None:
         """(Re)compute the cos/sin table; needed after materializing from the meta device."""

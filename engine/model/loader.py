@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
+import json
 import logging
+import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
 import torch
+from torch import nn
 
 from engine import envs
 from engine.attention import AttentionBackend
+from engine.model import prepack
 from engine.model.config import ModelConfig
 from engine.model.gguf_file import GGUFModel
 from engine.model.llama import LlamaForCausalLM
@@ -73,9 +79,58 @@ def read_config(source: ModelSource) -> ModelConfig:
 def load_model(source: ModelSource, cfg: ModelConfig, backend: AttentionBackend,
                max_positions: int, dtype: torch.dtype, device: torch.device,
                quantization: str = "none", max_tokens: int = 512) -> LlamaForCausalLM:
-    with torch.device("meta"):
-        model = cast(LlamaForCausalLM, model_class(cfg)(cfg, backend, max_positions))
-    model = model.to_empty(device="cpu")
+    """The model, ready to run: read back from an earlier start's pack where there is one
+    (engine/model/prepack.py), else loaded, quantized and packed for the next start."""
+    mode, why = resolve_mode(quantization, device, dtype)
+    if not prepack.applies(mode, dtype, device):
+        return build_model(source, cfg, backend, max_positions, dtype, device, quantization, max_tokens)[0]
+    key = prepack.pack_key(source.path, mode, dtype, device, max_tokens)
+    path = prepack.path_for(key)
+    found = prepack.read(path, key, empty_model(cfg, backend, max_positions))
+    if found is not None:
+        model, summary = found
+        log.info("quantization: %s (%s): %s", mode, why, summary)
+        return model
+    start = time.perf_counter()
+    model, summary = build_model(source, cfg, backend, max_positions, dtype, device, quantization, max_tokens)
+    prepack.write(model, path, key, summary, time.perf_counter() - start)
+    return model
+
+
+def empty_model(cfg: ModelConfig, backend: AttentionBackend, max_positions: int) -> LlamaForCausalLM:
+    with torch.device("meta"), _no_weight_init():
+        return cast(LlamaForCausalLM, model_class(cfg)(cfg, backend, max_positions))
+
+
+_INIT_FUNCTIONS = ("normal_", "uniform_", "kaiming_uniform_", "kaiming_normal_", "xavier_uniform_",
+                   "xavier_normal_", "trunc_normal_", "zeros_", "ones_", "constant_")
+
+
+@contextlib.contextmanager
+def _no_weight_init() -> Iterator[None]:
+    """Skip torch.nn's random initialisation while the model is built on the meta device: its
+    values are never used (the weights are loaded over them), and torch's meta kernels for the
+    random fills import torch._dynamo, seconds of every start. Only the loading thread builds
+    modules, so swapping the functions for the duration is safe."""
+    saved = {name: getattr(nn.init, name) for name in _INIT_FUNCTIONS}
+    for name in _INIT_FUNCTIONS:
+        setattr(nn.init, name, _keep)
+    try:
+        yield
+    finally:
+        for name, function in saved.items():
+            setattr(nn.init, name, function)
+
+
+def _keep(tensor: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+    return tensor
+
+
+def build_model(source: ModelSource, cfg: ModelConfig, backend: AttentionBackend, max_positions: int,
+                dtype: torch.dtype, device: torch.device, quantization: str,
+                max_tokens: int) -> tuple[LlamaForCausalLM, str]:
+    """The model from its file: weights loaded, then quantized; and the quantization's report."""
+    model = empty_model(cfg, backend, max_positions).to_empty(device="cpu")
     with torch.device("cpu"):
         model.build_rope()  # shared by all layers
     if cfg.tie_word_embeddings:
@@ -89,19 +144,19 @@ def load_model(source: ModelSource, cfg: ModelConfig, backend: AttentionBackend,
     model = model.to(device=device, dtype=dtype).eval()
     with torch.device(device):
         model.build_rope()  # keep the table in fp32 whatever the dtype
-    apply_quantization(model, source, quantization, device, dtype, max_tokens)
-    return model
+    return model, apply_quantization(model, source, quantization, device, dtype, max_tokens)
 
 
 def apply_quantization(model: LlamaForCausalLM, source: ModelSource, requested: str, device: torch.device,
                        dtype: torch.dtype, max_tokens: int) -> str:
-    """Resolve --quantization for this device, swap the linear layers, log what was picked."""
+    """Resolve --quantization for this device, swap the linear layers, log what was picked;
+    return the summary of what the quantized layers hold."""
     mode, why = resolve_mode(requested, device, dtype)
     if mode == "none":
         gemms = speed_up_fp32_linears(model) if device.type == "cpu" else {}
         on = "; ".join(f"{n} on {g}" for g, n in sorted(Counter(gemms.values()).items()))
         log.info("quantization: none (%s): linear layers in %s%s", why, dtype, f" ({on})" if on else "")
-        return mode
+        return ""
     raw = None
     if source.is_gguf:
         gguf = GGUFModel(source.path)
@@ -117,18 +172,18 @@ def apply_quantization(model: LlamaForCausalLM, source: ModelSource, requested: 
         raw = None
     report = quantize_model(model, mode, raw, max_tokens)
     log.info("quantization: %s (%s): %s", mode, why, report.summary())
-    return mode
+    return report.summary()
 
 
 def load_tokenizer(source: ModelSource):  # type: ignore[no-untyped-def]
-    from transformers import AutoTokenizer
-
     if not source.is_gguf:
+        from transformers import AutoTokenizer
+
         return AutoTokenizer.from_pretrained(str(source.path))
     # Building a BPE tokenizer from GGUF metadata takes seconds: do it once, keep a copy.
     cache = _tokenizer_cache_dir(source.path)
     if (cache / "tokenizer.json").exists():
-        return AutoTokenizer.from_pretrained(str(cache))
+        return _read_cached_tokenizer(cache)
     log.info("building the tokenizer from %s (once; cached in %s)", source.path.name, cache)
     tok = tokenizer_from_gguf(source.path)
     try:
@@ -136,6 +191,27 @@ def load_tokenizer(source: ModelSource):  # type: ignore[no-untyped-def]
     except OSError as err:
         log.warning("could not cache the tokenizer: %s", err)
     return tok
+
+
+# The classes that a cached tokenizer.json is the whole of, with nothing of their own on top.
+PLAIN_TOKENIZER_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
+
+
+def _read_cached_tokenizer(cache: Path):  # type: ignore[no-untyped-def]
+    """A tokenizer saved by an earlier start. A plain fast tokenizer is built by its class:
+    AutoTokenizer would first import transformers' auto-model tables to find that class,
+    over a second of every start; a tokenizer of another class goes through AutoTokenizer."""
+    try:
+        declared = json.loads((cache / "tokenizer_config.json").read_text()).get("tokenizer_class")
+    except (OSError, ValueError):
+        declared = None
+    if declared in PLAIN_TOKENIZER_CLASSES:
+        from transformers import PreTrainedTokenizerFast
+
+        return PreTrainedTokenizerFast.from_pretrained(str(cache))
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(cache))
 
 
 def tokenizer_from_gguf(path: Path):  # type: ignore[no-untyped-def]

@@ -1,0 +1,181 @@
+"""A quantized model's ready-to-run weights kept across starts, read back through a memory map.
+
+Why: a start spends most of its time before serving in turning the model file into the
+weights the kernels run on (GGUF blocks dequantized to fp32, Q/K rows unpermuted, shards
+fused into qkv and gate-up blocks, bf16 copies for the big-step GEMM), and that work gives
+the same bytes every time. After the first start the result is saved under
+PAGODE_CACHE_DIR/prepacked/, and later starts map that file (torch.load(mmap=True)) instead:
+no copy is made, the pages come from the OS page cache, and servers started side by side
+share them.
+
+A pack is keyed by everything its bytes depend on: the model file(s) (path, size, mtime),
+the resolved quantization mode, dtype and device, the most tokens a step runs (it decides
+which dense copies a layer keeps), the machine of the load-time races (engine/race_memory.py:
+CPU, ISA level, kernel build, torch version, threads), the env switches that pin a race, a
+hash of the Python sources that build the weights, and FORMAT_VERSION. `--warmup` and
+PAGODE_RACE_CACHE=0 neither read nor write one, since a pack carries race winners. A file
+that cannot be read (truncated, corrupt, another key) is packed again, never a failed start;
+a pack is written to a temporary file and renamed into place.
+
+Only what the pack can hold exactly is packed: quantized layers whose big-step GEMM is
+fp32 or bf16 (a oneDNN-reordered weight is opaque to torch.save, so such a model loads as
+before).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from engine import envs, race_memory
+from engine.model.llama import LlamaForCausalLM
+from engine.quant.apply import set_module
+from engine.quant.bf16_gemm import Bf16Gemm
+from engine.quant.dense_gemm import DenseGemm
+from engine.quant.formats import BlockWeights
+from engine.quant.linear import QuantLinear
+
+log = logging.getLogger("pagode")
+
+FORMAT_VERSION = 1  # bump when the layout of a pack changes
+_SOURCES = (Path(__file__).resolve().parent, Path(__file__).resolve().parents[1] / "quant")
+
+
+def model_files(path: Path) -> list[Path]:
+    """The files whose bytes make the model: the GGUF, or a folder's config and checkpoints."""
+    if path.is_file():
+        return [path]
+    return sorted(p for p in path.iterdir() if p.suffix in (".safetensors", ".json") and p.is_file())
+
+
+def identity(path: Path) -> list[list[Any]]:
+    return [[str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns] for p in model_files(path)]
+
+
+def sources_digest() -> str:
+    """A hash of the code that builds the weights, so that a changed loader never reads an old pack."""
+    digest = hashlib.sha256()
+    for folder in _SOURCES:
+        for source in sorted(folder.glob("*.py")):
+            digest.update(source.name.encode())
+            digest.update(source.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def pack_key(model_path: Path, mode: str, dtype: torch.dtype, device: torch.device, max_tokens: int) -> dict[str, Any]:
+    key = {"format": FORMAT_VERSION, "model": identity(model_path), "mode": mode, "dtype": str(dtype),
+            "device": str(device), "max_tokens": max_tokens, "machine": race_memory.machine(),
+            "quant_gemm": envs.QUANT_GEMM.get(), "crossover": envs.QUANT_CROSSOVER.get(),
+            "sources": sources_digest()}
+    return dict(json.loads(json.dumps(key)))  # plain JSON types (torch.__version__ is a str subclass)
+
+
+def path_for(key: dict[str, Any]) -> Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return envs.CACHE_DIR.get() / "prepacked" / f"{digest}.pt"
+
+
+def applies(mode: str, dtype: torch.dtype, device: torch.device) -> bool:
+    """Packs hold quantized CPU models only; `--warmup` and PAGODE_RACE_CACHE=0 skip them."""
+    return mode != "none" and device.type == "cpu" and dtype == torch.float32 and race_memory.reads()
+
+
+# ---- reading -----------------------------------------------------------------------------
+def read(path: Path, key: dict[str, Any], empty: LlamaForCausalLM) -> tuple[LlamaForCausalLM, str] | None:
+    """`empty` (built on the meta device) filled from the pack at `path`, and the pack's report;
+    None when there is no usable pack."""
+    if not path.exists():
+        return None
+    start = time.perf_counter()
+    try:
+        pack = torch.load(path, mmap=True, weights_only=True)
+        if pack.get("key") != key:
+            raise ValueError("it was packed for another key")
+        model = restore(pack, empty)
+    except Exception as err:  # any unreadable pack costs a repack, never a start
+        log.warning("weights: the prepacked file %s is unusable (%s: %s); packing again", path,
+                    type(err).__name__, str(err).splitlines()[0][:200] if str(err) else "")
+        return None
+    log.info("weights: read prepacked from %s in %.2f s", path, time.perf_counter() - start)
+    return model, str(pack["summary"])
+
+
+def restore(pack: dict[str, Any], model: LlamaForCausalLM) -> LlamaForCausalLM:
+    for name, entry in pack["linears"].items():
+        set_module(model, name, QuantLinear(blocks_from(entry["blocks"]), gemm_from(entry["gemm"]),
+                                            entry["bias"], int(entry["max_kernel_tokens"])))
+    model.load_state_dict(pack["state"], strict=True, assign=True)
+    with torch.device("cpu"):
+        model.build_rope()
+    left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+    if left:
+        raise ValueError(f"the pack left {left[:3]} unfilled")
+    return model.eval()
+
+
+def blocks_from(entry: dict[str, Any] | None) -> BlockWeights | None:
+    if entry is None:
+        return None
+    return BlockWeights(entry["kind"], entry["qs"], entry["scales"], entry["mins"], int(entry["out_features"]),
+                        int(entry["in_features"]))
+
+
+def gemm_from(entry: dict[str, Any] | None) -> DenseGemm | Bf16Gemm | None:
+    if entry is None:
+        return None
+    if entry["name"] == "bf16":
+        return Bf16Gemm(entry["weight"], entry["bias"])
+    return DenseGemm(entry["weight"], entry["bias"], bool(entry["shared"]))
+
+
+# ---- writing -----------------------------------------------------------------------------
+def why_not_packable(model: nn.Module) -> str | None:
+    for name, module in model.named_modules():
+        if isinstance(module, QuantLinear) and module.gemm is not None and module.gemm.name not in ("fp32", "bf16"):
+            return f"{name}'s big-step GEMM is {module.gemm.name}"
+    return None
+
+
+def write(model: nn.Module, path: Path, key: dict[str, Any], summary: str, packed_s: float) -> None:
+    """Save the model's weights as a pack; a failure is logged, and the next start packs again."""
+    why = why_not_packable(model)
+    if why:
+        log.info("weights: packed in %.2f s; not saved (%s)", packed_s, why)
+        return
+    start = time.perf_counter()
+    pack = {"key": key, "summary": summary, "state": model.state_dict(), "linears": {
+        name: linear_entry(module) for name, module in model.named_modules() if isinstance(module, QuantLinear)}}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path.parent, delete=False, suffix=".tmp") as f:
+            try:
+                torch.save(pack, f)
+            except BaseException:
+                os.unlink(f.name)
+                raise
+        os.replace(f.name, path)  # atomic: a start side by side reads the old pack or the new one
+    except (OSError, RuntimeError) as err:
+        log.warning("weights: packed in %.2f s; could not save them to %s: %s", packed_s, path, err)
+        return
+    log.info("weights: packed in %.2f s, saved to %s in %.2f s", packed_s, path, time.perf_counter() - start)
+
+
+def linear_entry(layer: QuantLinear) -> dict[str, Any]:
+    b, g = layer.blocks, layer.gemm
+    blocks = None if b is None else {"kind": b.kind, "qs": b.qs, "scales": b.scales, "mins": b.mins,
+                                     "out_features": b.out_features, "in_features": b.in_features}
+    gemm = None
+    if isinstance(g, DenseGemm | Bf16Gemm):
+        shared = isinstance(g, DenseGemm) and g.nbytes == 0  # the tied embedding's weight
+        gemm = {"name": g.name, "weight": g.weight, "bias": g.bias, "shared": shared}
+    return {"blocks": blocks, "gemm": gemm, "bias": None if layer.bias is None else layer.bias.detach(),
+            "max_kernel_tokens": layer.max_kernel_tokens}

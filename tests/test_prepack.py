@@ -1,0 +1,113 @@
+"""Prepacked weights (engine/model/prepack.py) on real `pagode serve` processes: the first
+start packs the quantized model and saves it, a second start with the same cache reads the
+pack back and answers with the same greedy tokens and logprobs, and a truncated pack is
+packed again while the server still serves. What a pack's key holds is checked in process."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import torch
+from server_fixtures import SMALL_ARGS, ServerProcess, running_server
+from tests_support import cache_sharing_builds
+
+from engine import race_memory
+from engine.model import prepack
+
+# The default --quantization auto (int4 on a CPU with the kernels), with a pinned fused-decode
+# limit: its race is no part of what is packed, and it is most of a start on a busy machine.
+ARGS = [*SMALL_ARGS, "--fused-decode-limit", "8", "--max-num-seqs", "8"]
+READ = re.compile(r"weights: read prepacked from (\S+) in")
+SAVED = re.compile(r"weights: packed in [\d.]+ s, saved to (\S+) in")
+
+
+@pytest.fixture
+def cache(tmp_path: Path) -> dict[str, str]:
+    """A cache of this test's own (no pack in it), with the run's builds and races linked in."""
+    run_cache = Path(os.environ["PAGODE_CACHE_DIR"])
+    (run_cache / "races").mkdir(parents=True, exist_ok=True)
+    own = cache_sharing_builds(tmp_path / "cache", run_cache)
+    (own / "races").symlink_to((run_cache / "races").resolve(), target_is_directory=True)
+    return {"PAGODE_CACHE_DIR": str(own)}
+
+
+def greedy(server: ServerProcess) -> tuple[list[str], list[float]]:
+    body = httpx.post(f"{server.api_url}/completions", timeout=120, json={
+        "model": "SmolLM2-135M-Instruct", "prompt": "The capital of France is", "max_tokens": 12,
+        "temperature": 0, "logprobs": 2, "ignore_eos": True}).json()
+    lp: dict[str, Any] = body["choices"][0]["logprobs"]
+    return lp["tokens"], lp["token_logprobs"]
+
+
+@pytest.mark.slow
+def test_a_second_start_reads_the_pack_and_a_broken_pack_is_packed_again(tmp_path: Path,
+                                                                          cache: dict[str, str]) -> None:
+    with running_server(ARGS, tmp_path, env=cache, name="first") as first:
+        packed = greedy(first)
+        log = first.log()
+    assert not READ.search(log), log[-3000:]
+    saved = SAVED.search(log)
+    assert saved, log[-3000:]
+    path = Path(saved.group(1))
+    assert path.exists() and path.parent == Path(cache["PAGODE_CACHE_DIR"]) / "prepacked"
+
+    with running_server(ARGS, tmp_path, env=cache, name="second") as second:
+        assert greedy(second) == packed  # the same weights: the same tokens and logprobs
+        log = second.log()
+    read = READ.search(log)
+    assert read and Path(read.group(1)) == path, log[-3000:]
+    assert "loading weights" not in log and not SAVED.search(log)
+
+    size = path.stat().st_size
+    with open(path, "r+b") as f:  # a start killed mid-write would leave no such file; a full disk might
+        f.truncate(size // 2)
+    with running_server(ARGS, tmp_path, env=cache, name="truncated") as third:
+        assert greedy(third) == packed
+        log = third.log()
+    assert f"the prepacked file {path} is unusable" in log, log[-3000:]
+    saved = SAVED.search(log)
+    assert saved and Path(saved.group(1)) == path and path.stat().st_size == size
+    assert not list(path.parent.glob("*.tmp"))  # the temporary file was renamed into place
+
+
+def test_a_pack_key_changes_with_what_the_weights_depend_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PAGODE_CACHE_DIR", str(tmp_path))
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"GGUF" + bytes(60))
+    cpu, fp32 = torch.device("cpu"), torch.float32
+    base = prepack.path_for(prepack.pack_key(model, "int4", fp32, cpu, 512))
+    assert base == prepack.path_for(prepack.pack_key(model, "int4", fp32, cpu, 512))  # stable
+    assert base.parent == tmp_path / "prepacked"
+    others = [prepack.pack_key(model, "int8", fp32, cpu, 512), prepack.pack_key(model, "int4", fp32, cpu, 64)]
+    monkeypatch.setenv("PAGODE_QUANT_CROSSOVER", "4")
+    others.append(prepack.pack_key(model, "int4", fp32, cpu, 512))
+    monkeypatch.delenv("PAGODE_QUANT_CROSSOVER")
+    here = race_memory.machine()
+    monkeypatch.setattr(race_memory, "machine", lambda: {**here, "threads": here["threads"] + 1})
+    others.append(prepack.pack_key(model, "int4", fp32, cpu, 512))
+    monkeypatch.undo()
+    monkeypatch.setenv("PAGODE_CACHE_DIR", str(tmp_path))
+    os.utime(model, ns=(1, 1))  # the same path, another file
+    others.append(prepack.pack_key(model, "int4", fp32, cpu, 512))
+    paths = {prepack.path_for(key) for key in others}
+    assert base not in paths and len(paths) == len(others)
+
+
+def test_warmup_and_the_switch_neither_read_nor_write_packs(monkeypatch: pytest.MonkeyPatch) -> None:
+    cpu, fp32 = torch.device("cpu"), torch.float32
+    monkeypatch.setattr(race_memory, "_fresh", False)
+    monkeypatch.delenv("PAGODE_RACE_CACHE", raising=False)
+    assert prepack.applies("int4", fp32, cpu)
+    assert not prepack.applies("none", fp32, cpu) and not prepack.applies("int4", torch.bfloat16, cpu)
+    race_memory.race_again(True)
+    try:
+        assert not prepack.applies("int4", fp32, cpu)
+    finally:
+        race_memory.race_again(False)
+    monkeypatch.setenv("PAGODE_RACE_CACHE", "0")
+    assert not prepack.applies("int4", fp32, cpu)
