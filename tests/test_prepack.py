@@ -111,3 +111,15 @@ def test_warmup_and_the_switch_neither_read_nor_write_packs(monkeypatch: pytest.
         race_memory.race_again(False)
     monkeypatch.setenv("PAGODE_RACE_CACHE", "0")
     assert not prepack.applies("int4", fp32, cpu)
+
+
+def test_only_the_newest_packs_stay_on_disk(tmp_path: Path) -> None:
+    packs = []
+    for i in range(6):
+        pack = tmp_path / f"{i}.pt"
+        pack.write_bytes(b"x")
+        os.utime(pack, ns=(i * 10**9, i * 10**9))
+        packs.append(pack)
+    prepack.prune(tmp_path, keep=packs[0])  # the one just written stays even when it is the oldest
+    assert sorted(p.name for p in tmp_path.glob("*.pt")) == ["0.pt", "4.pt", "5.pt"]
+    assert prepack.KEEP_PACKS == 3

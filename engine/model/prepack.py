@@ -47,6 +47,7 @@ from engine.quant.linear import QuantLinear
 log = logging.getLogger("pagode")
 
 FORMAT_VERSION = 1  # bump when the layout of a pack changes
+KEEP_PACKS = 3  # a pack is hundreds of MiB, and every code or flag change keys a new one
 _SOURCES = (Path(__file__).resolve().parent, Path(__file__).resolve().parents[1] / "quant")
 
 
@@ -167,6 +168,19 @@ def write(model: nn.Module, path: Path, key: dict[str, Any], summary: str, packe
         log.warning("weights: packed in %.2f s; could not save them to %s: %s", packed_s, path, err)
         return
     log.info("weights: packed in %.2f s, saved to %s in %.2f s", packed_s, path, time.perf_counter() - start)
+    prune(path.parent, keep=path)
+
+
+def prune(folder: Path, keep: Path) -> None:
+    """Delete all but the KEEP_PACKS most recently written packs, so that upgrades and changed
+    flags do not pile up stale copies of the weights on disk; `keep` (just written) stays."""
+    packs = sorted(folder.glob("*.pt"), key=lambda p: p.stat().st_mtime_ns, reverse=True)
+    for stale in [p for p in packs if p != keep][KEEP_PACKS - 1:]:
+        try:
+            stale.unlink()
+            log.info("weights: removed the older pack %s (keeping the %d newest)", stale, KEEP_PACKS)
+        except OSError:
+            continue  # another process removed it first, or it is not ours to remove
 
 
 def linear_entry(layer: QuantLinear) -> dict[str, Any]:
