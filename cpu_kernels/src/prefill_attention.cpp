@@ -29,8 +29,8 @@
 // by kv_convert.h's converter, value * scale as the torch path computes it, so the tile
 // holds the very numbers the maskless path gathers; its rows are D + 4 bytes apart. On
 // avx512 an int8 cache takes the 16-wide fp32 body, not the bf16 dot products: rounding
-// the dequantized rows to bf16 would add an error the int8 cache's decode and maskless
-// paths do not make (docs/cpu-prefill-attention.md has the measured comparison).
+// the queries and probabilities to bf16 would add an error the int8 cache's decode and
+// maskless paths do not make, so the kernel could no longer stand in for them exactly.
 #include "prefill_attention.h"
 
 #include "isa.h"
