@@ -2,7 +2,7 @@
 
     python -m benchmarks.bench_attention [--part both|decode|prefill] [--quick]
         decode:  [--batch 64] [--context 256] [--reps 5] [--kv-cache-dtype fp32 fp16 int8]
-        prefill: [--chunks 128 512 1024] [--contexts 0 512] [--prefill-kv fp32 fp16 bf16]
+        prefill: [--chunks 128 512 1024] [--contexts 0 512] [--prefill-kv fp32 fp16 bf16 int8]
                  [--heads 9 --kv-heads 3 --head-dim 64] [--out-dir docs/results/attention]
 
 Decode: it times whole decode steps of the real model (packing, forward, logits) and, inside
@@ -180,7 +180,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--kv-cache-dtype", nargs="+", default=["fp32", "fp16", "int8"])
     ap.add_argument("--chunks", type=int, nargs="+", default=[128, 512, 1024])
     ap.add_argument("--contexts", type=int, nargs="+", default=[0, 512])
-    ap.add_argument("--prefill-kv", nargs="+", choices=("fp32", "fp16", "bf16"), default=["fp32", "fp16", "bf16"])
+    ap.add_argument("--prefill-kv", nargs="+", choices=("fp32", "fp16", "bf16", "int8"),
+                    default=["fp32", "fp16", "bf16", "int8"])
     ap.add_argument("--prefill-reps", type=int, default=5)
     ap.add_argument("--heads", type=int, default=9)  # SmolLM2-135M's attention
     ap.add_argument("--kv-heads", type=int, default=3)

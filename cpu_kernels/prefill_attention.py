@@ -2,10 +2,12 @@
 
 Chunks of new tokens of several sequences, packed one after another, attend causally to
 themselves and to every cached position before them, reading the paged cache
-[2, NB, BS, KVH, D] in place through the block tables, for fp32, fp16 or bf16 cache
-elements (fp32 queries and output). Tiles with an online softmax; an AVX2 fp32 body, and
-in the avx512 build a 16-wide fp32 body and, for a bf16 cache, BF16 dot products. Built
-from the avx2 level up; elsewhere the library has no such symbols.
+[2, NB, BS, KVH, D] in place through the block tables, for fp32, fp16, bf16 or int8 cache
+elements (fp32 queries and output; an int8 row is D values then their fp32 scale, so its
+cache is [2, NB, BS, KVH, D + 4], dequantized to fp32 as it is read). Tiles with an online
+softmax; an AVX2 fp32 body, and in the avx512 build a 16-wide fp32 body (int8 takes it too)
+and, for a bf16 cache, BF16 dot products. Built from the avx2 level up; elsewhere the
+library has no such symbols.
 """
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ import ctypes
 
 import torch
 
-_SUFFIX = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
-_ELEMENT = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+from cpu_kernels.paged_attention import cache_head_dim
+
+_SUFFIX = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.int8: "i8"}
+_ELEMENT = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.int8: 3}
 _P, _I64 = ctypes.c_void_p, ctypes.c_int64
 BODIES = {0: None, 1: "avx2 fp32", 2: "avx512 fp32", 3: "avx512 bf16 dot products"}
 
@@ -41,9 +45,11 @@ class PrefillAttentionKernel:
         return BODIES[int(self.lib.prefill_attention_body(head_dim, _ELEMENT[cache_dtype]))]
 
     def supports(self, query: torch.Tensor, kv_cache: torch.Tensor) -> bool:
-        """On the CPU, fp32 queries, an fp32/fp16/bf16 contiguous cache, a head size it has a body for."""
+        """On the CPU, fp32 queries, an fp32/fp16/bf16/int8 contiguous cache of the queries' head
+        size, a head size it has a body for."""
+        head_dim = query.shape[-1]
         return (query.device.type == "cpu" and query.dtype == torch.float32 and kv_cache.is_contiguous()
-                and self.body(kv_cache.shape[-1], kv_cache.dtype) is not None)
+                and cache_head_dim(kv_cache) == head_dim and self.body(head_dim, kv_cache.dtype) is not None)
 
     def prefill(self, query: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
                 query_starts: torch.Tensor, seq_lens: torch.Tensor, scale: float,
@@ -58,7 +64,8 @@ class PrefillAttentionKernel:
         starts = query_starts.to(torch.int32).contiguous()
         lens = seq_lens.to(torch.int32).contiguous()
         out = torch.empty_like(q)
-        _, _, block_size, kv_heads, head_dim = kv_cache.shape
+        _, _, block_size, kv_heads, _ = kv_cache.shape
+        head_dim = q.shape[2]
         fn = getattr(self.lib, f"paged_prefill_attention_{_SUFFIX[kv_cache.dtype]}")
         fn(q.data_ptr(), kv_cache[0].data_ptr(), kv_cache[1].data_ptr(), tables.data_ptr(), starts.data_ptr(),
            lens.data_ptr(), out.data_ptr(), lens.shape[0], q.shape[1], head_dim, block_size, kv_heads,

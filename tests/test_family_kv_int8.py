@@ -4,9 +4,9 @@ at least 95%) on other families, and serves a batch that preempts, shares prefix
 Gemma 2, slides a window and soft-caps its scores.
 
 Qwen2 has biased K/V projections (rows of uneven magnitude) and grouped queries; Gemma 2
-alternates sliding-window and global layers with a logit soft-cap, so its prefill takes the
-masked torch path and its decodes the kernel's window. The text read is each model's own
-greedy continuation, so that each position has a clear top-1.
+alternates sliding-window and global layers with a logit soft-cap, so its prefill chunks and
+its decodes read int8 rows through the C++ kernels' window and cap, where they build. The
+text read is each model's own greedy continuation, so that each position has a clear top-1.
 """
 
 from __future__ import annotations

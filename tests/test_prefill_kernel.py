@@ -1,7 +1,8 @@
 """The fused prefill/extend kernel (cpu_kernels/prefill_attention.py) agrees with a float64
-torch reference over the gathered cache, under each ISA cap the machine allows; the cpu
-backend routes chunks to it or to the maskless path as raced or pinned, and the race result
-is kept for the next start."""
+torch reference over the gathered cache (an int8 cache's rows dequantized as the torch path
+dequantizes them), under each ISA cap the machine allows; the cpu backend routes chunks to
+it or to the maskless path as raced or pinned, and the race result is kept for the next
+start, for each cache dtype under its own key."""
 
 from __future__ import annotations
 
@@ -14,16 +15,17 @@ from tests_support import SHARED_PREFIX, cache_sharing_builds, paged_attention_c
 from cpu_kernels.prefill_attention import PrefillAttentionKernel
 from cuda_kernels.reference import paged_decode_attention_ref, paged_prefill_attention_ref
 from engine import LLM, SamplingParams, autotune, envs, native, race_memory
-from engine.attention import prefill_choice
+from engine.attention import kv_int8, prefill_choice
 from engine.attention.cpu_backend import CpuAttentionBackend
 from engine.attention.metadata import AttentionMetadata
+from engine.runner.kv_cache import kv_cache_dtype
 
 # Fresh prompts (context 0) and extends after a cached prefix, with chunk lengths that are
 # not multiples of any tile (1, 7, 37, 40), a chunk crossing many blocks, one 100 long.
 LENS, CHUNKS = [40, 23, 31, 100, 537], [40, 7, 1, 100, 37]
 # heads, KV heads, head size, block size: GQA 3 (SmolLM2), 1, 3 at 128, 8
 SHAPES = [(9, 3, 64, 16), (4, 4, 128, 32), (12, 4, 128, 16), (8, 1, 64, 16)]
-DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.int8]
 SCALE = 0.125
 
 
@@ -36,11 +38,14 @@ def kernel() -> PrefillAttentionKernel:
 
 def case(seed: int, lens: list[int], chunks: list[int], heads: int, kv_heads: int, head_dim: int,
          block_size: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
-    """Every chunk as a prefill, a chunk of one included."""
-    return paged_attention_case(seed, lens, chunks, heads, kv_heads, head_dim, block_size, dtype, num_decodes=0)
+    """Every chunk as a prefill, a chunk of one included; the cache stores its rows as `dtype`
+    does (int8: quantized, each row with its scale)."""
+    q, kv, meta = paged_attention_case(seed, lens, chunks, heads, kv_heads, head_dim, block_size, num_decodes=0)
+    return q, kv_int8.store(kv, dtype), meta
 
 
 def expected_body(cap: str, dtype: torch.dtype) -> str:
+    """int8 rows are dequantized to fp32 and take the fp32 body at either level."""
     if cap == "avx2":
         return "avx2 fp32"
     return "avx512 bf16 dot products" if dtype == torch.bfloat16 else "avx512 fp32"
@@ -51,10 +56,11 @@ def reference(q: torch.Tensor, kv: torch.Tensor, meta: AttentionMetadata, body: 
     """float64 attention over the cache's own (rounded) values, and the tolerance of `body`.
 
     The bf16 body rounds the queries and the probabilities to bf16 (K/V already are): it is
-    compared with queries rounded alike, to within the probabilities' rounding."""
+    compared with queries rounded alike, to within the probabilities' rounding. An int8 cache
+    is read as its fp32 dequantization (the kernel's numbers exactly), widened to float64."""
     bf16 = body == "avx512 bf16 dot products"
     queries = (q.bfloat16() if bf16 else q).double()
-    out = paged_prefill_attention_ref(queries, kv.double(), meta.query_start_loc, meta.seq_lens,
+    out = paged_prefill_attention_ref(queries, kv_int8.widen(kv, torch.float64), meta.query_start_loc, meta.seq_lens,
                                       meta.block_tables, SCALE, window=window, softcap=softcap)
     return out.float(), (1e-2 if bf16 else 1e-5)
 
@@ -98,25 +104,44 @@ def test_a_lone_chunk_on_few_tasks_matches_reference(dtype: torch.dtype) -> None
     torch.testing.assert_close(got, expected, atol=tol, rtol=tol)
 
 
+@pytest.mark.usefixtures("isa_cap")
+@pytest.mark.parametrize("head_dim", [40, 80])
+def test_int8_rows_of_other_head_sizes_match_reference(head_dim: int) -> None:
+    """Head sizes the avx512 body leaves to the avx2 one (40) or takes (80): an int8 row's
+    scale sits at a stride that is no multiple of any vector, windowed and capped."""
+    k = kernel()
+    q, kv, meta = case(4, LENS, CHUNKS, 6, 2, head_dim, 16, torch.int8)
+    expected, tol = reference(q, kv, meta, k.body(head_dim, torch.int8), 45, 20.0)
+    got = k.prefill(q, kv, meta.block_tables, meta.query_start_loc, meta.seq_lens, SCALE, window=45, softcap=20.0)
+    torch.testing.assert_close(got, expected, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int8], ids=str)
 @pytest.mark.parametrize("path", ["kernel", "maskless"])
-def test_the_backend_attends_decodes_and_chunks_by_either_path(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_backend_attends_decodes_and_chunks_by_either_path(path: str, dtype: torch.dtype,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """A step packs decodes first, then chunks: the backend hands the kernel only the chunks."""
     kernel()
     monkeypatch.setenv("PAGODE_PREFILL_KERNEL", path)
     lens, chunks = [17, 160, *LENS], [1, 1, *CHUNKS]
-    q, kv, meta = case(2, lens, chunks, 9, 3, 64, 16, torch.float32)
+    q, kv, meta = case(2, lens, chunks, 9, 3, 64, 16, dtype)
     meta.num_decodes = 2
     backend = CpuAttentionBackend()
     assert prefill_choice.use_kernel(backend.prefill_kernel, q, kv, False, backend.prefill_maskless) == (
         path == "kernel")
     got = backend.attend(q, kv, meta, SCALE)
-    decodes = paged_decode_attention_ref(q[:2], kv, meta.block_tables[:2], meta.seq_lens[:2], SCALE)
-    prefills = paged_prefill_attention_ref(q, kv, meta.query_start_loc, meta.seq_lens, meta.block_tables, SCALE)
+    values = kv_int8.widen(kv, torch.float32)
+    decodes = paged_decode_attention_ref(q[:2], values, meta.block_tables[:2], meta.seq_lens[:2], SCALE)
+    prefills = paged_prefill_attention_ref(q, values, meta.query_start_loc, meta.seq_lens, meta.block_tables,
+                                           SCALE)
     torch.testing.assert_close(got[:2], decodes, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(got[2:], prefills[2:], atol=1e-5, rtol=1e-5)
 
 
-def test_the_race_runs_once_and_is_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("dtype", [torch.float16, torch.int8], ids=str)
+def test_the_race_runs_once_and_is_kept(dtype: torch.dtype, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Raced at load for the model's shape and cache dtype (an int8 cache under its own key,
+    at its head size, not its row width), kept, and read back at the next start."""
     kernel()
     monkeypatch.setenv("PAGODE_CACHE_DIR", str(cache_sharing_builds(tmp_path / "cache", envs.CACHE_DIR.get())))
     monkeypatch.delenv("PAGODE_PREFILL_KERNEL", raising=False)
@@ -132,12 +157,13 @@ def test_the_race_runs_once_and_is_kept(tmp_path: Path, monkeypatch: pytest.Monk
         return name, times
 
     monkeypatch.setattr(autotune, "fastest", counted)
-    cache = torch.zeros(2, 8, 16, 3, 64, dtype=torch.float16)
+    cache = torch.zeros(2, 8, 16, 3, kv_int8.row_width(64, dtype), dtype=dtype)
     backend = CpuAttentionBackend()
     backend.prepare(9, torch.float32, cache)
     assert len(raced) == 1 and set(raced[0]) == {"kernel", "maskless"}
     won = min(raced[0], key=lambda name: raced[0][name])
-    key = f"9:3:64:float16:{prefill_choice.RACE_CHUNK}:{prefill_choice.RACE_CONTEXT}"
+    name = str(dtype).removeprefix("torch.")
+    key = f"9:3:64:{name}:{prefill_choice.RACE_CHUNK}:{prefill_choice.RACE_CONTEXT}"
     assert race_memory.recall("prefill-attention", key) == won
     q = torch.empty(0, 9, 64)
     assert prefill_choice.use_kernel(backend.prefill_kernel, q, cache, False, backend.prefill_maskless) == (
@@ -150,15 +176,22 @@ def test_the_race_runs_once_and_is_kept(tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.setattr(prefill_choice, "_winners", {})  # a later start: read back, not raced
     CpuAttentionBackend().prepare(9, torch.float32, cache)
     assert len(raced) == 1
-    assert prefill_choice._winners[(9, 3, 64, "float16")] == won
+    assert prefill_choice._winners[(9, 3, 64, name)] == won
 
 
 @pytest.mark.slow
-def test_the_default_model_prefills_alike_on_either_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The default model with the fp16 cache (the CPU default), a prompt read in chunks that
-    extend cached positions: the kernel and the maskless path give the same greedy tokens and
-    prompt logprobs within the fp16 cache's rounding (the two paths' last-bit differences
-    can round a later layer's K/V to a neighbouring fp16 value)."""
+@pytest.mark.parametrize("kv_dtype,logprob_tol", [("fp16", 1e-2), ("int8", 0.25)])
+def test_the_default_model_prefills_alike_on_either_path(kv_dtype: str, logprob_tol: float,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default model with the fp16 cache (the CPU default) or the int8 one, a prompt read
+    in chunks that extend cached positions: the kernel and the maskless path give the same
+    greedy tokens, and prompt logprobs within the cache's rounding. Both paths read the same
+    dequantized K/V, but they sum in different orders (tiles with an online softmax against
+    torch's flash kernel), and a last-bit difference in one layer's output can round a later
+    layer's K/V to a neighbouring fp16 value, or one int8 step away. An int8 step is about
+    1% of a row's largest value (fp16's is 2^-11 of the value), and such flips compound over
+    the layers, so int8's prompt logprobs are held to a wider bound (the int8 cache's own
+    distance from the fp32 cache's is larger still); the greedy tokens are held exactly."""
     kernel()
     calls: list[int] = []
     run = PrefillAttentionKernel.prefill
@@ -168,7 +201,8 @@ def test_the_default_model_prefills_alike_on_either_path(monkeypatch: pytest.Mon
         return run(self, *args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(PrefillAttentionKernel, "prefill", counted)
-    llm = LLM(kv_cache_memory="64MiB", max_model_len=512, max_num_batched_tokens=32)
+    llm = LLM(kv_cache_memory="64MiB", max_model_len=512, max_num_batched_tokens=32, kv_cache_dtype=kv_dtype)
+    assert llm.engine.runner.kv_caches[0].dtype == kv_cache_dtype(kv_dtype)
     params = SamplingParams(temperature=0, max_tokens=16, prompt_logprobs=0)
     prompt = SHARED_PREFIX + "Summarize it."
     seen = {}
@@ -179,5 +213,5 @@ def test_the_default_model_prefills_alike_on_either_path(monkeypatch: pytest.Mon
         assert bool(calls) == (path == "kernel")
         assert out.prompt_logprobs is not None and len(out.prompt_token_ids) > 2 * 32
         seen[path] = (torch.tensor([lp.logprob for lp in out.prompt_logprobs[1:]]), out.token_ids)  # type: ignore[union-attr]
-    torch.testing.assert_close(seen["kernel"][0], seen["maskless"][0], atol=1e-2, rtol=0)
+    torch.testing.assert_close(seen["kernel"][0], seen["maskless"][0], atol=logprob_tol, rtol=0)
     assert seen["kernel"][1] == seen["maskless"][1]

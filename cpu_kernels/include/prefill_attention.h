@@ -27,9 +27,15 @@ void paged_prefill_attention_bf16(const float* q, const pagode::BF16* k, const p
                                   const int32_t* bt, const int32_t* q_starts, const int32_t* seq_lens,
                                   float* out, int64_t S, int64_t H, int64_t D, int64_t BS, int64_t KVH,
                                   int64_t MB, float scale, int64_t window, float softcap, int nt);
+// An int8 cache [NB, BS, KVH, D + 4]: each row is D int8 values and their fp32 scale
+// (cache_types.h); D is still the head size.
+void paged_prefill_attention_i8(const float* q, const pagode::I8* k, const pagode::I8* v,
+                                const int32_t* bt, const int32_t* q_starts, const int32_t* seq_lens,
+                                float* out, int64_t S, int64_t H, int64_t D, int64_t BS, int64_t KVH,
+                                int64_t MB, float scale, int64_t window, float softcap, int nt);
 
-// Which body a call with this head size and cache element (0 fp32, 1 fp16, 2 bf16) runs in
-// this build: 1 avx2 fp32, 2 avx512 fp32, 3 avx512 bf16 dot products; 0 none (D % 8 != 0).
+// Which body a call with this head size and cache element (0 fp32, 1 fp16, 2 bf16, 3 int8)
+// runs in this build: 1 avx2 fp32, 2 avx512 fp32, 3 avx512 bf16 dot products; 0 none (D % 8 != 0).
 int prefill_attention_body(int64_t D, int element);
 
 }  // extern "C"

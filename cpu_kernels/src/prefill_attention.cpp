@@ -25,8 +25,12 @@
 //           probabilities are rounded to bf16 and every product is summed in fp32.
 // AMX is not used: a machine with it runs the avx512 bodies.
 // Cache rows are converted as they are read (row_to_float, one overload per element
-// type). The int8 cache is not read here yet: it needs an overload calling kv_convert.h's
-// i8_row_to_float and a row stride of D + 4 (the scale after the values) in cache_row.
+// type). An int8 row (D values, then its fp32 scale: cache_types.h) is dequantized to fp32
+// by kv_convert.h's converter, value * scale as the torch path computes it, so the tile
+// holds the very numbers the maskless path gathers; its rows are D + 4 bytes apart. On
+// avx512 an int8 cache takes the 16-wide fp32 body, not the bf16 dot products: rounding
+// the queries and probabilities to bf16 would add an error the int8 cache's decode and
+// maskless paths do not make, so the kernel could no longer stand in for them exactly.
 #include "prefill_attention.h"
 
 #include "isa.h"
@@ -42,12 +46,15 @@
 #include <type_traits>
 #include <vector>
 
+#include "kv_convert.h"
 #include "simd_exp.h"
 
 namespace {
 
 using pagode::BF16;
 using pagode::F16;
+using pagode::I8;
+using pagode::row_width;
 
 // Queries per task (each brings its group's G query heads): the larger tile shares each
 // converted K/V tile among more rows; the smaller one keeps enough tasks for every thread.
@@ -70,7 +77,10 @@ inline void row_to_float(const BF16* src, float* dst, int64_t n) {
   }
 }
 
-// Position t's row of KV head offset kv in a paged cache [blocks, BS, KVH, D] (row = KVH * D).
+inline void row_to_float(const I8* src, float* dst, int64_t n) { pagode::i8_row_to_float(src, dst, n); }
+
+// Position t's row of KV head offset kv in a paged cache [blocks, BS, KVH, W] (row = KVH * W,
+// W = row_width: D, or D + 4 for an int8 row and its scale).
 template <typename T>
 inline const T* cache_row(const T* cache, const int32_t* table, int64_t t, int64_t BS, int64_t row, int64_t kv) {
   return cache + (static_cast<int64_t>(table[t / BS]) * BS + t % BS) * row + kv;
@@ -443,7 +453,7 @@ void run_task(const Args<T>& a, const Task& t, Scratch& sc) {
   constexpr int64_t KT = Body::KT;
   const int64_t G = a.H / a.KVH, D = a.D, n_rows = (t.i1 - t.i0) * G;
   const int64_t q0 = a.q_starts[t.seq], n = a.q_starts[t.seq + 1] - q0, ctx = a.seq_lens[t.seq] - n;
-  const int64_t row = a.KVH * D, kv = t.kvh * D;
+  const int64_t W = row_width<T>(D), row = a.KVH * W, kv = t.kvh * W;
   const int32_t* table = a.bt + t.seq * a.MB;
   const int64_t base = ((q0 + t.i0) * a.H + t.kvh * G) * D;  // row r: query i0 + r / G, head kvh * G + r % G
   auto qrow = [&](int64_t r) { return a.q + base + ((r / G) * a.H + r % G) * D; };
@@ -500,15 +510,20 @@ void run(const Args<T>& a, int num_threads) {
   }
 }
 
+enum Element : int { E_F32 = 0, E_F16 = 1, E_BF16 = 2, E_I8 = 3 };
+
 template <typename T>
 constexpr int element_code() {
-  return std::is_same<T, float>::value ? 0 : std::is_same<T, F16>::value ? 1 : 2;
+  return std::is_same<T, float>::value ? E_F32
+         : std::is_same<T, F16>::value ? E_F16
+         : std::is_same<T, BF16>::value ? E_BF16
+                                         : E_I8;
 }
 
 int body_for(int64_t D, int element) {
   if (D <= 0 || D % 8 != 0) return NONE;
 #ifdef PAGODE_AVX512
-  if (element == 2 && D % 32 == 0) return AVX512_BF16;
+  if (element == E_BF16 && D % 32 == 0) return AVX512_BF16;
   if (D % 16 == 0) return AVX512_F32;
 #endif
   (void)element;
@@ -550,6 +565,13 @@ void paged_prefill_attention_bf16(const float* q, const BF16* k, const BF16* v, 
                                   int64_t H, int64_t D, int64_t BS, int64_t KVH, int64_t MB, float scale,
                                   int64_t window, float softcap, int nt) {
   prefill(Args<BF16>{q, k, v, bt, q_starts, seq_lens, out, S, H, D, BS, KVH, MB, scale, window, softcap}, nt);
+}
+
+void paged_prefill_attention_i8(const float* q, const I8* k, const I8* v, const int32_t* bt,
+                                const int32_t* q_starts, const int32_t* seq_lens, float* out, int64_t S,
+                                int64_t H, int64_t D, int64_t BS, int64_t KVH, int64_t MB, float scale,
+                                int64_t window, float softcap, int nt) {
+  prefill(Args<I8>{q, k, v, bt, q_starts, seq_lens, out, S, H, D, BS, KVH, MB, scale, window, softcap}, nt);
 }
 
 int prefill_attention_body(int64_t D, int element) { return body_for(D, element); }

@@ -30,7 +30,7 @@ class CpuAttentionBackend(SdpaAttentionBackend):
 
     def prepare(self, num_heads: int, dtype: torch.dtype, kv_cache: torch.Tensor) -> None:
         """Race the prefill paths for the model's shape now, at load, not at the first request."""
-        query = torch.empty(0, num_heads, kv_cache.shape[-1], dtype=dtype, device=kv_cache.device)
+        query = torch.empty(0, num_heads, kv_int8.head_dim(kv_cache), dtype=dtype, device=kv_cache.device)
         prefill_choice.use_kernel(self.prefill_kernel, query, kv_cache, False, self.prefill_maskless)
 
     def prefill(self, query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,

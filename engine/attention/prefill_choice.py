@@ -25,6 +25,7 @@ import torch
 
 from cpu_kernels.prefill_attention import PrefillAttentionKernel
 from engine import autotune, envs, race_memory
+from engine.attention import kv_int8
 from engine.attention.metadata import AttentionMetadata
 
 log = logging.getLogger("pagode")
@@ -54,7 +55,7 @@ def use_kernel(kernel: PrefillAttentionKernel | None, query: torch.Tensor, kv_ca
 
 def winner(kernel: PrefillAttentionKernel, maskless: MasklessPath, heads: int, kv_cache: torch.Tensor) -> str:
     """'kernel' or 'maskless' for this shape: raced once per process, kept per machine."""
-    kv_heads, head_dim = kv_cache.shape[3:]
+    kv_heads, head_dim = kv_cache.shape[3], kv_int8.head_dim(kv_cache)
     shape: Shape = (heads, kv_heads, head_dim, str(kv_cache.dtype).removeprefix("torch."))
     if shape in _winners:
         return _winners[shape]
@@ -90,11 +91,12 @@ def synthetic_chunk(heads: int, kv_heads: int, head_dim: int, block_size: int, d
                     chunk: int = RACE_CHUNK, context: int = RACE_CONTEXT,
                     ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
     """One sequence: `chunk` new queries after `context` cached positions, random K/V in a
-    cache of its own (also benchmarks/bench_attention.py's case)."""
+    cache of its own, stored as the cache's dtype stores rows (an int8 cache quantized, with
+    its scales); also benchmarks/bench_attention.py's case."""
     total = context + chunk
     blocks = -(-total // block_size)
     g = torch.Generator().manual_seed(0)
-    cache = torch.randn(2, blocks, block_size, kv_heads, head_dim, generator=g).to(dtype)
+    cache = kv_int8.store(torch.randn(2, blocks, block_size, kv_heads, head_dim, generator=g), dtype)
     query = torch.randn(chunk, heads, head_dim, generator=g)
     meta = AttentionMetadata(
         slot_mapping=torch.zeros(chunk, dtype=torch.int64),
