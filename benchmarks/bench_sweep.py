@@ -2,7 +2,7 @@
 request set beside it, in one run: `make bench-sweep`.
 
     python -m benchmarks.bench_sweep [--batches 1 8 32 64 128 192] [--contexts 100 300 600]
-                                     [--num-prompts 160] [--out docs/results/sweep] [--quick]
+                                     [--num-prompts 160] [--quantization auto] [--out docs/results/sweep] [--quick]
                                      [--trace trace.json] [--grid-from sweep.json] [--max-num-seqs N]
 
 Why: a decode step's rate rises with the batch while the weights' fixed cost dominates, and
@@ -10,7 +10,10 @@ falls once each sequence's own cost (attention over its context, its share of th
 does. Where that turn lies, per context length, is what the batch cap and the kernels are
 judged by. Each grid cell times whole decode steps (the fused C++ step where it applies, the
 lm_head included) on synthetic decodes at that context, as the start-up race does
-(engine/runner/decode_rates.py), best of a few.
+(engine/runner/decode_rates.py), best of a few. The weights are quantized as `pagode serve`
+serves them (`--quantization auto`) unless told otherwise: the library's own default, `none`,
+keeps fp32 weights, which no fused step can run, so its batch-1 cells time the layer-by-layer
+path reading 540 MB of weights a token rather than the served step.
 
 Then the request set of the 16 req/s workload (prompts 16-128 tokens, outputs 32-384, the
 same seed as bench-vs-peers) is given to the offline engine all at once, with the shipped
@@ -133,6 +136,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--contexts", type=int, nargs="+", default=[100, 300, 600])
     ap.add_argument("--num-prompts", type=int, default=160, help="the offline request set; 0: none")
     ap.add_argument("--kv-cache-dtype", default="auto")
+    ap.add_argument("--quantization", default="auto", help="auto (as pagode serve), none, int8 or int4")
     ap.add_argument("--out", type=Path, default=Path("docs/results/sweep"))
     ap.add_argument("--quick", action="store_true", help="a small grid and 24 requests (a smoke run)")
     ap.add_argument("--trace", type=Path, default=None,
@@ -145,15 +149,15 @@ def main(argv: list[str] | None = None) -> None:
     # Room for the largest cell: the synthetic decodes wrap around a smaller cache.
     pinned = {} if args.max_num_seqs is None else {"max_num_seqs": args.max_num_seqs}
     llm = LLM(kv_cache_memory="4GiB", max_model_len=1024, kv_cache_dtype=args.kv_cache_dtype,
-              size_batch=args.max_num_seqs is None, **pinned)
+              quantization=args.quantization, size_batch=args.max_num_seqs is None, **pinned)
     print(f"{cpu_target().describe()}; torch threads {torch.get_num_threads()}; "
-          f"KV {llm.engine.describe().kv_cache_dtype}", flush=True)
+          f"quantization {args.quantization}; KV {llm.engine.describe().kv_cache_dtype}", flush=True)
     started = time.perf_counter()
     grid = read_grid(args.grid_from) if args.grid_from else time_grid(llm, args.batches, args.contexts)
     trace = offline_trace.StepTrace() if args.trace else None
     offline = run_offline(llm, args.num_prompts, seed=0, trace=trace) if args.num_prompts else None
     args.out.mkdir(parents=True, exist_ok=True)
-    text = f"CPU: {cpu_target().describe()}\n\n" + table(grid, offline)
+    text = f"CPU: {cpu_target().describe()}; quantization {args.quantization}\n\n" + table(grid, offline)
     if trace is not None and args.trace is not None:
         split = offline_trace.decompose(trace.steps, grid, llm.engine.config.max_num_seqs)
         args.trace.parent.mkdir(parents=True, exist_ok=True)
@@ -162,8 +166,8 @@ def main(argv: list[str] | None = None) -> None:
         text += "\n" + offline_trace.summary(split)
     (args.out / "sweep.md").write_text(text)
     (args.out / "sweep.json").write_text(json.dumps(
-        {"cpu": cpu_target().describe(), "grid": {str(c): {str(b): round(v, 1) for b, v in row.items()}
-                                                  for c, row in grid.items()},
+        {"cpu": cpu_target().describe(), "quantization": args.quantization,
+         "grid": {str(c): {str(b): round(v, 1) for b, v in row.items()} for c, row in grid.items()},
          "offline": offline, "seconds": round(time.perf_counter() - started, 1)}, indent=2))
     plot(grid, offline, args.out / "sweep.png")
     print(text)
