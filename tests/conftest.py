@@ -14,7 +14,7 @@ from tests_support import cache_sharing_builds
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-pytest_plugins = [p for p in ("server_fixtures",)
+pytest_plugins = [p for p in ("server_fixtures", "proxy_support")
                   if os.path.exists(os.path.join(os.path.dirname(__file__), f"{p}.py"))]
 
 PRIVATE_CACHE = pytest.StashKey[Path]()
@@ -83,6 +83,16 @@ def small_llm():  # type: ignore[no-untyped-def]
     # fp32 KV: 11 blocks, and prompt logprobs compared with transformers to 1e-4.
     return LLM(kv_cache_memory="8MiB", max_model_len=128, scheduling_policy="priority",
                kv_cache_dtype="fp32")
+
+
+@pytest.fixture(scope="session")
+def default_llm():  # type: ignore[no-untyped-def]
+    """One engine with the shipped defaults (auto weights, fp16 KV), 128 MiB of KV cache and a
+    1024-token context, for the engine-level tests that ask only for the default model: a
+    model load is seconds of a start, and these tests leave no request behind."""
+    from engine import LLM
+
+    return LLM(kv_cache_memory="128MiB", max_model_len=1024)
 
 
 @pytest.fixture

@@ -3,6 +3,10 @@ loopback ports, SSE streams read network read by network read, and per-replica c
 
 A proxy must pass each streamed token on as it comes: `stream` notes which network read
 delivered each SSE event, so a test can tell a flowing stream from one buffered to the end.
+
+The two pinned replicas behind the proxies are the session's `pinned_pair` (registered as a
+plugin in tests/conftest.py): the nginx and vllm-router modules ask for the same replicas,
+and one model load shared is two loads side by side saved.
 """
 
 from __future__ import annotations
@@ -13,14 +17,16 @@ import re
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from server_fixtures import serve_command
 
-from loadgen.server_process import stop
+from loadgen.server_process import free_port, stop
 
 ROOT = Path(__file__).resolve().parents[1]
 REPLICA_ARGS = ["--kv-cache-memory", "256MiB", "--max-model-len", "512"]
@@ -66,8 +72,58 @@ def wait_ok(process: Process, path: str) -> None:
                 return
         except httpx.HTTPError:
             pass
-        time.sleep(0.5)
+        time.sleep(0.25)
     pytest.fail(f"{process.url}{path} not ready after {STARTUP_TIMEOUT_S} s:\n{process.tail()}")
+
+
+@dataclass
+class PinnedPair:
+    """Two replicas with PINNED_REPLICA_ARGS, started on first use and shared by the modules
+    that put a proxy before them. A test may kill one (the nginx failover test does): the
+    next module's `ready` starts a new one in its place."""
+
+    log_dir: Path
+    replicas: list[Process] = field(default_factory=list)
+
+    def ready(self) -> list[Process]:
+        """Both replicas, healthy; any that has exited is replaced on a new port."""
+        for i in range(2):
+            if i < len(self.replicas) and self.replicas[i].proc.poll() is None:
+                continue
+            port = free_port()
+            replica = spawn(serve_command(port, PINNED_REPLICA_ARGS), f"http://127.0.0.1:{port}",
+                            self.log_dir / f"replica{i}-{port}.log", PINNED_REPLICA_ENV)
+            if i < len(self.replicas):
+                self.replicas[i] = replica
+            else:
+                self.replicas.append(replica)
+        for replica in self.replicas:
+            wait_ok(replica, "/health")
+        return list(self.replicas)
+
+    def stop(self) -> None:
+        for replica in self.replicas:
+            replica.stop()
+        self.replicas.clear()
+
+
+def later_modules_use(request: pytest.FixtureRequest, fixture: str) -> bool:
+    """Whether a test after this module in the run asks for `fixture`: if none does, a
+    module fixture may stop a shared process now rather than hold it to the session's end."""
+    items = request.session.items
+    mine = [i for i, item in enumerate(items) if getattr(item, "module", None) is request.module]
+    return any(fixture in getattr(item, "fixturenames", ()) for item in items[max(mine, default=-1) + 1:])
+
+
+@pytest.fixture(scope="session")
+def pinned_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PinnedPair]:
+    """The shared pair, not yet started: a module fixture calls `ready()`, and `stop()` once
+    `later_modules_use` says no later module needs it."""
+    pair = PinnedPair(tmp_path_factory.mktemp("pinned-replicas"))
+    try:
+        yield pair
+    finally:
+        pair.stop()
 
 
 # --- streams through a proxy -------------------------------------------------------

@@ -3,7 +3,8 @@
 Every metric name in the dashboard's PromQL must exist in a real scrape of a real
 server's /metrics: a dashboard must never point at series the server does not export.
 Then a real Prometheus scrapes that server and evaluates every panel's query, which
-must return data. The Dockerfile's HEALTHCHECK command is run against the same server.
+must return data. The Dockerfile's HEALTHCHECK command is run against the same server, the
+session's shared one (tests/server_fixtures.py).
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -24,15 +24,12 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-from server_fixtures import serve_command
+from server_fixtures import ServerProcess
 
-from loadgen import server_process
 from loadgen.server_process import free_port, stop
 
 ROOT = Path(__file__).resolve().parents[1]
 DASHBOARD = ROOT / "docker" / "grafana" / "dashboards" / "pagode.json"
-SERVER_ARGS = ["--kv-cache-memory", "256MiB", "--max-model-len", "512"]
-STARTUP_TIMEOUT_S = 300.0  # as tests/server_fixtures.py: two models loading on a busy 2-core machine
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
@@ -89,27 +86,11 @@ def dashboard_targets() -> list[dict[str, Any]]:
 # --- a real server ------------------------------------------------------------------
 
 
-def start_server(port: int, log_path: Path, extra: list[str]) -> subprocess.Popen[bytes]:
-    log = open(log_path, "wb")  # noqa: SIM115 - closed with the process
-    return subprocess.Popen(serve_command(port, extra), cwd=ROOT, stdout=log,
-                            stderr=subprocess.STDOUT)
-
-
-def wait_healthy(proc: subprocess.Popen[bytes], url: str, log_path: Path) -> None:
-    server_process.wait_healthy(url, proc, log_path, STARTUP_TIMEOUT_S)
-
-
-@pytest.fixture(scope="module")
-def pagode_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    port = free_port()
-    log_path = tmp_path_factory.mktemp("server") / "server.log"
-    proc = start_server(port, log_path, SERVER_ARGS)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(proc, url, log_path)
-        yield url
-    finally:
-        stop(proc, grace=20)
+@pytest.fixture
+def pagode_server(server: ServerProcess) -> str:
+    """The session's shared server, with the shipped defaults: the dashboard must read only
+    series that every pagode server exports, so it needs no server of its own."""
+    return server.base_url
 
 
 def model_name(url: str) -> str:

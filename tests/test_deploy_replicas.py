@@ -27,18 +27,17 @@ from typing import Any
 import httpx
 import pytest
 from proxy_support import (
-    PINNED_REPLICA_ARGS,
-    PINNED_REPLICA_ENV,
     ROOT,
+    PinnedPair,
     Process,
     Stream,
     completion_body,
+    later_modules_use,
     spawn,
     stream,
     success_count,
     wait_ok,
 )
-from server_fixtures import serve_command
 
 from loadgen.server_process import free_port
 
@@ -75,17 +74,13 @@ class Cluster:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+def cluster(request: pytest.FixtureRequest, pinned_pair: PinnedPair,
+            tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     nginx_exe = require_nginx()
     tmp = tmp_path_factory.mktemp("replicas")
-    replicas: list[Process] = []
     nginx: Process | None = None
     try:
-        for i in range(2):
-            port = free_port()
-            replicas.append(spawn(
-                serve_command(port, PINNED_REPLICA_ARGS),
-                f"http://127.0.0.1:{port}", tmp / f"replica{i}.log", PINNED_REPLICA_ENV))
+        replicas = pinned_pair.ready()
         port = free_port()
         conf = tmp / "nginx.conf"
         conf.write_text(render_nginx_conf([r.url.removeprefix("http://") for r in replicas],
@@ -94,13 +89,13 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
                        "-g", f"daemon off; pid {tmp / 'nginx.pid'};"],
                       f"http://127.0.0.1:{port}", tmp / "nginx.log")
         wait_ok(nginx, "/nginx-health")
-        for replica in replicas:
-            wait_ok(replica, "/health")
         model = httpx.get(f"{nginx.url}/v1/models", timeout=10).json()["data"][0]["id"]
         yield Cluster(replicas, nginx, model, tmp)
     finally:
-        for process in [*replicas, *([nginx] if nginx else [])]:
-            process.stop()
+        if nginx is not None:
+            nginx.stop()
+        if not later_modules_use(request, "pinned_pair"):
+            pinned_pair.stop()
 
 
 # --- streaming through the proxy ----------------------------------------------------

@@ -29,18 +29,17 @@ import pytest
 import yaml
 from prefix_trace import PREFIXES, REQUESTS_PER_PREFIX, routing_decisions, run_trace
 from proxy_support import (
-    PINNED_REPLICA_ARGS,
-    PINNED_REPLICA_ENV,
     ROOT,
+    PinnedPair,
     Process,
     Stream,
     completion_body,
+    later_modules_use,
     router_args,
     spawn,
     stream,
     wait_ok,
 )
-from server_fixtures import serve_command
 
 from loadgen.server_process import free_port
 
@@ -88,29 +87,25 @@ class Fleet:
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+def fleet(request: pytest.FixtureRequest, pinned_pair: PinnedPair,
+          tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     tmp = tmp_path_factory.mktemp("router")
-    processes: list[Process] = []
+    routers: list[Process] = []
     try:
-        replicas = []
-        for i in range(2):
-            port = free_port()
-            replicas.append(spawn(serve_command(port, PINNED_REPLICA_ARGS), f"http://127.0.0.1:{port}",
-                                  tmp / f"replica{i}.log", PINNED_REPLICA_ENV))
-        processes += replicas
-        for replica in replicas:
-            wait_ok(replica, "/health")
+        replicas = pinned_pair.ready()
         router = start_router(replicas, tmp / "router.log")
-        processes.append(router)
+        routers.append(router)
         baseline = start_router(replicas, tmp / "baseline.log", policy="round_robin")
-        processes.append(baseline)
+        routers.append(baseline)
         for process in (router, baseline):
             wait_ok(process, "/readiness")
         model = httpx.get(f"{router.url}/v1/models", timeout=10).json()["data"][0]["id"]
         yield Fleet(replicas, router, baseline, model)
     finally:
-        for process in processes:
+        for process in routers:
             process.stop()
+        if not later_modules_use(request, "pinned_pair"):
+            pinned_pair.stop()
 
 
 # --- the entry point ------------------------------------------------------------------

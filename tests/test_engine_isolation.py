@@ -19,9 +19,10 @@ from engine.runner.logprob_values import finite_logprob
 STREAM = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 
 
-@pytest.fixture(scope="module")
-def llm() -> LLM:
-    return LLM(kv_cache_memory="64MiB", max_model_len=256)
+@pytest.fixture
+def llm(default_llm: LLM) -> LLM:
+    """The session's default engine (tests/conftest.py)."""
+    return default_llm
 
 
 def run_until_done(llm: LLM) -> dict[str, list[StreamDelta]]:

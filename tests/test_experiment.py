@@ -38,8 +38,9 @@ INPUT_LEN, OUTPUT_LEN = (8, 16), (16, 24)
 
 def private_cache(tmp_path: Path) -> Path:
     """A cache of its own, without any step-time fit that would size the servers' batches,
-    sharing the compiled kernels and tokenizers so that no server rebuilds them."""
-    return cache_sharing_builds(tmp_path / "cache", envs.CACHE_DIR.get())
+    sharing the compiled kernels, tokenizers and this run's kernel races so that no server
+    rebuilds or races them again."""
+    return cache_sharing_builds(tmp_path / "cache", envs.CACHE_DIR.get(), races=True)
 
 
 def run_experiment(tmp_path: Path) -> tuple[Path, Path, list[str]]:

@@ -1,20 +1,19 @@
 """loadgen against a real `pagode serve` on loopback: no failures, and token counts
 that match the server's own usage and Prometheus counters.
 
-The server is started as a separate process (`python -m server.cli serve`), the way
-a user would run it; loadgen itself never imports the server or the engine.
+The server is the session's shared one, a separate process (`python -m server.cli serve`)
+started the way a user would run it; loadgen itself never imports the server or the engine.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from server_fixtures import running_server
+from server_fixtures import ServerProcess
 
 from loadgen.cli import main
 from loadgen.scrape import parse_prometheus
@@ -22,13 +21,11 @@ from loadgen.scrape import parse_prometheus
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
-@pytest.fixture(scope="module")
-def pagode_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    log_dir = tmp_path_factory.mktemp("pagode")
-    args = ["--kv-cache-memory", "64MiB", "--max-model-len", "512", "--block-size", "16",
-            "--disable-access-log"]
-    with running_server(args, log_dir, name="loadgen") as server:
-        yield server.base_url
+@pytest.fixture
+def pagode_url(server: ServerProcess) -> str:
+    """The session's shared server: every count here is a difference over a run, so the
+    requests other tests sent it change nothing."""
+    return server.base_url
 
 
 def counters(url: str) -> dict[str, float]:

@@ -81,7 +81,7 @@ def deploy(args: dict[str, Any]) -> None:
     while serve.status().applications[APP].status != "RUNNING":
         if time.monotonic() > deadline:
             raise TimeoutError(f"the app did not start: {serve.status().applications[APP]}")
-        time.sleep(1.0)
+        time.sleep(0.25)
 
 
 @pytest.fixture(scope="module")

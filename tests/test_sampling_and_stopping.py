@@ -12,9 +12,10 @@ from engine.runner.sampler import SamplingRow, sample
 CHAT = "<|im_start|>user\nSay hello in one word.<|im_end|>\n<|im_start|>assistant\n"
 
 
-@pytest.fixture(scope="module")
-def llm() -> LLM:
-    return LLM(kv_cache_memory="96MiB", max_model_len=512)
+@pytest.fixture
+def llm(default_llm: LLM) -> LLM:
+    """The session's default engine (tests/conftest.py)."""
+    return default_llm
 
 
 def _stream(llm: LLM, prompt: str, params: SamplingParams, request_id: str = "s") -> list[StreamDelta]:

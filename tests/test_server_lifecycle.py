@@ -411,8 +411,9 @@ CALIBRATE = ("import sys; from planner.calibrate import Grid; "
 
 @pytest.fixture
 def private_cache(tmp_path: Path) -> Path:
-    """An empty pagode cache but for the compiled kernels and tokenizers (shared, not measured)."""
-    return cache_sharing_builds(tmp_path / "cache", envs.CACHE_DIR.get())
+    """An empty pagode cache but for the compiled kernels, tokenizers and this run's kernel
+    races: no step-time fit that `plan` did not write itself."""
+    return cache_sharing_builds(tmp_path / "cache", envs.CACHE_DIR.get(), races=True)
 
 
 def test_calibration_sizes_the_served_batch(private_cache: Path, tmp_path: Path) -> None:

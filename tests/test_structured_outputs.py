@@ -23,9 +23,10 @@ PHONE = r"\d{3}-\d{4}"
 CHOICES = ["yes", "no", "maybe"]
 
 
-@pytest.fixture(scope="module")
-def llm() -> LLM:
-    return LLM(kv_cache_memory="128MiB", max_model_len=1024)
+@pytest.fixture
+def llm(default_llm: LLM) -> LLM:
+    """The session's default engine (tests/conftest.py)."""
+    return default_llm
 
 
 def chat(llm: LLM, question: str) -> str:

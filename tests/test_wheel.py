@@ -88,7 +88,7 @@ def wait_healthy(base: str, server: subprocess.Popen[bytes], log: Path) -> None:
                 return
         except httpx.HTTPError:
             pass
-        time.sleep(1)
+        time.sleep(0.25)
     pytest.fail(f"no healthy server after {LOAD_TIMEOUT_S} s:\n{log.read_text()[-6000:]}")
 
 
@@ -104,8 +104,14 @@ def test_the_image_build_context_holds_every_package_the_wheel_ships() -> None:
                if line.strip() and not line.startswith("#")}
     assert [p for p in packages if p in ignored or f"{p}/*" in ignored] == []
 
-def test_the_wheel_lists_every_cxx_file_and_the_web_page(tmp_path: Path) -> None:
-    wheel = build_wheel(tmp_path / "dist")
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One wheel for the module: both tests read the same build, which takes a copy of the
+    tree and a setuptools run."""
+    return build_wheel(tmp_path_factory.mktemp("dist"))
+
+
+def test_the_wheel_lists_every_cxx_file_and_the_web_page(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     cxx = source_tree_cxx_files()
     assert any(name.startswith("cpu_kernels/src/") for name in cxx), cxx
@@ -116,8 +122,8 @@ def test_the_wheel_lists_every_cxx_file_and_the_web_page(tmp_path: Path) -> None
 
 
 @pytest.mark.timeout(900)
-def test_pagode_serve_from_the_wheel_answers_a_completion(tmp_path: Path) -> None:
-    python = fresh_venv(tmp_path / "venv", build_wheel(tmp_path / "dist"))
+def test_pagode_serve_from_the_wheel_answers_a_completion(wheel: Path, tmp_path: Path) -> None:
+    python = fresh_venv(tmp_path / "venv", wheel)
     work, cache, log = tmp_path / "work", tmp_path / "cache", tmp_path / "serve.log"
     work.mkdir()
     where = run(python, "-c", "import cpu_kernels, engine, server; "

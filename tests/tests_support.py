@@ -12,10 +12,13 @@ from engine.attention.metadata import AttentionMetadata
 SHARED_CACHE_PARTS = ("kernels", "tokenizers")
 
 
-def cache_sharing_builds(root: Path, shared: Path) -> Path:
-    """A pagode cache at `root` with `shared`'s builds linked in and nothing measured."""
+def cache_sharing_builds(root: Path, shared: Path, races: bool = False) -> Path:
+    """A pagode cache at `root` with `shared`'s builds linked in and nothing measured; with
+    `races`, also `shared`'s kernel races, for a test of something else (a fit, a driver)
+    whose `shared` is the test run's own cache, raced in this run: a server starting on an
+    empty cache races every GEMM again, seconds of its start."""
     root.mkdir(parents=True, exist_ok=True)
-    for part in SHARED_CACHE_PARTS:
+    for part in SHARED_CACHE_PARTS + (("races",) if races else ()):
         (shared / part).mkdir(parents=True, exist_ok=True)
         (root / part).symlink_to((shared / part).resolve(), target_is_directory=True)
     return root
