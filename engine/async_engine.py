@@ -249,7 +249,8 @@ class AsyncEngine:
         step_failed = False
         try:
             step_deltas = self.engine.step()
-            step_failed = bool(step_deltas) and all(d.error for d in step_deltas)
+            # A request at fault (error_param set) is no sign of a broken engine.
+            step_failed = bool(step_deltas) and all(d.error and d.error_param is None for d in step_deltas)
             deltas.extend(step_deltas)
         finally:
             self._stats = self.engine.stats()

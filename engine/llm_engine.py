@@ -35,7 +35,7 @@ from engine.runner.sampler import RawLogprob
 from engine.sampling_params import SamplingParams
 from engine.spec.cost_model import measure_step_cost
 from engine.spec.drafter import Drafter
-from engine.structured_output import StructuredOutputManager
+from engine.structured_output import StructuredOutputError, StructuredOutputManager
 from engine.tokenizer import Tokenizer
 
 log = logging.getLogger("pagode")
@@ -202,7 +202,7 @@ class LLMEngine:
             # A drafted sequence has one logits row per position checked, all sampled alike.
             row_states = [st for st, d in zip(states, drafts, strict=True) for _ in range(1 + len(d))]
             raw = row_sampling.unmasked_logits(logits, row_states, self.config.logprobs_mode)
-            self.structured.apply_masks(logits, [st.grammar for st in row_states])  # structured outputs
+            dead = self.structured.apply_masks(logits, [st.grammar for st in row_states])
         except Exception as err:  # the batch is lost; its requests fail, the engine goes on
             log.exception("step failed; failing its %d requests", len(out.scheduled))
             return [self._fail(self.requests[s.seq.request_id], err) for s in out.scheduled]
@@ -211,8 +211,14 @@ class LLMEngine:
         deltas = []
         row = 0
         for state, draft in zip(states, drafts, strict=True):
+            first = row
             rows, row = picks[row:row + 1 + len(draft)], row + 1 + len(draft)
             try:
+                if first in dead:
+                    raise StructuredOutputError(
+                        f"the structured output's grammar allows no token after the "
+                        f"{state.seq.num_output_tokens} generated so far: no output that "
+                        "begins with them matches it", "structured_outputs")
                 if draft:
                     deltas.append(self._verify(state, draft, rows))
                 else:
@@ -289,6 +295,8 @@ class LLMEngine:
 
     def _fail(self, state: RequestState, err: BaseException) -> StreamDelta:
         state.seq.error = f"{type(err).__name__}: {err}"
+        if isinstance(err, InvalidRequestError):  # the request's own fault: a 400 naming its field
+            state.seq.error, state.seq.error_param = str(err), err.param or "request"
         return self._finish(state, "abort")
 
     # ---- statistics ----------------------------------------------------

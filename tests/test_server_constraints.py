@@ -6,6 +6,7 @@ short outputs so that each test takes seconds."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from typing import Any
@@ -154,6 +155,7 @@ async def test_structural_tag(http: httpx.AsyncClient, fields: dict[str, Any]) -
     ({"guided_json": "{not json"}, "not valid JSON"),
     ({"structured_outputs": {"structural_tag": {"type": "structural_tag"}}}, "structural tag"),
     ({"response_format": {"type": "structural_tag"}}, "needs a format"),
+    ({"structured_outputs": {"regex": "[^\\s\\S]"}}, "matches no output"),  # an empty language
 ])
 async def test_bad_specs_are_400_before_any_work(http: httpx.AsyncClient,
                                                  fields: dict[str, Any], needle: str) -> None:
@@ -168,6 +170,33 @@ async def test_bad_specs_are_400_before_any_work(http: httpx.AsyncClient,
         assert needle in message and ".cc:" not in message  # xgrammar's source path stays out
     after = metric_value((await http.get("/metrics")).text, "pagode:prompt_tokens_total")
     assert after == before
+
+
+async def test_a_grammar_that_dead_ends_fails_its_request_alone_with_a_400(
+        http: httpx.AsyncClient) -> None:
+    """The regex `a[^\\s\\S]` lets "a" begin and then allows no token: that request ends
+    with a 400 naming structured_outputs, whole and streamed, and is not counted as an
+    engine failure. Requests beside it, and after it, are served."""
+    def failures(text: str) -> float:
+        return metric_value(text, "pagode:request_engine_failures_total")
+
+    before = failures((await http.get("/metrics")).text)
+    dead = {"prompt": "Say a:", "max_tokens": 8, "temperature": 0,
+            "structured_outputs": {"regex": "a[^\\s\\S]"}}
+    plain = {"prompt": "Two colours and a number:", "max_tokens": 8, "temperature": 0}
+    whole, beside = await asyncio.gather(http.post("/v1/completions", json=dead),
+                                         http.post("/v1/completions", json=plain))
+    assert whole.status_code == 400, whole.text
+    error = json_error(whole)
+    assert error["param"] == "structured_outputs" and "allows no token" in error["message"]
+    assert beside.status_code == 200 and beside.json()["choices"][0]["text"]
+
+    async with http.stream("POST", "/v1/completions", json={**dead, "stream": True}) as response:
+        events = [json.loads(line[len("data: "):]) async for line in response.aiter_lines()
+                  if line.startswith("data: ") and line != "data: [DONE]"]
+    assert events[-1]["error"]["code"] == 400 and events[-1]["error"]["param"] == "structured_outputs"
+    assert (await http.post("/v1/completions", json=plain)).status_code == 200
+    assert failures((await http.get("/metrics")).text) == before
 
 
 # ---- tools ---------------------------------------------------------------------------------

@@ -74,6 +74,7 @@ class RequestState:
             num_output_tokens=seq.num_output_tokens,
             times=seq.times,
             error=seq.error,
+            error_param=seq.error_param,
             num_cached_tokens=seq.num_cached_tokens,
             prompt_logprobs=self.take_prompt_logprobs(),
         )

@@ -30,6 +30,7 @@ class Sequence:
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     error: str | None = None
+    error_param: str | None = None  # set when the failure is the request's own fault (a 400)
     skip_prefix_cache: bool = False  # reads its whole prompt (prompt logprobs)
     # Speculative decoding: draft tokens appended to token_ids for this step only, until
     # verified (engine/spec/); the recent acceptance average and the steps left to back off.

@@ -87,5 +87,6 @@ class StreamDelta:
     num_output_tokens: int = 0  # total generated so far
     times: RequestTimes | None = None
     error: str | None = None  # set when this request failed inside the engine
+    error_param: str | None = None  # the field at fault, when the request itself was (a 400)
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache
     prompt_logprobs: list[TokenLogprob | None] | None = None  # first delta only; [0] is None

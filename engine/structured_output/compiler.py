@@ -58,7 +58,12 @@ class GrammarCache:
 
     def _compile_uncached(self, spec: StructuredOutputSpec) -> Any:
         try:
-            return compile_with(self._compiler, spec)
+            compiled = compile_with(self._compiler, spec)
+            if not can_begin(compiled):
+                raise StructuredOutputError(
+                    f"the {describe(spec)} matches no output: no token can begin one",
+                    "structured_outputs")
+            return compiled
         except StructuredOutputError:
             raise
         except Exception as exc:  # xgrammar raises RuntimeError/ValueError with the reason
@@ -86,6 +91,21 @@ def compile_with(compiler: Any, spec: StructuredOutputSpec) -> Any:
         return compiler.compile_structural_tag(spec.text)
     raise StructuredOutputError(f"unknown structured output kind {spec.kind!r}",
                                 "structured_outputs")
+
+
+def can_begin(compiled: Any) -> bool:
+    """Whether the grammar allows some first token (an end-of-output counts). xgrammar
+    compiles an empty language, such as the regex `[^\\s\\S]`, without complaint, and its
+    every-token-forbidden mask would reach the sampler: refused here, before any work."""
+    import torch
+    import xgrammar as xgr
+
+    vocab_size = compiled.tokenizer_info.vocab_size
+    bitmask = xgr.allocate_token_bitmask(1, vocab_size)
+    xgr.GrammarMatcher(compiled).fill_next_token_bitmask(bitmask)
+    logits = torch.zeros(1, vocab_size)
+    xgr.apply_token_bitmask_inplace(logits, bitmask, vocab_size=vocab_size)
+    return bool(torch.isfinite(logits).any())
 
 
 def grammar_after(spec: StructuredOutputSpec) -> Any:

@@ -53,11 +53,13 @@ class StructuredOutputManager:
 
         return GrammarState(xgr.GrammarMatcher(self.compile(spec)))
 
-    def apply_masks(self, logits: torch.Tensor, states: Sequence[GrammarState | None]) -> None:
-        """Forbid, in place, every token the grammar of row i does not allow next."""
+    def apply_masks(self, logits: torch.Tensor, states: Sequence[GrammarState | None]) -> set[int]:
+        """Forbid, in place, every token the grammar of row i does not allow next. Returns
+        the rows whose grammar allows no token at all: a language that is empty past the
+        output so far (the regex `a[^\\s\\S]` after "a"), which no sampler can follow."""
         rows = [i for i, s in enumerate(states) if s is not None and not s.is_terminated]
         if not rows:
-            return
+            return set()
         import xgrammar as xgr
 
         start = time.perf_counter()
@@ -68,7 +70,9 @@ class StructuredOutputManager:
         self._batch.batch_fill_next_token_bitmask(matchers, bitmask, indices=rows)
         mask = bitmask[:len(states)].to(logits.device, non_blocking=True)
         xgr.apply_token_bitmask_inplace(logits, mask, vocab_size=self.vocab_size, indices=rows)
+        alive = torch.isfinite(logits[rows, :self.vocab_size]).any(dim=1).tolist()
         self.mask_seconds += time.perf_counter() - start
+        return {row for row, ok in zip(rows, alive, strict=True) if not ok}
 
     def _bitmask_for(self, num_rows: int) -> torch.Tensor:
         if self._bitmask is None or self._bitmask.shape[0] < num_rows:

@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from engine.io.errors import RequestFailedError
+from engine.io.errors import InvalidRequestError, RequestFailedError
 from engine.io.outputs import StreamDelta
 from engine.sampling_params import SamplingParams
 from server.api.errors import APIError, api_error_from
@@ -102,6 +102,14 @@ class RequestRecord:
         return queue_time, ttft, e2e
 
 
+def failure(delta: StreamDelta) -> Exception:
+    """The engine failed this choice: a 400 where the request was at fault (a grammar that
+    allows no next token), otherwise a 500 whose details stay in the log."""
+    if delta.error_param is not None:
+        return InvalidRequestError(delta.error or "invalid request", delta.error_param)
+    return RequestFailedError(delta.error)
+
+
 def abort_delta(sub: Choice, record: RequestRecord) -> StreamDelta:
     return StreamDelta(request_id=sub.request_id, text="", token_ids=[], finished=True,
                        finish_reason="abort", prompt_token_ids=sub.prompt_ids,
@@ -154,7 +162,7 @@ class GenerationService:
                     slot.release()  # it produced output: it is running, no longer queued
                     self.observe_delta(record, delta)
                     if delta.error:
-                        raise RequestFailedError(delta.error)
+                        raise failure(delta)
                     if delta.finished:
                         final = ChoiceEvent(sub.index, delta)
                         break
