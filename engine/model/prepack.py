@@ -17,9 +17,10 @@ PAGODE_RACE_CACHE=0 neither read nor write one, since a pack carries race winner
 that cannot be read (truncated, corrupt, another key) is packed again, never a failed start;
 a pack is written to a temporary file and renamed into place.
 
-Only what the pack can hold exactly is packed: quantized layers whose big-step GEMM is
-fp32 or bf16 (a oneDNN-reordered weight is opaque to torch.save, so such a model loads as
-before).
+A oneDNN-reordered weight is opaque to torch.save, so a pack holds its fp32 source (the
+reorder gives it back exactly) and a read reorders it again: milliseconds a layer, against
+the seconds of dequantizing and fusing. Layers whose big-step GEMM is another kind (fbgemm's
+int8) are not packed, and such a model loads as before.
 """
 
 from __future__ import annotations
@@ -43,10 +44,12 @@ from engine.quant.bf16_gemm import Bf16Gemm
 from engine.quant.dense_gemm import DenseGemm
 from engine.quant.formats import BlockWeights
 from engine.quant.linear import QuantLinear
+from engine.quant.onednn_gemm import OnednnGemm
 
 log = logging.getLogger("pagode")
 
-FORMAT_VERSION = 1  # bump when the layout of a pack changes
+FORMAT_VERSION = 2  # bump when the layout of a pack changes
+PACKABLE_GEMMS = ("fp32", "bf16", "onednn")
 KEEP_PACKS = 3  # a pack is hundreds of MiB, and every code or flag change keys a new one
 _SOURCES = (Path(__file__).resolve().parent, Path(__file__).resolve().parents[1] / "quant")
 
@@ -130,18 +133,20 @@ def blocks_from(entry: dict[str, Any] | None) -> BlockWeights | None:
                         int(entry["in_features"]))
 
 
-def gemm_from(entry: dict[str, Any] | None) -> DenseGemm | Bf16Gemm | None:
+def gemm_from(entry: dict[str, Any] | None) -> DenseGemm | Bf16Gemm | OnednnGemm | None:
     if entry is None:
         return None
     if entry["name"] == "bf16":
         return Bf16Gemm(entry["weight"], entry["bias"])
+    if entry["name"] == "onednn":
+        return OnednnGemm(entry["weight"], entry["bias"])
     return DenseGemm(entry["weight"], entry["bias"], bool(entry["shared"]))
 
 
 # ---- writing -----------------------------------------------------------------------------
 def why_not_packable(model: nn.Module) -> str | None:
     for name, module in model.named_modules():
-        if isinstance(module, QuantLinear) and module.gemm is not None and module.gemm.name not in ("fp32", "bf16"):
+        if isinstance(module, QuantLinear) and module.gemm is not None and module.gemm.name not in PACKABLE_GEMMS:
             return f"{name}'s big-step GEMM is {module.gemm.name}"
     return None
 
@@ -191,5 +196,7 @@ def linear_entry(layer: QuantLinear) -> dict[str, Any]:
     if isinstance(g, DenseGemm | Bf16Gemm):
         shared = isinstance(g, DenseGemm) and g.nbytes == 0  # the tied embedding's weight
         gemm = {"name": g.name, "weight": g.weight, "bias": g.bias, "shared": shared}
+    elif isinstance(g, OnednnGemm):
+        gemm = {"name": g.name, "weight": g.packed.to_dense(), "bias": g.bias, "shared": False}
     return {"blocks": blocks, "gemm": gemm, "bias": None if layer.bias is None else layer.bias.detach(),
             "max_kernel_tokens": layer.max_kernel_tokens}
