@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -135,6 +136,13 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
 async def http(server: ServerProcess) -> AsyncIterator[httpx.AsyncClient]:
     async with httpx.AsyncClient(base_url=server.base_url, timeout=60.0) as client:
         yield client
+
+
+def served_batch_cap(server: ServerProcess) -> int:
+    """The max_num_seqs a running server chose, as its start-up log states it."""
+    found = re.findall(r"max_num_seqs (\d+): ", server.log())
+    assert found, server.log()[-3000:]
+    return int(found[-1])
 
 
 def metric_value(text: str, name: str, labels: dict[str, str] | None = None) -> float:
