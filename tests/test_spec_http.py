@@ -25,10 +25,11 @@ from server_fixtures import EXACT_ARGS, ServerProcess, metric_value, running_ser
 pytestmark = pytest.mark.slow
 
 SPEC_CONFIG = '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}'
-# 544 positions of fp32 KV for the default model (34 blocks, max_model_len 512 just fits):
+# 19 blocks of fp32 KV for the default model (304 positions; max_model_len 256 fits beside
+# the watermark), about four of these requests at once: however the 33 requests trickle in,
 # the batch overflows it, so sequences are preempted and recomputed while others draft.
 # A batch cap given, so that the server does not time decode steps to size one at start.
-ARGS = ["--kv-cache-memory", "24MiB", "--kv-cache-dtype", "fp32", "--max-model-len", "512",
+ARGS = ["--kv-cache-memory", "14MiB", "--kv-cache-dtype", "fp32", "--max-model-len", "256",
         "--max-num-queued-reqs", "64", "--max-num-seqs", "64", *EXACT_ARGS,
         "--speculative-config", SPEC_CONFIG]
 NEAR_TIE_NATS = 0.02  # test_server_streams' bound for fp32 batches
@@ -165,6 +166,7 @@ async def test_speculative_streams_equal_plain_decoding(spec_server: ServerProce
     _, _, preempted2 = await spec_counters(url)
 
     assert drafts1 > drafts0 and accepted1 > accepted0  # speculation really ran
+    print(f"preemptions: {preempted1 - preempted0:.0f} drafted, {preempted2 - preempted1:.0f} plain")
     assert preempted1 > preempted0 and preempted2 > preempted1  # both runs preempted mid-way
     multi = sum(1 for r in on for c in r.values() for size in c.event_sizes if size > 1)
     assert multi > 0  # accepted drafts reached the streams as multi-token events
