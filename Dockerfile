@@ -97,17 +97,19 @@ RUN apt-get update \
     && rm -rf /var/lib/apt/lists/*
 RUN useradd --create-home --uid 10001 --user-group pagode
 COPY --from=builder /opt/venv /opt/venv
-# The tokenizer cache is read-only; only kernels/ is written at run time, so the
+# The tokenizer cache is read-only; only kernels/, races/ (the load-time measurements)
+# and prepacked/ (the weights as the kernels run them) are written at run time, so the
 # root filesystem can be read-only (docker run --read-only --tmpfs /tmp).
 COPY --from=builder /opt/pagode-cache /opt/pagode-cache
-RUN install -d -o 10001 -g 10001 /opt/pagode-cache/kernels
+RUN install -d -o 10001 -g 10001 /opt/pagode-cache/kernels /opt/pagode-cache/races /opt/pagode-cache/prepacked
 COPY docker/healthcheck.py /usr/local/bin/pagode-healthcheck
 ENV PATH=/opt/venv/bin:$PATH \
     HF_HOME=/home/pagode/.cache/huggingface \
     PAGODE_CACHE_DIR=/opt/pagode-cache
-# The compiled kernels: name this volume (-v pagode-kernels:/opt/pagode-cache/kernels)
-# so that a new container reuses them instead of compiling again.
-VOLUME /opt/pagode-cache/kernels
+# What a first start builds and measures: name these volumes (-v pagode-kernels:/opt/pagode-cache/kernels
+# -v pagode-races:/opt/pagode-cache/races -v pagode-prepacked:/opt/pagode-cache/prepacked)
+# so that a new container reuses them instead of compiling, racing and packing again.
+VOLUME ["/opt/pagode-cache/kernels", "/opt/pagode-cache/races", "/opt/pagode-cache/prepacked"]
 USER 10001:10001
 WORKDIR /home/pagode
 EXPOSE 8000
