@@ -384,8 +384,12 @@ class Stack:
             state = self.inspect(service)["State"]
             health = state.get("Health") or {}
             if health.get("Status") == "healthy":
-                passed = [e for e in health.get("Log", []) if e.get("ExitCode") == 0]
-                return parse_time(passed[0]["End"]) - parse_time(state["StartedAt"])
+                # The health log outlives a restart: only checks of this start count.
+                started = parse_time(state["StartedAt"])
+                passed = [e for e in health.get("Log", [])
+                          if e.get("ExitCode") == 0 and parse_time(e["Start"]) >= started]
+                if passed:
+                    return parse_time(passed[0]["End"]) - started
             if state["Status"] in ("exited", "dead"):
                 pytest.fail(f"{service} exited with {state['ExitCode']}:\n{self.logs(service)[-6000:]}")
             time.sleep(0.5)
