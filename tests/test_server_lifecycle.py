@@ -51,7 +51,9 @@ WHOLE_CONTEXTS = 2
 # A pinned fused-decode limit skips its measurement at load, most of a start-up on a busy
 # two-core machine; these tests are about flags and signals, not the decode step's speed.
 QUICK_START = ["--max-model-len", str(MAX_MODEL_LEN), "--fused-decode-limit", "8"]
-BATCHING_ARGS = [*QUICK_START, "--kv-cache-memory", "28MiB", "--kv-cache-dtype", "fp32"]
+# A pinned batch cap too: two servers timing their decode steps side by side on two cores
+# would take half a minute and measure each other; the cache holds 2 whole contexts anyway.
+BATCHING_ARGS = [*QUICK_START, "--kv-cache-memory", "28MiB", "--kv-cache-dtype", "fp32", "--max-num-seqs", "8"]
 STARTUP_S = 900.0  # three servers loading side by side on two shared cores
 SSE_SEND_TIMEOUT_S = 1.0
 LONG_DRAIN_S = 300  # a drain this long cannot explain an exit within WAIT_S
