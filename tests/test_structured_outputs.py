@@ -12,6 +12,7 @@ import pytest
 from tests_support import PROMPTS
 
 from engine import LLM, SamplingParams
+from engine.io.outputs import CompletionOutput
 from engine.structured_output import StructuredOutputError, StructuredOutputSpec
 
 pytestmark = pytest.mark.slow
@@ -59,7 +60,7 @@ def test_batch_of_sixteen_mixed(llm: LLM) -> None:
     plain = PROMPTS[:6] + [chat(llm, q) for q in ("Hello!", "Name a colour.", "2+2=?", "Say hi",
                                                   "Count to three.", "Bye", "Why?")]
     assert len(plain) == 13
-    plain_params = SamplingParams(temperature=0, max_tokens=8)
+    plain_params = SamplingParams(temperature=0, max_tokens=8, logprobs=5)
     alone = llm.generate(plain, plain_params)
     rows = constrained(llm)
     # Interleave: constrained rows at the start, the middle and the end of the batch.
@@ -70,7 +71,27 @@ def test_batch_of_sixteen_mixed(llm: LLM) -> None:
     check_constrained([mixed[0], mixed[7], mixed[15]])
     together = mixed[1:7] + mixed[8:15]
     for a, b in zip(alone, together, strict=True):
-        assert a.token_ids == b.token_ids, (a.text, b.text)
+        assert_same_or_near_tie(a.outputs[0], b.outputs[0])
+
+
+# The shipped int4 weights round otherwise in a batch of 13 and one of 16 (another GEMM
+# split), so a greedy row may take the other of two near-tied tokens; a grammar's mask leaking
+# onto a plain row would force a token far from the top, or change its top-5 altogether.
+NEAR_TIE_NATS = 0.5
+
+
+def assert_same_or_near_tie(alone: CompletionOutput, batched: CompletionOutput) -> None:
+    """Equal tokens up to the end, or up to a parting at a near tie seen by both runs."""
+    for k, (a, b) in enumerate(zip(alone.token_ids, batched.token_ids, strict=False)):
+        if a == b:
+            continue
+        top_alone = {i: lp for i, _, lp in (alone.logprobs or [])[k].top}
+        top_batched = {i: lp for i, _, lp in (batched.logprobs or [])[k].top}
+        assert {a, b} <= top_alone.keys() and {a, b} <= top_batched.keys(), (alone.text, batched.text, k)
+        assert abs(top_alone[a] - top_alone[b]) <= NEAR_TIE_NATS, (alone.text, batched.text, top_alone)
+        assert abs(top_batched[a] - top_batched[b]) <= NEAR_TIE_NATS, (alone.text, batched.text, top_batched)
+        return
+    assert alone.token_ids == batched.token_ids, (alone.text, batched.text)
 
 
 def test_recompute_after_preemption_keeps_matchers(llm: LLM, small_llm: LLM) -> None:
