@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from reference import assert_greedy_match, reference_greedy
+from reference import assert_greedy_match, reference_greedy_batch
 from tests_support import PROMPTS, SHARED_PREFIX
 
 from engine import LLM, SamplingParams, native
@@ -20,7 +20,8 @@ MAX_TOKENS = 40
 def references(hf_reference: torch.nn.Module, llm_paged: LLM) -> dict[str, list[int]]:
     tok, eos = llm_paged.tokenizer, llm_paged.engine.model_config.eos_token_ids[0]
     prompts = PROMPTS + [SHARED_PREFIX + tail for tail in ("Summarize it.", "Translate it.")]
-    return {p: reference_greedy(hf_reference, tok(p).input_ids, MAX_TOKENS, eos) for p in prompts}
+    outputs = reference_greedy_batch(hf_reference, [tok(p).input_ids for p in prompts], MAX_TOKENS, eos)
+    return dict(zip(prompts, outputs, strict=True))
 
 
 @pytest.fixture(scope="module")
