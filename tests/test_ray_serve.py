@@ -136,7 +136,8 @@ async def timed_chat(client: httpx.AsyncClient, system: str, question: str, poli
 
 
 async def run_trace(url: str, systems: list[str], policy: str, tag: str) -> tuple[float, float]:
-    """40 chat requests cycling through the system prompts, two at a time; the cluster's
+    """24 chat requests cycling through the system prompts, two at a time (six rounds: each
+    prompt misses once under affinity, and thrashes both 13MiB caches under random); the cluster's
     prefix-cache hit rate over them and their TTFT p50."""
     async with httpx.AsyncClient(base_url=url, timeout=REQUEST_TIMEOUT_S) as client:
         hits0, queries0 = await prefix_counters(client)
@@ -147,7 +148,7 @@ async def run_trace(url: str, systems: list[str], policy: str, tag: str) -> tupl
                 return await timed_chat(client, systems[i % 4], f"Question {tag}-{i}: what happens at hour {i}?",
                                         policy)
 
-        ttfts = await asyncio.gather(*(one(i) for i in range(40)))
+        ttfts = await asyncio.gather(*(one(i) for i in range(24)))
         await asyncio.sleep(0.5)
         hits1, queries1 = await prefix_counters(client)
     assert queries1 > queries0
