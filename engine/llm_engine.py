@@ -294,9 +294,10 @@ class LLMEngine:
         return state.delta(new_ids or [], logprobs)
 
     def _fail(self, state: RequestState, err: BaseException) -> StreamDelta:
-        state.seq.error = f"{type(err).__name__}: {err}"
         if isinstance(err, InvalidRequestError):  # the request's own fault: a 400 naming its field
             state.seq.error, state.seq.error_param = str(err), err.param or "request"
+        else:
+            state.seq.error = f"{type(err).__name__}: {err}"
         return self._finish(state, "abort")
 
     # ---- statistics ----------------------------------------------------
