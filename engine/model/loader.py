@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ast
 import contextlib
+import functools
 import hashlib
 import importlib.util
 import json
@@ -177,13 +179,11 @@ def apply_quantization(model: LlamaForCausalLM, source: ModelSource, requested: 
 
 def load_tokenizer(source: ModelSource):  # type: ignore[no-untyped-def]
     if not source.is_gguf:
-        from transformers import AutoTokenizer
-
-        return AutoTokenizer.from_pretrained(str(source.path))
+        return _read_saved_tokenizer(source.path)
     # Building a BPE tokenizer from GGUF metadata takes seconds: do it once, keep a copy.
     cache = _tokenizer_cache_dir(source.path)
     if (cache / "tokenizer.json").exists():
-        return _read_cached_tokenizer(cache)
+        return _read_saved_tokenizer(cache)
     log.info("building the tokenizer from %s (once; cached in %s)", source.path.name, cache)
     tok = tokenizer_from_gguf(source.path)
     try:
@@ -193,25 +193,55 @@ def load_tokenizer(source: ModelSource):  # type: ignore[no-untyped-def]
     return tok
 
 
-# The classes that a cached tokenizer.json is the whole of, with nothing of their own on top.
+# The classes that a saved tokenizer.json is the whole of, with nothing of their own on top.
 PLAIN_TOKENIZER_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
 
 
-def _read_cached_tokenizer(cache: Path):  # type: ignore[no-untyped-def]
-    """A tokenizer saved by an earlier start. A plain fast tokenizer is built by its class:
-    AutoTokenizer would first import transformers' auto-model tables to find that class,
-    over a second of every start; a tokenizer of another class goes through AutoTokenizer."""
-    try:
-        declared = json.loads((cache / "tokenizer_config.json").read_text()).get("tokenizer_class")
-    except (OSError, ValueError):
-        declared = None
-    if declared in PLAIN_TOKENIZER_CLASSES:
+def _read_saved_tokenizer(folder: Path):  # type: ignore[no-untyped-def]
+    """A tokenizer saved in a folder (a model's own, or the cache of one built from a GGUF).
+    A plain fast tokenizer is built by its class: AutoTokenizer would first import
+    transformers' auto tables to find that class, seconds of every start. AutoTokenizer
+    still reads a tokenizer of another class, and one whose model type transformers gives
+    a class of its own whatever the folder declares."""
+    declared = _json_field(folder / "tokenizer_config.json", "tokenizer_class")
+    model_type = _json_field(folder / "config.json", "model_type")
+    overridden = _types_with_their_own_tokenizer()
+    if declared in PLAIN_TOKENIZER_CLASSES and overridden is not None and model_type not in overridden:
         from transformers import PreTrainedTokenizerFast
 
-        return PreTrainedTokenizerFast.from_pretrained(str(cache))
+        return PreTrainedTokenizerFast.from_pretrained(str(folder))
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(cache))
+    return AutoTokenizer.from_pretrained(str(folder))
+
+
+def _json_field(path: Path, key: str) -> object:
+    try:
+        return json.loads(path.read_text()).get(key)
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+@functools.cache
+def _types_with_their_own_tokenizer() -> frozenset[str] | None:
+    """The model types for which AutoTokenizer overrides a folder's declared class
+    (transformers' MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS), read from the installed
+    transformers' source: importing that module is the seconds the plain path saves. None
+    where the set cannot be read: then every tokenizer goes through AutoTokenizer."""
+    import transformers
+
+    source = Path(transformers.__file__).parent / "models" / "auto" / "tokenization_auto.py"
+    try:
+        tree = ast.parse(source.read_text())
+    except (OSError, SyntaxError):
+        return None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.AnnAssign | ast.Assign) and node.value is not None:
+            targets = [node.target] if isinstance(node, ast.AnnAssign) else node.targets
+            if any(isinstance(t, ast.Name) and t.id == "MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS" for t in targets):
+                with contextlib.suppress(ValueError, TypeError):
+                    return frozenset(ast.literal_eval(node.value))
+    return None
 
 
 def tokenizer_from_gguf(path: Path):  # type: ignore[no-untyped-def]
