@@ -73,6 +73,18 @@ def fresh_venv(root: Path, wheel: Path) -> Path:
     return python
 
 
+def share_measurements(cache: Path) -> Path:
+    """A cache with no kernels, so that they compile from the wheel's sources, but with this
+    test run's tokenizers and races: what they hold is measured or built from the model, not
+    from the wheel, and measuring it again is most of a first start."""
+    run_cache = Path(os.environ["PAGODE_CACHE_DIR"])
+    cache.mkdir()
+    for part in ("tokenizers", "races"):
+        (run_cache / part).mkdir(parents=True, exist_ok=True)
+        (cache / part).symlink_to((run_cache / part).resolve(), target_is_directory=True)
+    return cache
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -131,7 +143,7 @@ def test_pagode_serve_from_the_wheel_answers_a_completion(wheel: Path, tmp_path:
     assert all(Path(p).is_relative_to(tmp_path / "venv") for p in where), where
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("PAGODE_") and k != "PYTHONPATH"}
-    env["PAGODE_CACHE_DIR"] = str(cache)  # empty: the kernels compile from the wheel's sources
+    env["PAGODE_CACHE_DIR"] = str(share_measurements(cache))
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     with log.open("wb") as out:
