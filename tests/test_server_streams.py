@@ -128,7 +128,7 @@ async def check_batched_streams_match_solo(http: httpx.AsyncClient, cap: int, ne
                                            max_partings: int) -> None:
     """64 greedy streams at once against each alone. `cap` is the server's max_num_seqs, which
     pagode serve sizes from this machine's decode steps (>= 16): the batch fills to it, never past."""
-    bodies = [{"prompt": stream_prompt(i), "max_tokens": 6 + i % 11, "temperature": 0,
+    bodies = [{"prompt": stream_prompt(i), "max_tokens": 4 + i % 9, "temperature": 0,
                "logprobs": 5} for i in range(64)]
     limits = httpx.Limits(max_connections=100)
     peak = 0.0
