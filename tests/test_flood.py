@@ -27,9 +27,9 @@ from server_fixtures import ServerProcess, metric_value, running_server
 
 pytestmark = pytest.mark.slow
 
-# Half a minute at 10x capacity is several hundred arrivals: hundreds of 429s for their p99,
+# Twenty seconds at 10x capacity is a few hundred arrivals: hundreds of 429s for their p99,
 # dozens of 400s for the baseline, and a queue held full for many times its drain time.
-FLOOD_SECONDS = float(os.environ.get("PAGODE_FLOOD_SECONDS", "30"))
+FLOOD_SECONDS = float(os.environ.get("PAGODE_FLOOD_SECONDS", "20"))
 OVERLOAD = 10.0
 MAX_IN_FLIGHT = 64
 WARM_UP = 8  # requests at once: the batch (4) and part of the queue (11)
