@@ -1,9 +1,12 @@
 """The parts of server/fleet/ that need no cluster: a prompt's routing keys are the engine's
-own block hashes, and the merged /metrics page is valid Prometheus text with one series per
-replica."""
+own block hashes, the merged /metrics page is valid Prometheus text with one series per
+replica, and the ingress answers a replica lost mid-answer with an error, never an empty 200."""
 
 from __future__ import annotations
 
+import json
+
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine.core.block_manager import BlockManager
@@ -35,3 +38,53 @@ def test_merged_metrics_label_each_replica_and_write_each_family_once() -> None:
     families = list(text_string_to_metric_families(merged))
     samples = {s.labels["replica"]: s.value for f in families for s in f.samples}
     assert samples == {"r1": 3.0, "r2": 5.0}
+
+
+class LostReplicaStream:
+    """A replica's answer that stops after `parts`: its actor died there."""
+
+    def __init__(self, parts: list[object]) -> None:
+        self.parts, self.cancelled = list(parts), False
+
+    def __aiter__(self) -> LostReplicaStream:
+        return self
+
+    async def __anext__(self) -> object:
+        if not self.parts:
+            raise RuntimeError("ActorDiedError: the replica's actor died")
+        return self.parts.pop(0)
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class OneStreamHandle:
+    """What the ingress calls on its replicas' handle: options(stream=True).serve.remote(request)."""
+
+    def __init__(self, stream: LostReplicaStream) -> None:
+        self.stream = stream
+        self.serve = self
+
+    def options(self, **_: object) -> OneStreamHandle:
+        return self
+
+    def remote(self, _: object) -> LostReplicaStream:
+        return self.stream
+
+
+@pytest.mark.parametrize("parts", [[], [b'{"id": "cmpl-1", ']], ids=["after-the-head", "mid-body"])
+async def test_a_replica_lost_after_a_json_heads_status_gives_a_503_not_an_empty_200(parts: list[bytes]) -> None:
+    """A whole (non-SSE) body is relayed only once it is all there: a replica that dies
+    between its head and the end of its body is an OpenAI-shaped 503 for the client."""
+    from types import SimpleNamespace
+
+    from server.fleet.ray_app import PagodeIngress
+    from server.fleet.relay import RelayRequest, ResponseHead
+
+    head = ResponseHead(200, [(b"content-type", b"application/json")])
+    stream = LostReplicaStream([head, *parts])
+    ingress = SimpleNamespace(replicas=OneStreamHandle(stream))
+    response = await PagodeIngress.func_or_class.respond(ingress, RelayRequest("POST", "/v1/chat/completions"))
+    assert response.status_code == 503
+    assert json.loads(bytes(response.body))["error"]["message"].startswith("the replica serving this request failed")
+    assert stream.cancelled

@@ -159,8 +159,8 @@ def pinned(request: RelayRequest, replica: str) -> RelayRequest:
     return RelayRequest(**{**asdict(request), "replica": replica})
 
 
-async def body_of(stream: DeploymentResponseGenerator, sse: bool) -> AsyncIterator[bytes]:
-    """The body chunks; a replica lost mid-stream ends an SSE stream with an error event, as
+async def events_of(stream: DeploymentResponseGenerator) -> AsyncIterator[bytes]:
+    """The SSE body's chunks; a replica lost mid-stream ends it with an error event, as
     pagode does for its own failures after the stream has started."""
     try:
         async for part in stream:
@@ -168,9 +168,8 @@ async def body_of(stream: DeploymentResponseGenerator, sse: bool) -> AsyncIterat
                 yield part
     except Exception as exc:
         logger.warning("a replica failed mid-response: %r", exc)
-        if sse:
-            message = f"the replica serving this request failed ({type(exc).__name__})"
-            yield f"data: {json.dumps(error_body(503, message))}\n\n".encode()
+        message = f"the replica serving this request failed ({type(exc).__name__})"
+        yield f"data: {json.dumps(error_body(503, message))}\n\n".encode()
     finally:
         # The client left before the end: stop the replica's side too, or it would count
         # as ongoing there (for routing and autoscaling) until it finished on its own.
@@ -233,8 +232,18 @@ class PagodeIngress:
         assert isinstance(head, ResponseHead)
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in head.headers
                    if k.lower() not in (b"content-length", b"transfer-encoding")}
-        sse = headers.get("content-type", "").startswith("text/event-stream")
-        return StreamingResponse(body_of(stream, sse), status_code=head.status, headers=headers)
+        if headers.get("content-type", "").startswith("text/event-stream"):
+            return StreamingResponse(events_of(stream), status_code=head.status, headers=headers)
+        # A whole body is read before its status goes out: a replica lost between the head
+        # and the body would otherwise leave the client a 200 with nothing after it.
+        try:
+            body = b"".join([part async for part in stream if isinstance(part, bytes)])
+        except Exception as exc:
+            logger.warning("%s %s failed on its replica mid-response: %r", relayed.method, relayed.path, exc)
+            return error(503, f"the replica serving this request failed ({type(exc).__name__}); retry")
+        finally:
+            stream.cancel()  # a client gone before the end stops the replica's side too
+        return Response(body, status_code=head.status, headers=headers)
 
     async def fan_out(self, request: RelayRequest) -> dict[str, str]:
         """Send `request` to each replica the router knows; their bodies by replica id."""
