@@ -9,7 +9,7 @@ import pytest
 import torch
 from family_chat import FAMILIES, FamilyChat
 from tests_support import PROMPTS
-from tiny_models import save_tiny_model
+from tiny_models import save_tiny_model, tiny_spec
 
 from engine import LLM, SamplingParams
 from engine.model.loader import resolve_model
@@ -125,6 +125,50 @@ def test_a_cached_gguf_tokenizer_reads_back_as_autotokenizer_reads_it(default_mo
     tok = load_tokenizer(source)
     auto = AutoTokenizer.from_pretrained(str(_tokenizer_cache_dir(source.path)))
     assert_reads_as_autotokenizer(tok, auto, CHAT, PROMPTS + ["  spaces  and\ttabs\n", "<|im_start|>user\nx<|im_end|>"])
+
+
+def test_the_default_gguf_tokenizer_builds_as_autotokenizer_builds_it(default_model_path: str) -> None:
+    """A first start builds the GGUF's tokenizer by its class, where AutoTokenizer would first
+    read the whole file into a config to choose that same class."""
+    from transformers import AutoTokenizer
+
+    from engine.model.loader import _gguf_builds_a_plain_tokenizer, tokenizer_from_gguf
+
+    path = Path(default_model_path)
+    assert _gguf_builds_a_plain_tokenizer(path)
+    auto = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    assert_reads_as_autotokenizer(tokenizer_from_gguf(path), auto, CHAT,
+                                  PROMPTS + ["  spaces  and\ttabs\n", "<|im_start|>user\nx<|im_end|>"])
+
+
+# (spec, whether AutoTokenizer's class for it is the plain one)
+GGUF_TOKENIZERS = [
+    (tiny_spec("llama-tok", "LlamaConfig", "LlamaForCausalLM", "llama"), True),
+    (tiny_spec("phi3-tok", "Phi3Config", "Phi3ForCausalLM", "phi3", pad_token_id=0), True),
+    (tiny_spec("qwen2-tok", "Qwen2Config", "Qwen2ForCausalLM", "qwen2"), False),
+    (tiny_spec("gemma2-tok", "Gemma2Config", "Gemma2ForCausalLM", "gemma2", head_dim=16), False),
+]
+
+
+@pytest.mark.parametrize(("spec", "plain"), GGUF_TOKENIZERS, ids=[s.name for s, _ in GGUF_TOKENIZERS])
+def test_a_gguf_tokenizer_builds_as_autotokenizer_builds_it(spec: Any, plain: bool, tiny_zoo: Any) -> None:
+    """Only the arches whose AutoTokenizer class is the plain one skip AutoTokenizer; the
+    others (a class of their own) still go through it, and both read the same."""
+    from transformers import AutoTokenizer
+
+    from engine.model.loader import _gguf_builds_a_plain_tokenizer, tokenizer_from_gguf
+
+    path, _ = tiny_zoo.gguf(spec, "F32")
+    assert _gguf_builds_a_plain_tokenizer(path) is plain
+    tok, auto = tokenizer_from_gguf(path), AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    assert type(tok) is type(auto) and len(tok) == len(auto)
+    assert (tok.bos_token_id, tok.eos_token_id, tok.all_special_tokens) == \
+        (auto.bos_token_id, auto.eos_token_id, auto.all_special_tokens)
+    for text in ("w3 w4 w5", "w1w2 w3", "<s> w7 </s>"):
+        for special in (True, False):
+            ids = tok.encode(text, add_special_tokens=special)
+            assert ids == auto.encode(text, add_special_tokens=special)
+            assert tok.decode(ids) == auto.decode(ids)
 
 
 @pytest.mark.parametrize("family", FAMILIES, ids=[f.family for f in FAMILIES])

@@ -247,9 +247,13 @@ def _types_with_their_own_tokenizer() -> frozenset[str] | None:
 def tokenizer_from_gguf(path: Path):  # type: ignore[no-untyped-def]
     """AutoTokenizer first maps the file's arch onto a transformers config, which it lacks for
     some arches pagode serves (granite, olmo2, smollm3); the vocabulary itself reads the same
-    for any arch, so those go straight to the fast tokenizer's GGUF reader."""
+    for any arch, so those go straight to the fast tokenizer's GGUF reader. So do the arches
+    whose class AutoTokenizer would pick is that plain one anyway: to pick it, AutoTokenizer
+    reads every field of the file into a config (seconds of a first start)."""
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
+    if _gguf_builds_a_plain_tokenizer(path):
+        return PreTrainedTokenizerFast.from_pretrained(str(path.parent), gguf_file=path.name)
     try:
         return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     except ValueError as err:
@@ -257,6 +261,23 @@ def tokenizer_from_gguf(path: Path):  # type: ignore[no-untyped-def]
             raise
         log.info("transformers knows no config for this GGUF arch (%s); reading its vocabulary alone", err)
     return PreTrainedTokenizerFast.from_pretrained(str(path.parent), gguf_file=path.name)
+
+
+def _gguf_builds_a_plain_tokenizer(path: Path) -> bool:
+    """Whether AutoTokenizer would build this GGUF's tokenizer as the plain fast class. It
+    does where transformers' model type for the file is its arch (no rename: not a llama file
+    of a Mistral model, nor an arch its fast GGUF reader maps) and that type has no tokenizer
+    class of its own (AutoTokenizer's fallback for an unlisted type is the plain one). Any
+    other file goes through AutoTokenizer."""
+    from transformers.integrations.gguf import GGUF_CONFIG_ARCHS
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+    from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING_NAMES
+
+    header = GGUFModel(path)
+    arch, name = header.arch, str(header.field("general.name", "")).lower()
+    if arch not in CONFIG_MAPPING_NAMES or arch in GGUF_CONFIG_ARCHS or ("llama" in arch and "mistral" in name):
+        return False
+    return TOKENIZER_MAPPING_NAMES.get(arch, "TokenizersBackend") in PLAIN_TOKENIZER_CLASSES
 
 
 def _tokenizer_cache_dir(path: Path) -> Path:
