@@ -5,7 +5,7 @@ One library is built from all of src/ for one target level (isa.py). One library
 per source: the fused decode step (src/decode_step.cpp) calls the very functions that the
 per-op bindings call, so both paths run the same machine code and give the same numbers
 by construction; the shared declarations sit in include/, with the hot helpers that must
-inline (simd_exp.h) as `static inline`. It also means one compile, one cache entry and
+inline (simd_exp.h) as `static inline`. It also means one build, one cache entry and
 one dlopen per process. The price is that an edit to any source rebuilds all of them,
 in a few seconds.
 
@@ -34,6 +34,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -118,11 +119,22 @@ def library_path(cache_dir: Path, level: Level, compiler: Compiler) -> Path:
 def compile_library(target: Path, level: Level, compiler: Compiler) -> None:
     """Build the library into `target` atomically (a temporary file, then a rename).
 
+    Each source compiles to its own object, as many at once as the machine has cores, then
+    one link: a first start waits for the slowest source, not for the sum of them.
     Raises subprocess.CalledProcessError (with the compiler's stderr) when it fails."""
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        objects = [Path(tmp) / f"{source.stem}.o" for source in sources(level)]
+        compile_flags = [f for f in flags(level) if f != "-shared"]
+        commands = [[compiler.path, *compile_flags, "-I", str(INCLUDE_DIR), "-c", str(source), "-o", str(obj)]
+                    for source, obj in zip(sources(level), objects, strict=True)]
+        with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
+            for run in pool.map(_run, commands):
+                run.check_returncode()
         built = Path(tmp) / target.name
-        command = [compiler.path, *flags(level), "-I", str(INCLUDE_DIR),
-                   *(str(p) for p in sources(level)), "-o", str(built)]
-        subprocess.run(command, check=True, capture_output=True, text=True)
+        _run([compiler.path, *flags(level), *(str(o) for o in objects), "-o", str(built)]).check_returncode()
         built.replace(target)
+
+
+def _run(command: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(command, check=False, capture_output=True, text=True)
