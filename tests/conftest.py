@@ -64,10 +64,12 @@ def default_model_path() -> str:
 @pytest.fixture(scope="session")
 def hf_reference(default_model_path: str) -> Iterator[torch.nn.Module]:
     """transformers' LlamaForCausalLM, dequantized from the same GGUF file."""
+    from reference import gguf_parsed_once
     from transformers import AutoModelForCausalLM
 
     folder, name = os.path.split(default_model_path)
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    with gguf_parsed_once():
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
     model.eval()
     yield model
 

@@ -2,9 +2,44 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
 import torch
 
 NEAR_TIE = 1e-3  # batched fp32 arithmetic may flip a choice only between near-equal logits
+
+
+@contextlib.contextmanager
+def gguf_parsed_once() -> Iterator[None]:
+    """While transformers loads a GGUF model: its loader parses the file twice (for the
+    config, then for the weights) and builds gguf-py's tensor-name map again for every
+    submodule (hundreds of times), most of the seconds a reference takes to load. Both are
+    read-only and depend on their arguments alone, so each is built once here; what
+    transformers makes of them is unchanged."""
+    import gguf
+
+    real_reader, real_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    readers: dict[tuple[str, Any], Any] = {}
+    maps: dict[tuple[Any, int], Any] = {}
+
+    def reader(path: Any, mode: Any = "r") -> Any:
+        key = (str(path), mode)
+        if key not in readers:
+            readers[key] = real_reader(path, mode)
+        return readers[key]
+
+    def name_map(arch: Any, n_blocks: int) -> Any:
+        if (arch, n_blocks) not in maps:
+            maps[arch, n_blocks] = real_map(arch, n_blocks)
+        return maps[arch, n_blocks]
+
+    gguf.GGUFReader, gguf.get_tensor_name_map = reader, name_map  # type: ignore[misc, assignment]
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map = real_reader, real_map  # type: ignore[misc, assignment]
 
 
 @torch.inference_mode()
