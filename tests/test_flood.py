@@ -2,7 +2,7 @@
 requests of 128 tokens, so the default queue bound is small).
 
 - Flood: open-loop arrivals at 10x the server's measured capacity for PAGODE_FLOOD_SECONDS
-  (30) from a bounded client (at most 64 requests in flight). The 429s answer about as fast
+  (20) from a bounded client (at most 64 requests in flight). The 429s answer about as fast
   as the 400s mixed into the same flood, the server's RSS stays within 10% of its level after
   warm-up, every accepted request completes, and nothing leaks afterwards (running =
   waiting = queued = 0, KV usage 0).
