@@ -5,7 +5,7 @@ dominates, and stops paying once the per-sequence cost (attention over each cont
 sequence's share of the GEMMs) does. `pagode serve` sizes its batch from these times
 (engine/batch_cap.py) at the first start on a machine, with no manual step: each batch
 size runs whole decode steps (the fused C++ step where it applies, the lm_head included)
-at one context length, best of a few, and the times are kept with the load-time races
+at one context length, best of two, and the times are kept with the load-time races
 (engine/race_memory.py), so later starts read them back.
 
 The steps read and write real cache blocks: the blocks they use are filled first, because
@@ -18,8 +18,9 @@ request reads it, as the fused-step race's is.
 from __future__ import annotations
 
 import logging
+import time
 
-from engine import autotune, race_memory
+from engine import race_memory
 from engine.autotune import plausible
 from engine.config import EngineConfig, dtype_name
 from engine.core.batch_cap import BatchCap, from_step_seconds
@@ -70,8 +71,17 @@ def decode_step_seconds(runner: ModelRunner, key: str, batches: tuple[int, ...] 
 
 
 def step_seconds(runner: ModelRunner, inputs: StepInputs) -> float:
-    """Seconds of one whole step (runner.forward: the fused step where it applies, the logits)."""
-    return autotune.best_time(lambda: runner.forward(inputs), REPS)
+    """Seconds of one whole step (runner.forward: the fused step where it applies, the logits),
+    best of REPS. No warm-up call is set apart: a batch size's first step takes within a few
+    percent of the next ones (its GEMMs' first call at a new size costs little next to a
+    whole step), and the best of the runs drops it where it is slower. A warm-up would be a
+    third of this measurement, and of a first start's."""
+    best = float("inf")
+    for _ in range(REPS):
+        start = time.perf_counter()
+        runner.forward(inputs)
+        best = min(best, time.perf_counter() - start)
+    return best
 
 
 def blocks_per_sequence(runner: ModelRunner, context: int) -> int:
