@@ -243,7 +243,7 @@ def wait_replaced(victim: str, timeout: float) -> float:
 
 async def test_autoscaling_from_one_replica_to_two_and_back(deployed: Deployed) -> None:
     await asyncio.to_thread(deploy, {**FIXED, "min_replicas": 1, "max_replicas": 2, "target_ongoing_requests": 1,
-                                     "upscale_delay_s": 1, "downscale_delay_s": 5, "look_back_period_s": 2,
+                                     "upscale_delay_s": 1, "downscale_delay_s": 2, "look_back_period_s": 2,
                                      "metrics_interval_s": 0.5})
     await asyncio.to_thread(wait_replicas, 1, 120)
     async with httpx.AsyncClient(base_url=deployed.url, timeout=REQUEST_TIMEOUT_S) as client:
