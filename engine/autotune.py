@@ -24,9 +24,10 @@ COUNTS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # the token (or sequence) counts a 
 NO_LIMIT = 1 << 30  # a crossover whose candidate won at every count measured
 
 
-def best_time(fn: Callable[[], object], reps: int) -> float:
-    """Seconds of fn(), best of `reps` runs after a warm-up call."""
-    fn()
+def best_time(fn: Callable[[], object], reps: int, warm_up: bool = True) -> float:
+    """Seconds of fn(), best of `reps` runs, after a warm-up call unless `warm_up` is False."""
+    if warm_up:
+        fn()
     best = float("inf")
     for _ in range(reps):
         start = time.perf_counter()

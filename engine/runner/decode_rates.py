@@ -18,9 +18,8 @@ request reads it, as the fused-step race's is.
 from __future__ import annotations
 
 import logging
-import time
 
-from engine import race_memory
+from engine import autotune, race_memory
 from engine.autotune import plausible
 from engine.config import EngineConfig, dtype_name
 from engine.core.batch_cap import BatchCap, from_step_seconds
@@ -76,12 +75,7 @@ def step_seconds(runner: ModelRunner, inputs: StepInputs) -> float:
     percent of the next ones (its GEMMs' first call at a new size costs little next to a
     whole step), and the best of the runs drops it where it is slower. A warm-up would be a
     third of this measurement, and of a first start's."""
-    best = float("inf")
-    for _ in range(REPS):
-        start = time.perf_counter()
-        runner.forward(inputs)
-        best = min(best, time.perf_counter() - start)
-    return best
+    return autotune.best_time(lambda: runner.forward(inputs), REPS, warm_up=False)
 
 
 def blocks_per_sequence(runner: ModelRunner, context: int) -> int:
