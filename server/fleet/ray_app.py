@@ -168,8 +168,7 @@ async def events_of(stream: DeploymentResponseGenerator) -> AsyncIterator[bytes]
                 yield part
     except Exception as exc:
         logger.warning("a replica failed mid-response: %r", exc)
-        message = f"the replica serving this request failed ({type(exc).__name__})"
-        yield f"data: {json.dumps(error_body(503, message))}\n\n".encode()
+        yield f"data: {json.dumps(error_body(503, replica_failed(exc)))}\n\n".encode()
     finally:
         # The client left before the end: stop the replica's side too, or it would count
         # as ongoing there (for routing and autoscaling) until it finished on its own.
@@ -178,6 +177,10 @@ async def events_of(stream: DeploymentResponseGenerator) -> AsyncIterator[bytes]
 
 def error(status: int, message: str) -> JSONResponse:
     return JSONResponse(error_body(status, message), status_code=status)
+
+
+def replica_failed(exc: BaseException) -> str:
+    return f"the replica serving this request failed ({type(exc).__name__})"
 
 
 ingress_app = FastAPI(title="pagode on Ray Serve", docs_url=None, redoc_url=None, openapi_url=None)
@@ -228,7 +231,7 @@ class PagodeIngress:
             head = await stream.__anext__()
         except Exception as exc:
             logger.warning("%s %s failed on its replica: %r", relayed.method, relayed.path, exc)
-            return error(503, f"the replica serving this request failed ({type(exc).__name__}); retry")
+            return error(503, f"{replica_failed(exc)}; retry")
         assert isinstance(head, ResponseHead)
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in head.headers
                    if k.lower() not in (b"content-length", b"transfer-encoding")}
@@ -240,7 +243,7 @@ class PagodeIngress:
             body = b"".join([part async for part in stream if isinstance(part, bytes)])
         except Exception as exc:
             logger.warning("%s %s failed on its replica mid-response: %r", relayed.method, relayed.path, exc)
-            return error(503, f"the replica serving this request failed ({type(exc).__name__}); retry")
+            return error(503, f"{replica_failed(exc)}; retry")
         finally:
             stream.cancel()  # a client gone before the end stops the replica's side too
         return Response(body, status_code=head.status, headers=headers)
