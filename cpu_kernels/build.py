@@ -124,15 +124,15 @@ def compile_library(target: Path, level: Level, compiler: Compiler) -> None:
     Raises subprocess.CalledProcessError (with the compiler's stderr) when it fails."""
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        objects = [Path(tmp) / f"{source.stem}.o" for source in sources(level)]
+        compiled = {source: Path(tmp) / f"{source.stem}.o" for source in sources(level)}
         compile_flags = [f for f in flags(level) if f != "-shared"]
         commands = [[compiler.path, *compile_flags, "-I", str(INCLUDE_DIR), "-c", str(source), "-o", str(obj)]
-                    for source, obj in zip(sources(level), objects, strict=True)]
+                    for source, obj in compiled.items()]
         with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
             for run in pool.map(_run, commands):
                 run.check_returncode()
         built = Path(tmp) / target.name
-        _run([compiler.path, *flags(level), *(str(o) for o in objects), "-o", str(built)]).check_returncode()
+        _run([compiler.path, *flags(level), *map(str, compiled.values()), "-o", str(built)]).check_returncode()
         built.replace(target)
 
 
