@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
-from typing import Any
 
 import torch
 
@@ -21,21 +21,8 @@ def gguf_parsed_once() -> Iterator[None]:
     import gguf
 
     real_reader, real_map = gguf.GGUFReader, gguf.get_tensor_name_map
-    readers: dict[tuple[str, Any], Any] = {}
-    maps: dict[tuple[Any, int], Any] = {}
-
-    def reader(path: Any, mode: Any = "r") -> Any:
-        key = (str(path), mode)
-        if key not in readers:
-            readers[key] = real_reader(path, mode)
-        return readers[key]
-
-    def name_map(arch: Any, n_blocks: int) -> Any:
-        if (arch, n_blocks) not in maps:
-            maps[arch, n_blocks] = real_map(arch, n_blocks)
-        return maps[arch, n_blocks]
-
-    gguf.GGUFReader, gguf.get_tensor_name_map = reader, name_map  # type: ignore[misc, assignment]
+    gguf.GGUFReader = functools.cache(real_reader)  # type: ignore[misc, assignment]
+    gguf.get_tensor_name_map = functools.cache(real_map)
     try:
         yield
     finally:
