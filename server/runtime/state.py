@@ -69,7 +69,10 @@ class ServerState:
             self.wire_engine(engine)
         except Exception as exc:
             self.load_error = f"{type(exc).__name__}: {exc}"
-            logger.exception("the engine failed to start")
+            if isinstance(exc, ValueError):  # a refusal that says what is wrong: no traceback
+                logger.error("the engine failed to start: %s", exc)
+            else:
+                logger.exception("the engine failed to start")
             if self.on_fatal is not None:
                 self.on_fatal()
 
