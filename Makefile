@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 TORCH_SPEC ?= torch==2.13.0
 ARGS ?=
 
-.PHONY: install serve test lint bench-engine bench-structured bench-attention bench-serve profile-steps bench-kernels experiment crosscheck plan-check clean bench-quant bench-fused-ops test-docker bench-vs-peers bench-spec bench-sweep experiment-cache
+.PHONY: install serve test lint bench-engine bench-structured bench-attention bench-serve profile-steps bench-kernels experiment crosscheck plan-check clean bench-quant bench-fused-ops test-docker bench-vs-peers bench-real-shapes bench-spec bench-sweep experiment-cache
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -92,6 +92,13 @@ $(VLLM_VENV)/.installed:
 
 bench-vs-peers: $(STAMP) $(VLLM_VENV)/.installed
 	$(PY) -m benchmarks.bench_vs_peers --vllm-bin $(VLLM_VENV)/bin/vllm $(ARGS)
+
+# The same side by side at real sizes: random weights at Llama 3.2 1B's, Qwen3 1.7B's and Gemma 3
+# 1B's shapes, written by llama.cpp's converter and llama-quantize (Q4_K_M); a quarter of the requests.
+REAL_SHAPES ?= llama-3.2-1b qwen3-1.7b gemma3-1b
+bench-real-shapes: $(STAMP) $(VLLM_VENV)/.installed
+	for m in $(REAL_SHAPES); do $(PY) -m benchmarks.bench_vs_peers --vllm-bin $(VLLM_VENV)/bin/vllm --quick \
+	  --model $$m --out docs/results/real-shapes/$$m $(ARGS) || exit 1; done
 
 plan-check: $(STAMP)
 	$(PY) -m benchmarks.plan_check $(ARGS)

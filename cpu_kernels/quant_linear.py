@@ -9,16 +9,20 @@ package needs nothing from the engine.
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Sequence
 from typing import Protocol
 
 import torch
 
 _P = ctypes.c_void_p
 _I64 = ctypes.c_int64
+# The formats the kernel computes on, as src/quant_linear.cpp numbers them (BlockKind).
+KINDS = {"q4_1": 0, "q8_0": 1, "q4_k": 2, "q5_k": 3, "q6_k": 4}
 
 
 class BlockWeightsLike(Protocol):
-    """A weight [N, K] in Q4_1 (with mins) or Q8_0 blocks of 32 along K, scales in fp16."""
+    """A weight [N, K] in Q4_1 (with mins) or Q8_0 blocks of 32 along K, scales in fp16, or in
+    K-quant super-blocks of 256 (qs holds GGUF's bytes, scales is empty)."""
 
     @property
     def kind(self) -> str: ...
@@ -34,37 +38,61 @@ class BlockWeightsLike(Protocol):
     def in_features(self) -> int: ...
 
 
+class BlocksLike(Protocol):
+    """One weight as the parts that make up its output rows (several when a fused layer's
+    shards keep different formats)."""
+
+    @property
+    def parts(self) -> Sequence[BlockWeightsLike]: ...
+    @property
+    def out_features(self) -> int: ...
+    @property
+    def in_features(self) -> int: ...
+
+
+def part_rows(w: BlocksLike, bias: torch.Tensor | None) -> list[list[int]]:
+    """Each part's kind, rows, qs, scales, mins and bias pointers (0 where absent)."""
+    rows, n0 = [], 0
+    for p in w.parts:
+        b = 0 if bias is None else bias.data_ptr() + n0 * bias.element_size()
+        rows.append([KINDS[p.kind], p.out_features, p.qs.data_ptr(), p.scales.data_ptr(),
+                     0 if p.mins is None else p.mins.data_ptr(), b])
+        n0 += p.out_features
+    return rows
+
+
+def part_table(w: BlocksLike, bias: torch.Tensor | None) -> torch.Tensor:
+    """part_rows as int64 [parts, 6], the layout that linear() in src/decode_step.cpp reads."""
+    return torch.tensor(part_rows(w, bias), dtype=torch.int64)
+
+
 class BlockLinear:
     """y = x @ W^T (+ bias) on a block-quantized W, for few tokens per call."""
 
-    SYMBOLS = ("linear_q4_1", "linear_q8_0", "quant_kernel_uses_avx2")
+    SYMBOLS = ("linear_blocks", "quant_kernel_uses_avx2")
 
     def __init__(self, lib: ctypes.CDLL) -> None:
         self.lib = lib
-        lib.linear_q4_1.restype = None
-        lib.linear_q4_1.argtypes = [_P] * 6 + [_I64] * 3 + [ctypes.c_int]
-        lib.linear_q8_0.restype = None
-        lib.linear_q8_0.argtypes = [_P] * 5 + [_I64] * 3 + [ctypes.c_int]
+        lib.linear_blocks.restype = None
+        lib.linear_blocks.argtypes = [_I64] + [_P] * 6 + [_I64] * 4 + [ctypes.c_int]
         lib.quant_kernel_uses_avx2.restype = ctypes.c_int
 
     def uses_avx2(self) -> bool:
         return bool(self.lib.quant_kernel_uses_avx2())
 
-    def __call__(self, x: torch.Tensor, w: BlockWeightsLike,
+    def __call__(self, x: torch.Tensor, w: BlocksLike,
                  bias: torch.Tensor | None = None) -> torch.Tensor:
         """x [M, K] fp32 -> [M, N] fp32 on the block-quantized weight w [N, K]."""
         x = x.contiguous()
         m, k = x.shape
         if k != w.in_features:
             raise ValueError(f"input has {k} features, the weight expects {w.in_features}")
-        y = torch.empty(m, w.out_features, dtype=torch.float32)
-        b = 0 if bias is None else bias.data_ptr()
+        n = w.out_features
+        y = torch.empty(m, n, dtype=torch.float32)
         threads = torch.get_num_threads()
-        if w.kind == "q4_1":
-            assert w.mins is not None
-            self.lib.linear_q4_1(x.data_ptr(), w.qs.data_ptr(), w.scales.data_ptr(), w.mins.data_ptr(), b,
-                                 y.data_ptr(), m, w.out_features, k, threads)
-        else:
-            self.lib.linear_q8_0(x.data_ptr(), w.qs.data_ptr(), w.scales.data_ptr(), b, y.data_ptr(),
-                                 m, w.out_features, k, threads)
+        n0 = 0
+        for kind, rows, qs, scales, mins, b in part_rows(w, bias):
+            self.lib.linear_blocks(kind, x.data_ptr(), qs, scales, mins, b, y.data_ptr() + n0 * y.element_size(),
+                                   m, rows, k, n, threads)
+            n0 += rows
         return y

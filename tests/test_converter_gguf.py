@@ -10,6 +10,7 @@ weights gguf-py reads back from the same file.
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -61,6 +62,10 @@ LLAMA3_256 = tiny_spec("cv-llama3-256", "LlamaConfig", "LlamaForCausalLM", "llam
                        **WIDE)
 QWEN3_256 = tiny_spec("cv-qwen3-256", "Qwen3Config", "Qwen3ForCausalLM", "qwen3", head_dim=64, **WIDE)
 LLAMA_QUANTS = ("Q4_0", "Q4_K_M", "Q5_K_M", "Q6_K")
+# The file's own blocks against fp32 on the same weights: only the activations' rounding
+# differs. Perplexity within 0.5%; a random model over 49,152 tokens has near-tied top
+# logits at many positions, which that rounding flips, hence 90% top-1 agreement.
+FILE_GATE = (0.005, 0.90)
 
 
 @pytest.fixture(autouse=True)
@@ -115,6 +120,53 @@ def test_q4_k_m_of_other_families_matches_transformers(tiny_zoo: TinyZoo, spec: 
     """Qwen3 at K-quant widths; Gemma 3 at 64 wide, where llama-quantize falls back to Q5_0/Q8_0."""
     path = quantize(tiny_zoo, spec, "Q4_K_M")
     assert_engine_matches(path, file_reference(tiny_zoo, spec, path), **cache_args(spec))
+
+
+@pytest.mark.parametrize("quant", ["Q4_K_M", "Q5_K_M", "Q6_K", "Q4_0", "Q8_0"])
+def test_auto_computes_on_the_files_own_blocks(tiny_zoo: TinyZoo, quant: str, monkeypatch: pytest.MonkeyPatch,
+                                               caplog: pytest.LogCaptureFixture) -> None:
+    """`auto` on a quantized GGUF requantizes nothing: every projection holds the file's blocks
+    in the file's formats (a fused layer whose shards differ keeps them as parts), the fused
+    decode step runs on them, and the gate holds against fp32 on the very same weights (only
+    the activations' 15-bit rounding differs: FILE_GATE)."""
+    from test_family_quantization import ARGS, TEXT_TOKENS, read
+    from tiny_models import cached_greedy, prompts
+
+    from engine import LLM
+    from engine.model.gguf_file import GGUFModel, hf_name
+    from engine.quant import dispatch
+    from engine.quant.apply import SHARDS
+    from engine.quant.linear import QuantLinear
+
+    monkeypatch.setattr(dispatch, "_cache", {})
+    path = convert(tiny_zoo, LLAMA3_256, "q8_0") if quant == "Q8_0" else quantize(tiny_zoo, LLAMA3_256, quant)
+    gguf = GGUFModel(path)
+    file_kind = {hf_name(t.name, gguf.family): t.tensor_type.name.lower().replace("q4_0", "q4_1")
+                 for t in gguf.reader.tensors if len(t.shape) == 2}
+    reference = file_reference(tiny_zoo, LLAMA3_256, path)
+    prompt = prompts(1, seed=1)[0]
+    ids = prompt + cached_greedy(reference, prompt, TEXT_TOKENS)
+    fp32 = read(LLM(model=str(path), quantization="none", **ARGS), ids)  # type: ignore[arg-type]
+    with caplog.at_level(logging.INFO, logger="pagode"):
+        llm = LLM(model=str(path), quantization="auto", **ARGS)  # type: ignore[arg-type]
+    assert "requantized" not in caplog.text
+    assert "decode steps of up to" in caplog.text  # the fused step, on the file's blocks
+    model = llm.engine.runner.model
+    mixed = 0
+    for name, layer in model.named_modules():
+        if not isinstance(layer, QuantLinear) or name == "lm_head":
+            continue
+        assert layer.blocks is not None
+        prefix, _, leaf = name.rpartition(".")
+        shards = SHARDS.get(leaf, (leaf,))
+        want = [file_kind[f"model.{prefix}.{s}.weight"] for s in shards]
+        assert [p.kind for p in layer.blocks.parts] == (want if len(set(want)) > 1 else [want[0]]), name
+        mixed += len(layer.blocks.parts) > 1
+    assert mixed > 0 or quant in ("Q6_K", "Q4_0", "Q8_0")
+    got = read(llm, ids)
+    rise, agreement = got.perplexity / fp32.perplexity - 1, got.agreement(fp32)
+    print(f"{quant} auto: perplexity {rise:+.3%} against fp32 on the file's weights, top-1 agreement {agreement:.2%}")
+    assert abs(rise) <= FILE_GATE[0] and agreement >= FILE_GATE[1], (rise, agreement)
 
 
 def test_an_unknown_tensor_is_refused_by_name(tiny_zoo: TinyZoo, tmp_path: Path) -> None:

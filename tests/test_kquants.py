@@ -78,9 +78,10 @@ def test_q4_k_m_gguf_matches_transformers(tiny_zoo: TinyZoo) -> None:
 
 def test_a_k_quant_gguf_is_requantized_for_int8_int4_and_says_so(
         tiny_zoo: TinyZoo, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    """The block kernels take Q8_0 and Q4_1 only: a K-quant file's matrices are dequantized and
-    requantized, the start-up log says which, and int8/int4 pass the gate against fp32 on the
-    file's own weights rounded once more into the mode's blocks."""
+    """int8 and int4 asked for by name store their own formats: a K-quant file's matrices are
+    dequantized and requantized, the start-up log says which, and int8/int4 pass the gate
+    against fp32 on the file's own weights rounded once more into the mode's blocks (`auto`
+    keeps the file's blocks: tests/test_converter_gguf.py)."""
     monkeypatch.setattr(dispatch, "_cache", {})
     monkeypatch.setenv("PAGODE_QUANT_CROSSOVER", "16")
     path, reference = tiny_zoo.gguf(LLAMA_256, "Q4_K_M")

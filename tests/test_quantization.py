@@ -87,11 +87,12 @@ def test_quantize_round_trip_error_is_within_half_a_step(kind: str) -> None:
 
 def test_gguf_blocks_are_used_as_they_are(default_model_path: str) -> None:
     gguf = GGUFModel(Path(default_model_path))
-    raw = gguf.raw_blocks()
+    raw = gguf.raw_blocks(formats.KERNEL_GGUF_TYPES)
     weights = dict(gguf.weights())
     for name in ("model.layers.0.self_attn.q_proj.weight", "model.layers.3.self_attn.k_proj.weight",
                  "model.layers.5.mlp.down_proj.weight", "model.embed_tokens.weight"):
         kind, data = raw[name]
+        assert data is not None
         # Bit-exact with the gguf package's dequantization, Q/K un-permutation included.
         assert torch.equal(formats.dequantize(formats.from_gguf(data, kind)), weights[name])  # type: ignore[arg-type]
     qkv = apply.gguf_blocks(apply.shard_names("layers.0.self_attn.qkv_proj", tied=True), "q4_1", raw)

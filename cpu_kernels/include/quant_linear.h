@@ -1,18 +1,20 @@
 // Linear layers on block-quantized weights (src/quant_linear.cpp). C ABI: the ctypes
-// binding (cpu_kernels/quant_linear.py) and the fused decode step call the same functions.
+// binding (cpu_kernels/quant_linear.py) and the fused decode step call the same function.
 // Present at every level (a portable body below avx2).
 #pragma once
 #include <cstdint>
 
+// The block formats, as cpu_kernels/quant_linear.py numbers them.
+enum BlockKind : int64_t { KIND_Q4_1 = 0, KIND_Q8_0 = 1, KIND_Q4_K = 2, KIND_Q5_K = 3, KIND_Q6_K = 4 };
+
 extern "C" {
 
-// y [M, N] = x [M, K] @ W^T (+ bias), W in Q4_1: qs [N, K/2], d and m [N, K/32] fp16.
-void linear_q4_1(const float* x, const uint8_t* qs, const uint16_t* wd, const uint16_t* wm,
-                 const float* bias, float* y, int64_t M, int64_t N, int64_t K, int nthreads);
-
-// y [M, N] = x [M, K] @ W^T (+ bias), W in Q8_0: qs [N, K] int8, d [N, K/32] fp16.
-void linear_q8_0(const float* x, const int8_t* qs, const uint16_t* wd, const float* bias, float* y,
-                 int64_t M, int64_t N, int64_t K, int nthreads);
+// y [M, N] (rows ldy floats apart) = x [M, K] @ W^T (+ bias [N]), W [N, K] in `kind`:
+//   Q4_1: qs [N, K/2] nibbles, wd and wm [N, K/32] fp16 scales and minima;
+//   Q8_0: qs [N, K] int8, wd [N, K/32] fp16 scales (wm unused);
+//   Q4_K, Q5_K, Q6_K: qs [N, K/256 super-blocks] in GGUF's bytes (wd, wm unused).
+void linear_blocks(int64_t kind, const float* x, const uint8_t* qs, const uint16_t* wd, const uint16_t* wm,
+                   const float* bias, float* y, int64_t M, int64_t N, int64_t K, int64_t ldy, int nthreads);
 
 // 1 when the AVX2 body was compiled in, 0 for the portable one.
 int quant_kernel_uses_avx2();

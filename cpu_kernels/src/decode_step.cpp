@@ -5,7 +5,10 @@
 // the arithmetic. This file runs every layer's ops back to back on preallocated scratch:
 // residual-add + RMSNorm, the fused QKV projection, RoPE + K/V cache write, paged decode
 // attention, the output projection, residual-add + RMSNorm, gate-up, SiLU-and-mul, down,
-// and the final norm. Each op is the very function that the per-op path calls through
+// and the final norm. Per layer, the table also gives what families add to that layer:
+// RMSNorm on each query and key head before RoPE (Qwen3), the layer's own RoPE tables
+// (local and global bases, layers without RoPE), a sliding window and a logit soft-cap.
+// Each op is the very function that the per-op path calls through
 // ctypes (declared in include/, linked into the same library), so both paths give the
 // same numbers. The attention and fused ops are AVX2: below the avx2 level this file
 // compiles to nothing.
@@ -30,24 +33,30 @@ using pagode::I8;
 // Per layer, the pointer slots the Python side fills (engine/model/decode_step.py).
 enum Slot : int64_t {
     IN_NORM, POST_NORM, K_CACHE, V_CACHE,
-    QKV, O = QKV + 4, GATE_UP = O + 4, DOWN = GATE_UP + 4,  // each linear: qs, scales, mins, bias
-    SLOTS = DOWN + 4,
+    Q_NORM, K_NORM,  // per-head RMSNorm weights [head_dim], 0 when the family has none
+    COS, SIN,        // the layer's RoPE tables
+    WINDOW, SOFTCAP,  // the sliding window (0: none), the soft-cap's float bits (0: none)
+    QKV, O = QKV + 2, GATE_UP = O + 2, DOWN = GATE_UP + 2,  // each linear: its parts, how many
+    SLOTS = DOWN + 2,
 };
-enum Kind : int64_t { Q4_1 = 0, Q8_0 = 1 };
+constexpr int64_t PART = 6;  // a part of a linear: kind, rows, qs, scales, mins, bias
 enum CacheType : int64_t { F32 = 0, F16_CACHE = 1, BF16_CACHE = 2, I8_CACHE = 3 };
 
 struct Dims {
     int64_t hidden, heads, kv_heads, head_dim, inter, block_size;
 };
 
-void linear(const int64_t* slot, int64_t kind, const float* x, float* y, int64_t M, int64_t N, int64_t K,
-            int nthreads) {
-    const auto* qs = reinterpret_cast<const uint8_t*>(slot[0]);
-    const auto* wd = reinterpret_cast<const uint16_t*>(slot[1]);
-    const auto* wm = reinterpret_cast<const uint16_t*>(slot[2]);
-    const auto* bias = reinterpret_cast<const float*>(slot[3]);
-    if (kind == Q4_1) linear_q4_1(x, qs, wd, wm, bias, y, M, N, K, nthreads);
-    else linear_q8_0(x, reinterpret_cast<const int8_t*>(qs), wd, bias, y, M, N, K, nthreads);
+// A fused projection whose shards kept different formats (a Q4_K_M file's Q4_K q/k beside a
+// Q6_K v) is several parts, each writing its own columns of y [M, N].
+void linear(const int64_t* slot, const float* x, float* y, int64_t M, int64_t N, int64_t K, int nthreads) {
+    const auto* part = reinterpret_cast<const int64_t*>(slot[0]);
+    int64_t n0 = 0;
+    for (int64_t i = 0; i < slot[1]; ++i, part += PART) {
+        linear_blocks(part[0], x, reinterpret_cast<const uint8_t*>(part[2]), reinterpret_cast<const uint16_t*>(part[3]),
+                      reinterpret_cast<const uint16_t*>(part[4]), reinterpret_cast<const float*>(part[5]), y + n0, M,
+                      part[1], K, N, nthreads);
+        n0 += part[1];
+    }
 }
 
 // The attention entry points for a cache element type.
@@ -70,20 +79,35 @@ template <> struct CacheKernels<I8> {
 };
 
 template <typename T>
-void attend(const int64_t* p, const Dims& d, const float* qkv, const int64_t* positions, const float* cos,
-            const float* sin, const int64_t* slots, const int32_t* tables, const int32_t* lens, float* q, float* out,
-            int64_t B, int64_t MB, float scale, int nthreads) {
+void attend(const int64_t* p, const Dims& d, const float* qkv, const int64_t* positions, const int64_t* slots,
+            const int32_t* tables, const int32_t* lens, float* q, float* out, int64_t B, int64_t MB, float scale,
+            int nthreads) {
     T* kc = reinterpret_cast<T*>(p[K_CACHE]);
     T* vc = reinterpret_cast<T*>(p[V_CACHE]);
     const int64_t row = (d.heads + 2 * d.kv_heads) * d.head_dim;
-    CacheKernels<T>::rope_write(qkv, row, positions, cos, sin, q, kc, vc, slots, B, d.heads, d.kv_heads,
+    float softcap;
+    const int32_t bits = (int32_t)p[SOFTCAP];
+    std::memcpy(&softcap, &bits, sizeof softcap);
+    CacheKernels<T>::rope_write(qkv, row, positions, reinterpret_cast<const float*>(p[COS]),
+                                reinterpret_cast<const float*>(p[SIN]), q, kc, vc, slots, B, d.heads, d.kv_heads,
                                 d.head_dim, nthreads);
     CacheKernels<T>::decode(q, kc, vc, tables, lens, out, B, d.heads, d.head_dim, d.block_size, d.kv_heads, MB,
-                            scale, /*window=*/0, /*softcap=*/0.f, nthreads);  // unsupported() refuses both
+                            scale, (int)p[WINDOW], softcap, nthreads);
+}
+
+// Qwen3's RMSNorm on each query and key head of every row, in place (the per-op path's norm).
+void normalize_heads(const int64_t* p, const Dims& d, float* qkv, int64_t B, float eps, float* scratch) {
+    const int64_t qd = d.heads * d.head_dim, row = qd + 2 * d.kv_heads * d.head_dim;
+    for (int64_t b = 0; b < B; ++b) {
+        float* q = qkv + b * row;
+        add_rmsnorm_f32(q, scratch, reinterpret_cast<const float*>(p[Q_NORM]), q, d.heads, d.head_dim, eps, 0, 1);
+        add_rmsnorm_f32(q + qd, scratch, reinterpret_cast<const float*>(p[K_NORM]), q + qd, d.kv_heads, d.head_dim,
+                        eps, 0, 1);
+    }
 }
 
 struct Scratch {
-    std::vector<float> residual, normed, qkv, q, attn, gate_up, act;
+    std::vector<float> residual, normed, qkv, q, attn, gate_up, act, heads;
     void size(int64_t B, const Dims& d) {
         const int64_t qd = d.heads * d.head_dim;
         residual.resize(B * d.hidden);
@@ -93,6 +117,7 @@ struct Scratch {
         attn.resize(B * qd);
         gate_up.resize(B * 2 * d.inter);
         act.resize(B * d.inter);
+        heads.resize(qd);
     }
 };
 
@@ -102,12 +127,11 @@ extern "C" {
 
 // hidden [B, hidden]: in, the token embeddings; out, the final RMSNorm of the last layer's
 // residual stream (what the lm_head reads). layers [L, SLOTS] holds pointers (engine/model/
-// decode_step.py), kinds [L, 4] the format of each layer's qkv, o, gate_up, down weight.
+// decode_step.py): per projection (qkv, o, gate_up, down), a table of its parts and their count.
 // dims: hidden, heads, kv_heads, head_dim, intermediate, block_size. Positions and slots are
 // int64 [B], block tables int32 [B, MB], seq_lens int32 [B]; every slot must be >= 0.
-void decode_step(float* hidden, const int64_t* layers, const int64_t* kinds, int64_t L, const int64_t* dims,
-                 int64_t cache_type, const float* final_norm, float eps, float scale, const float* cos,
-                 const float* sin, const int64_t* positions, const int64_t* slots, const int32_t* tables,
+void decode_step(float* hidden, const int64_t* layers, int64_t L, const int64_t* dims,
+                 int64_t cache_type, const float* final_norm, float eps, float scale, const int64_t* positions, const int64_t* slots, const int32_t* tables,
                  const int32_t* lens, int64_t B, int64_t MB, int nthreads) {
     const Dims d{dims[0], dims[1], dims[2], dims[3], dims[4], dims[5]};
     thread_local Scratch s;
@@ -120,18 +144,18 @@ void decode_step(float* hidden, const int64_t* layers, const int64_t* kinds, int
     float* x = hidden;  // the running layer output, added into the residual by the next norm
     for (int64_t l = 0; l < L; ++l) {
         const int64_t* p = layers + l * SLOTS;
-        const int64_t* k = kinds + l * 4;
         add_rmsnorm_f32(x, s.residual.data(), reinterpret_cast<const float*>(p[IN_NORM]), s.normed.data(), B,
                         d.hidden, eps, l > 0, nthreads);
-        linear(p + QKV, k[0], s.normed.data(), s.qkv.data(), B, qkv_n, d.hidden, nthreads);
-        attend_fn(p, d, s.qkv.data(), positions, cos, sin, slots, tables, lens, s.q.data(), s.attn.data(), B, MB,
-                  scale, nthreads);
-        linear(p + O, k[1], s.attn.data(), x, B, d.hidden, qd, nthreads);
+        linear(p + QKV, s.normed.data(), s.qkv.data(), B, qkv_n, d.hidden, nthreads);
+        if (p[Q_NORM]) normalize_heads(p, d, s.qkv.data(), B, eps, s.heads.data());
+        attend_fn(p, d, s.qkv.data(), positions, slots, tables, lens, s.q.data(), s.attn.data(), B, MB, scale,
+                  nthreads);
+        linear(p + O, s.attn.data(), x, B, d.hidden, qd, nthreads);
         add_rmsnorm_f32(x, s.residual.data(), reinterpret_cast<const float*>(p[POST_NORM]), s.normed.data(), B,
                         d.hidden, eps, 1, nthreads);
-        linear(p + GATE_UP, k[2], s.normed.data(), s.gate_up.data(), B, 2 * d.inter, d.hidden, nthreads);
+        linear(p + GATE_UP, s.normed.data(), s.gate_up.data(), B, 2 * d.inter, d.hidden, nthreads);
         silu_and_mul_f32(s.gate_up.data(), s.act.data(), B, d.inter, nthreads);
-        linear(p + DOWN, k[3], s.act.data(), x, B, d.hidden, d.inter, nthreads);
+        linear(p + DOWN, s.act.data(), x, B, d.hidden, d.inter, nthreads);
     }
     add_rmsnorm_f32(x, s.residual.data(), final_norm, s.normed.data(), B, d.hidden, eps, L > 0, nthreads);
     std::memcpy(hidden, s.normed.data(), B * d.hidden * sizeof(float));

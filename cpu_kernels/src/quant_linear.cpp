@@ -19,6 +19,18 @@
 // vpdpbusd (u8 x s8) would need int8 ones, llama.cpp's Q8_1, whose 5% loss of agreement is
 // why this file quantizes to 15 bits. The integer block sums are the same in both bodies;
 // only the order of the fp32 additions differs.
+//
+// llama.cpp's K-quants are computed on the file's own 256-element super-blocks, with no
+// repacking: a super-block is eight sub-blocks of 32, the same width as an activation block,
+// so each sub-block is one block dot as above, under a scale (and, for Q4_K/Q5_K, a minimum)
+// decoded once per super-block and shared by the tokens:
+//   Q4_K (144 bytes): d, dmin fp16; 12 bytes of 6-bit scales and mins; 128 nibble bytes,
+//         32 bytes per pair of sub-blocks (low nibbles the first, high the second);
+//   Q5_K (176 bytes): as Q4_K, plus 32 bytes whose bit j is the fifth bit of sub-block j;
+//   Q6_K (210 bytes): 128 low-nibble bytes, 64 bytes of 2-bit high parts, 16 int8 scales
+//         (one per 16 weights), d fp16 last. A weight times its int8 scale fits int16
+//         (|(q - 32) * sc| <= 4096), so a sub-block's two scales are multiplied into the
+//         widened weights and the block's float scale is d.
 #include "quant_linear.h"
 
 #include <algorithm>
@@ -117,6 +129,119 @@ void prepare_scales(const uint16_t* wd, const uint16_t* wm, const float* dx, con
     }
 }
 
+
+// ---- K-quants: per super-block, the sub-blocks' float scales and minima, and a sub-block's
+// 32 weights as integers (the scalar body) or widened to int16 lanes (the vector bodies).
+
+constexpr int64_t QK_K = 256;
+constexpr int SUBS = QK_K / QK;
+
+// Q4_K/Q5_K's eight 6-bit scales and eight 6-bit mins, packed in 12 bytes, as sixteen bytes:
+// scales in u[0..1], mins in u[2..3] (llama.cpp's word-wide unpacking of get_scale_min_k4).
+inline void scale_min_k4(const uint8_t* q, uint32_t u[4]) {
+    constexpr uint32_t low6 = 0x3f3f3f3f, low4 = 0x0f0f0f0f, low2 = 0x03030303;
+    std::memcpy(u, q, 12);
+    u[3] = ((u[2] >> 4) & low4) | (((u[1] >> 6) & low2) << 4);
+    const uint32_t mins_low = u[1] & low6;
+    u[1] = (u[2] & low4) | (((u[0] >> 6) & low2) << 4);
+    u[2] = mins_low;
+    u[0] &= low6;
+}
+
+inline uint16_t load_u16(const uint8_t* p) {
+    uint16_t v;
+    std::memcpy(&v, p, 2);
+    return v;
+}
+
+struct Q4K {
+    static constexpr int64_t BYTES = 144;
+    static constexpr bool MINS = true;
+    // w = d * sc * q - dmin * m: the sub-block's scale is d * sc, its minimum -dmin * m.
+    static void scales(const uint8_t* blk, float sc[SUBS], float mn[SUBS]) {
+        const float d = half_to_float(load_u16(blk)), dmin = half_to_float(load_u16(blk + 2));
+        uint32_t u[4];
+        scale_min_k4(blk + 4, u);
+#ifdef PAGODE_AVX2
+        const __m256 s8 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)u)));
+        const __m256 m8 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(u + 2))));
+        _mm256_storeu_ps(sc, _mm256_mul_ps(s8, _mm256_set1_ps(d)));
+        _mm256_storeu_ps(mn, _mm256_mul_ps(m8, _mm256_set1_ps(-dmin)));
+#else
+        const auto* b = reinterpret_cast<const uint8_t*>(u);
+        for (int j = 0; j < SUBS; ++j) {
+            sc[j] = d * (float)b[j];
+            mn[j] = -dmin * (float)b[8 + j];
+        }
+#endif
+    }
+    static const uint8_t* nibbles(const uint8_t* blk, int j) { return blk + 16 + 32 * (j / 2); }
+    static void ints(const uint8_t* blk, int j, int w[QK]) {
+        const uint8_t* q = nibbles(blk, j);
+        for (int l = 0; l < QK; ++l) w[l] = (j & 1) ? (q[l] >> 4) : (q[l] & 0x0f);
+    }
+#ifdef PAGODE_AVX2
+    static __m256i bytes(const uint8_t* blk, int j) {  // the sub-block's 32 weights, one per byte
+        const __m256i raw = _mm256_loadu_si256((const __m256i*)nibbles(blk, j));
+        return _mm256_and_si256((j & 1) ? _mm256_srli_epi16(raw, 4) : raw, _mm256_set1_epi8(0x0f));
+    }
+#endif
+};
+
+struct Q5K {
+    static constexpr int64_t BYTES = 176;
+    static constexpr bool MINS = true;
+    static void scales(const uint8_t* blk, float sc[SUBS], float mn[SUBS]) { Q4K::scales(blk, sc, mn); }
+    static const uint8_t* nibbles(const uint8_t* blk, int j) { return blk + 48 + 32 * (j / 2); }
+    static void ints(const uint8_t* blk, int j, int w[QK]) {
+        const uint8_t *q = nibbles(blk, j), *qh = blk + 16;
+        for (int l = 0; l < QK; ++l) w[l] = ((j & 1) ? (q[l] >> 4) : (q[l] & 0x0f)) | (((qh[l] >> j) & 1) << 4);
+    }
+#ifdef PAGODE_AVX2
+    static __m256i bytes(const uint8_t* blk, int j) {
+        const __m256i raw = _mm256_loadu_si256((const __m256i*)nibbles(blk, j));
+        const __m256i lo = _mm256_and_si256((j & 1) ? _mm256_srli_epi16(raw, 4) : raw, _mm256_set1_epi8(0x0f));
+        // Bit j of each qh byte to bit 4: a 16-bit shift keeps each byte's own bit j in its bit 0.
+        const __m256i qh = _mm256_loadu_si256((const __m256i*)(blk + 16));
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qh, j), _mm256_set1_epi8(1));
+        return _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
+    }
+#endif
+};
+
+struct Q6K {
+    static constexpr int64_t BYTES = 210;
+    static constexpr bool MINS = false;
+    static void scales(const uint8_t* blk, float sc[SUBS], float mn[SUBS]) {
+        const float d = half_to_float(load_u16(blk + 208));
+        for (int j = 0; j < SUBS; ++j) { sc[j] = d; mn[j] = 0.f; }
+    }
+    // Sub-block j = 4h + k of half h: low nibbles from ql (k 0/1 low, 2/3 high; k odd 32 bytes
+    // on), two high bits from qh at bit 2k; int8 scales sc[8h + 2k] (first 16) and sc[8h + 2k + 1].
+    static const uint8_t* low(const uint8_t* blk, int j) { return blk + 64 * (j / 4) + 32 * (j & 1); }
+    static const uint8_t* high(const uint8_t* blk, int j) { return blk + 128 + 32 * (j / 4); }
+    static const int8_t* sc8(const uint8_t* blk, int j) {
+        return (const int8_t*)(blk + 192) + 8 * (j / 4) + 2 * (j % 4);
+    }
+    static void ints(const uint8_t* blk, int j, int w[QK]) {
+        const uint8_t *ql = low(blk, j), *qh = high(blk, j);
+        const int k = j % 4, shift = (k & 2) ? 4 : 0;
+        const int8_t* sc = sc8(blk, j);
+        for (int l = 0; l < QK; ++l)
+            w[l] = ((((ql[l] >> shift) & 0x0f) | (((qh[l] >> (2 * k)) & 3) << 4)) - 32) * sc[l / 16];
+    }
+#ifdef PAGODE_AVX2
+    static __m256i bytes(const uint8_t* blk, int j) {  // q in 0..63 (the 32 is taken off in int16)
+        const int k = j % 4;
+        const __m256i raw = _mm256_loadu_si256((const __m256i*)low(blk, j));
+        const __m256i lo = _mm256_and_si256((k & 2) ? _mm256_srli_epi16(raw, 4) : raw, _mm256_set1_epi8(0x0f));
+        const __m256i qh = _mm256_loadu_si256((const __m256i*)high(blk, j));
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * k), _mm256_set1_epi8(3));
+        return _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
+    }
+#endif
+};
+
 #ifdef PAGODE_AVX2
 inline float hsum(__m256 v) {
     __m128 r = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -179,6 +304,18 @@ struct Avx2Body {
         Unpack::get(qs, b, w.lo, w.hi);
         return w;
     }
+    // A K-quant sub-block's weights as int16 (Q6_K's taken off 32 and times their int8 scales).
+    template <typename KQ> static Block ksub(const uint8_t* blk, int j) {
+        const __m256i b = KQ::bytes(blk, j);
+        Block w{_mm256_cvtepu8_epi16(_mm256_castsi256_si128(b)), _mm256_cvtepu8_epi16(_mm256_extracti128_si256(b, 1))};
+        if constexpr (!KQ::MINS) {
+            const int8_t* sc = Q6K::sc8(blk, j);
+            const __m256i off = _mm256_set1_epi16(32);
+            w.lo = _mm256_mullo_epi16(_mm256_sub_epi16(w.lo, off), _mm256_set1_epi16(sc[0]));
+            w.hi = _mm256_mullo_epi16(_mm256_sub_epi16(w.hi, off), _mm256_set1_epi16(sc[1]));
+        }
+        return w;
+    }
     static Acc zero() { return _mm256_setzero_ps(); }
     static Acc fma(const Block& w, const int16_t* x, const float& scale, Acc acc) {
         return _mm256_fmadd_ps(block_dot(w.lo, w.hi, x), _mm256_broadcast_ss(&scale), acc);
@@ -190,6 +327,15 @@ struct Avx2Body {
 struct Avx512Body {
     using Acc = __m512;
     template <typename Unpack> static __m512i unpack(const uint8_t* qs, int64_t b) { return Unpack::wide(qs, b); }
+    template <typename KQ> static __m512i ksub(const uint8_t* blk, int j) {
+        __m512i w = _mm512_cvtepu8_epi16(KQ::bytes(blk, j));
+        if constexpr (!KQ::MINS) {
+            const int8_t* sc = Q6K::sc8(blk, j);
+            const __m512i scale = _mm512_inserti64x4(_mm512_set1_epi16(sc[0]), _mm256_set1_epi16(sc[1]), 1);
+            w = _mm512_mullo_epi16(_mm512_sub_epi16(w, _mm512_set1_epi16(32)), scale);
+        }
+        return w;
+    }
     static Acc zero() { return _mm512_setzero_ps(); }
     static Acc fma(__m512i w, const int16_t* x, const float& scale, Acc acc) {
         return _mm512_fmadd_ps(block_dot512(w, x), _mm512_set1_ps(scale), acc);
@@ -259,6 +405,88 @@ void dot_row(const uint8_t* qs, const uint16_t* wd, const uint16_t* wm, const in
 #endif
 }
 
+// One output row of a K-quant weight against T quantized tokens: per super-block, the
+// sub-blocks' scales (times each token's activation scales) and minima are prepared once.
+template <int T, typename KQ>
+void dot_row_k(const uint8_t* row, const int16_t* xq, const float* dx, const float* xs, int64_t K, float* out) {
+    const int64_t nb = K / QK, nsb = K / QK_K;
+    float sc[SUBS], mn[SUBS], comb[T][SUBS];
+#ifdef PAGODE_AVX2
+    typename Body::Acc acc0[T], acc1[T];
+    __m256 macc[T];  // the minima's terms, eight sub-blocks a lane, summed at the end
+    for (int t = 0; t < T; ++t) {
+        acc0[t] = acc1[t] = Body::zero();
+        macc[t] = _mm256_setzero_ps();
+    }
+#else
+    float total[T] = {}, mins[T] = {};
+#endif
+    for (int64_t s = 0; s < nsb; ++s) {
+        const uint8_t* blk = row + s * KQ::BYTES;
+        KQ::scales(blk, sc, mn);
+#ifdef PAGODE_AVX2
+        const __m256 scv = _mm256_loadu_ps(sc), mnv = _mm256_loadu_ps(mn);
+        for (int t = 0; t < T; ++t) {
+            const float *d = dx + t * nb + s * SUBS, *sum = xs + t * nb + s * SUBS;
+            _mm256_storeu_ps(comb[t], _mm256_mul_ps(scv, _mm256_loadu_ps(d)));
+            if (KQ::MINS) macc[t] = _mm256_fmadd_ps(mnv, _mm256_loadu_ps(sum), macc[t]);
+        }
+#else
+        for (int t = 0; t < T; ++t) {
+            const float *d = dx + t * nb + s * SUBS, *sum = xs + t * nb + s * SUBS;
+            for (int j = 0; j < SUBS; ++j) {
+                comb[t][j] = sc[j] * d[j];
+                if (KQ::MINS) mins[t] += mn[j] * sum[j];
+            }
+        }
+#endif
+#ifdef PAGODE_AVX2
+        for (int j = 0; j < SUBS; j += 2) {
+            const auto w = Body::template ksub<KQ>(blk, j);
+            const auto v = Body::template ksub<KQ>(blk, j + 1);
+            for (int t = 0; t < T; ++t) {
+                const int16_t* x = xq + t * K + (s * SUBS + j) * QK;
+                acc0[t] = Body::fma(w, x, comb[t][j], acc0[t]);
+                acc1[t] = Body::fma(v, x + QK, comb[t][j + 1], acc1[t]);
+            }
+        }
+#else
+        for (int j = 0; j < SUBS; ++j) {
+            int w[QK];
+            KQ::ints(blk, j, w);
+            for (int t = 0; t < T; ++t) {
+                const int16_t* x = xq + t * K + (s * SUBS + j) * QK;
+                int64_t dot = 0;
+                for (int i = 0; i < QK; ++i) dot += (int64_t)w[i] * x[i];
+                total[t] += comb[t][j] * (float)dot;
+            }
+        }
+#endif
+    }
+#ifdef PAGODE_AVX2
+    for (int t = 0; t < T; ++t) out[t] = Body::sum(acc0[t], acc1[t]) + hsum(macc[t]);
+#else
+    for (int t = 0; t < T; ++t) out[t] = total[t] + mins[t];
+#endif
+}
+
+// The row dot of each format, for block_linear: Q4_1/Q8_0 with their per-block fp16 scale
+// arrays, the K-quants with the scales inside their super-blocks.
+template <typename Unpack, bool NIBBLES> struct LegacyRow {
+    template <int T>
+    static void dot(const uint8_t* q, const uint16_t* d, const uint16_t* mn, const int16_t* xq, const float* dx,
+                    const float* xs, int64_t K, float* out) {
+        dot_row<T, Unpack, NIBBLES>(q, d, mn, xq, dx, xs, K, out);
+    }
+};
+template <typename KQ> struct KRow {
+    template <int T>
+    static void dot(const uint8_t* q, const uint16_t*, const uint16_t*, const int16_t* xq, const float* dx,
+                    const float* xs, int64_t K, float* out) {
+        dot_row_k<T, KQ>(q, xq, dx, xs, K, out);
+    }
+};
+
 // Asks for a later row's quants and scales while this one computes. A row is short (288
 // bytes of Q4_1 at K = 576), and the hardware prefetcher alone left the decode step's
 // linears waiting on memory; four rows ahead hides that latency (docs/kernels.md).
@@ -268,7 +496,7 @@ inline void prefetch_row(const uint8_t* qs, int64_t row_bytes, const uint16_t* w
     if (n >= N) return;
     const char* q = (const char*)(qs + n * row_bytes);
     for (int64_t off = 0; off < row_bytes; off += 64) _mm_prefetch(q + off, _MM_HINT_T0);
-    _mm_prefetch((const char*)(wd + n * nb), _MM_HINT_T0);
+    if (wd) _mm_prefetch((const char*)(wd + n * nb), _MM_HINT_T0);
     if (wm) _mm_prefetch((const char*)(wm + n * nb), _MM_HINT_T0);
 #endif
 }
@@ -284,10 +512,11 @@ struct Activations {
     }
 };
 
-// y [M, N] = x [M, K] @ W^T (+ bias) for a weight whose row n starts at qs + n * row_bytes.
-template <typename Unpack, bool NIBBLES>
+// y [M, N] (rows ldy apart) = x [M, K] @ W^T (+ bias) for a weight whose row n starts at
+// qs + n * row_bytes (and whose per-block scales, if the format keeps them apart, at wd + n * K/32).
+template <typename Row>
 void block_linear(const float* x, const uint8_t* qs, int64_t row_bytes, const uint16_t* wd, const uint16_t* wm,
-                  const float* bias, float* y, int64_t M, int64_t N, int64_t K, int nthreads) {
+                  const float* bias, float* y, int64_t M, int64_t N, int64_t K, int64_t ldy, int nthreads) {
     thread_local Activations act;
     act.quantize(x, M, K);
     const int64_t nb = K / QK;
@@ -306,25 +535,25 @@ void block_linear(const float* x, const uint8_t* qs, int64_t row_bytes, const ui
             for (int64_t n = tile * ROW_TILE; n < end; ++n) {
                 prefetch_row(qs, row_bytes, wd, wm, nb, n + PREFETCH_ROWS, N);
                 const uint8_t* q = qs + n * row_bytes;
-                const uint16_t* d = wd + n * nb;
+                const uint16_t* d = wd ? wd + n * nb : nullptr;
                 const uint16_t* mn = wm ? wm + n * nb : nullptr;
                 float out[MAX_TOKENS];
                 switch (T) {
-                    case 1: dot_row<1, Unpack, NIBBLES>(q, d, mn, xt, dt, st, K, out); break;
-                    case 2: dot_row<2, Unpack, NIBBLES>(q, d, mn, xt, dt, st, K, out); break;
-                    case 3: dot_row<3, Unpack, NIBBLES>(q, d, mn, xt, dt, st, K, out); break;
+                    case 1: Row::template dot<1>(q, d, mn, xt, dt, st, K, out); break;
+                    case 2: Row::template dot<2>(q, d, mn, xt, dt, st, K, out); break;
+                    case 3: Row::template dot<3>(q, d, mn, xt, dt, st, K, out); break;
 #ifdef PAGODE_AVX512
-                    case 4: dot_row<4, Unpack, NIBBLES>(q, d, mn, xt, dt, st, K, out); break;
-                    case 5: dot_row<5, Unpack, NIBBLES>(q, d, mn, xt, dt, st, K, out); break;
-                    case 6: dot_row<6, Unpack, NIBBLES>(q, d, mn, xt, dt, st, K, out); break;
-                    case 7: dot_row<7, Unpack, NIBBLES>(q, d, mn, xt, dt, st, K, out); break;
-                    default: dot_row<8, Unpack, NIBBLES>(q, d, mn, xt, dt, st, K, out); break;
+                    case 4: Row::template dot<4>(q, d, mn, xt, dt, st, K, out); break;
+                    case 5: Row::template dot<5>(q, d, mn, xt, dt, st, K, out); break;
+                    case 6: Row::template dot<6>(q, d, mn, xt, dt, st, K, out); break;
+                    case 7: Row::template dot<7>(q, d, mn, xt, dt, st, K, out); break;
+                    default: Row::template dot<8>(q, d, mn, xt, dt, st, K, out); break;
 #else
-                    default: dot_row<4, Unpack, NIBBLES>(q, d, mn, xt, dt, st, K, out); break;
+                    default: Row::template dot<4>(q, d, mn, xt, dt, st, K, out); break;
 #endif
                 }
                 const float b = bias ? bias[n] : 0.f;
-                for (int t = 0; t < T; ++t) y[(t0 + t) * N + n] = out[t] + b;
+                for (int t = 0; t < T; ++t) y[(t0 + t) * ldy + n] = out[t] + b;
             }
         }
     }
@@ -339,16 +568,31 @@ struct Q8Unpack {};
 
 extern "C" {
 
-// y [M, N] = x [M, K] @ W^T (+ bias), W in Q4_1: qs [N, K/2], d and m [N, K/32] fp16.
-void linear_q4_1(const float* x, const uint8_t* qs, const uint16_t* wd, const uint16_t* wm,
-                 const float* bias, float* y, int64_t M, int64_t N, int64_t K, int nthreads) {
-    block_linear<Q4Unpack, true>(x, qs, K / 2, wd, wm, bias, y, M, N, K, nthreads);
-}
-
-// y [M, N] = x [M, K] @ W^T (+ bias), W in Q8_0: qs [N, K] int8, d [N, K/32] fp16.
-void linear_q8_0(const float* x, const int8_t* qs, const uint16_t* wd, const float* bias, float* y,
-                 int64_t M, int64_t N, int64_t K, int nthreads) {
-    block_linear<Q8Unpack, false>(x, (const uint8_t*)qs, K, wd, nullptr, bias, y, M, N, K, nthreads);
+void linear_blocks(int64_t kind, const float* x, const uint8_t* qs, const uint16_t* wd, const uint16_t* wm,
+                   const float* bias, float* y, int64_t M, int64_t N, int64_t K, int64_t ldy, int nthreads) {
+    const int64_t super_blocks = K / QK_K;
+    switch (kind) {
+        case KIND_Q4_1:
+            block_linear<LegacyRow<Q4Unpack, true>>(x, qs, K / 2, wd, wm, bias, y, M, N, K, ldy, nthreads);
+            break;
+        case KIND_Q8_0:
+            block_linear<LegacyRow<Q8Unpack, false>>(x, qs, K, wd, nullptr, bias, y, M, N, K, ldy, nthreads);
+            break;
+        case KIND_Q4_K:
+            block_linear<KRow<Q4K>>(x, qs, super_blocks * Q4K::BYTES, nullptr, nullptr, bias, y, M, N, K, ldy,
+                                    nthreads);
+            break;
+        case KIND_Q5_K:
+            block_linear<KRow<Q5K>>(x, qs, super_blocks * Q5K::BYTES, nullptr, nullptr, bias, y, M, N, K, ldy,
+                                    nthreads);
+            break;
+        case KIND_Q6_K:
+            block_linear<KRow<Q6K>>(x, qs, super_blocks * Q6K::BYTES, nullptr, nullptr, bias, y, M, N, K, ldy,
+                                    nthreads);
+            break;
+        default:
+            break;
+    }
 }
 
 int quant_kernel_uses_avx2() {

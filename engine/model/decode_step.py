@@ -23,19 +23,20 @@ turns it off; EngineConfig.fused_decode_limit (`--fused-decode-limit N`) pins th
 from __future__ import annotations
 
 import logging
+import struct
 from typing import cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cpu_kernels.decode_step_kernel import CACHE_TYPES, KINDS, PROJECTIONS, DecodeStepKernel
+from cpu_kernels.decode_step_kernel import CACHE_TYPES, PROJECTIONS, DecodeStepKernel
+from cpu_kernels.quant_linear import part_table
 from engine import autotune, envs, native, race_memory
 from engine.attention import AttentionBackend, AttentionMetadata
 from engine.autotune import Crossover
 from engine.model.config import ModelConfig
-from engine.model.layers import PagedAttention
-from engine.model.llama import DecoderLayer, LlamaForCausalLM
+from engine.model.llama import Attention, DecoderLayer, LlamaForCausalLM
 from engine.quant.linear import QuantLinear
 
 log = logging.getLogger("pagode")
@@ -51,17 +52,15 @@ class FusedDecodeStep(nn.Module):
         slots = kernel.slots()
         layers = decoder_layers(model)
         self.table = torch.zeros(len(layers), slots, dtype=torch.int64)
-        self.kinds = torch.zeros(len(layers), len(PROJECTIONS), dtype=torch.int64)
+        self.parts: list[torch.Tensor] = []  # each projection's part table, which the pointers point into
         for i, (layer, cache) in enumerate(zip(layers, kv_caches, strict=True)):
             row = [layer.input_layernorm.weight.data_ptr(), layer.post_attention_layernorm.weight.data_ptr(),
-                   cache[0].data_ptr(), cache[1].data_ptr()]
-            for j, name in enumerate(PROJECTIONS):
+                   cache[0].data_ptr(), cache[1].data_ptr(), *attention_slots(layer.self_attn)]
+            for name in PROJECTIONS:
                 proj = layer.get_submodule(name)
                 assert isinstance(proj, QuantLinear) and proj.blocks is not None
-                b = proj.blocks
-                row += [b.qs.data_ptr(), b.scales.data_ptr(), 0 if b.mins is None else b.mins.data_ptr(),
-                        0 if proj.bias is None else proj.bias.data_ptr()]
-                self.kinds[i, j] = KINDS[b.kind]
+                self.parts.append(part_table(proj.blocks, proj.bias))
+                row += [self.parts[-1].data_ptr(), self.parts[-1].shape[0]]
             self.table[i] = torch.tensor(row, dtype=torch.int64)
         self.max_tokens = 0  # set by measure_limit
         self.dims = torch.tensor([cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
@@ -70,7 +69,6 @@ class FusedDecodeStep(nn.Module):
         self.final_norm = model.norm.weight.detach()
         self.eps = model.norm.eps
         self.scale = cfg.head_dim ** -0.5
-        self.cos, self.sin = model.rope.cos, model.rope.sin
         self.embedding = model.embed_tokens.weight.detach()
 
     def applies(self, meta: AttentionMetadata, num_tokens: int) -> bool:
@@ -83,9 +81,20 @@ class FusedDecodeStep(nn.Module):
         lens = meta.seq_lens.to(torch.int32).contiguous()
         positions = positions.to(torch.int64).contiguous()
         slots = meta.slot_mapping.to(torch.int64).contiguous()
-        self.kernel.run(hidden, self.table, self.kinds, self.dims, self.cache_type, self.final_norm, self.eps,
-                        self.scale, self.cos, self.sin, positions, slots, tables, lens)
+        self.kernel.run(hidden, self.table, self.dims, self.cache_type, self.final_norm, self.eps,
+                        self.scale, positions, slots, tables, lens)
         return hidden
+
+
+def attention_slots(attn: Attention) -> list[int]:
+    """The per-layer slots of what a family adds to the attention: per-head q/k norm weights,
+    the layer's RoPE tables, its window and soft-cap (as float32 bits)."""
+    per_head = attn.q_norm is not None and attn.k_norm is not None
+    q_norm = attn.q_norm.weight.data_ptr() if per_head and attn.q_norm is not None else 0
+    k_norm = attn.k_norm.weight.data_ptr() if per_head and attn.k_norm is not None else 0
+    softcap = attn.attn.softcap or 0.0
+    return [q_norm, k_norm, attn.rope.cos.data_ptr(), attn.rope.sin.data_ptr(), attn.attn.window or 0,
+            struct.unpack("<i", struct.pack("<f", softcap))[0]]
 
 
 def decoder_layers(model: LlamaForCausalLM) -> list[DecoderLayer]:
@@ -101,13 +110,10 @@ def unsupported(model: LlamaForCausalLM, kv_caches: list[torch.Tensor], backend:
     why = layer_shape_unsupported(model.config)
     if why:
         return why
+    if any(type(layer) is not DecoderLayer for layer in model.layers):
+        return f"{model.config.architecture}: its layers are not Llama's (norms, activation)"
     if not backend.supports_fused_cpu_step(kv_caches[0]):
         return f"the {backend.name} attention backend does not read this cache with the C++ kernel"
-    # The fused step's C++ attention call takes no window or soft-cap: it would attend
-    # fully and uncapped, so such models run layer by layer.
-    for attn in model.modules():
-        if isinstance(attn, PagedAttention) and (attn.window is not None or attn.softcap is not None):
-            return "a layer has a sliding window or a logit soft-cap"
     for layer in model.layers:
         for name in PROJECTIONS:
             proj = layer.get_submodule(name)
@@ -122,12 +128,10 @@ def layer_shape_unsupported(cfg: ModelConfig) -> str | None:
         return f"{cfg.architecture}: mixture-of-experts layers (the C++ step computes one dense MLP)"
     if cfg.post_norms_only:
         return f"{cfg.architecture}: norms after attention and MLP"
-    if cfg.qk_norm is not None:
-        return f"{cfg.architecture}: RMSNorm on q and k"
+    if cfg.qk_norm not in (None, "head"):
+        return f"{cfg.architecture}: RMSNorm over the whole q and k projections"
     if cfg.rotary_dim != cfg.head_dim:
         return f"{cfg.architecture}: partial rotary"
-    if cfg.rope_layers is not None and not all(cfg.rope_layers):
-        return f"{cfg.architecture}: layers without RoPE"
     if (cfg.embedding_multiplier, cfg.residual_multiplier, cfg.logits_scaling) != (1.0, 1.0, 1.0) \
             or cfg.attention_multiplier is not None:
         return f"{cfg.architecture}: embedding/residual/attention/logits multipliers"

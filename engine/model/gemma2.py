@@ -161,6 +161,7 @@ FAMILY = Family(
     model_type="gemma2", gguf_arch="gemma2", model_class="engine.model.gemma2:Gemma2ForCausalLM",
     gguf_fields=gguf_fields, gguf_tensors=GGUF_TENSORS,
     hf_fields=hf_fields,
-    support=Support(fused_cpu_step=False, proved=("folder", "GGUF F32", "int8/int4 gate", "Triton backend")),
+    support=Support(fused_cpu_step=False, proved=("folder", "converter Q8_0", "GGUF F32", "int8/int4 gate",
+                                                  "Triton backend")),
     notes="sliding and global layers (layer_types); attention and final logit soft-caps; (1 + w) norms",
 )

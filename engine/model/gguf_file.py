@@ -101,27 +101,31 @@ class GGUFModel:
                 tensor = unpermute(tensor, heads)
             yield name, tensor
 
-    def requantized_kinds(self, kept: tuple[str, ...] = ("Q4_1", "Q8_0", "F32", "F16", "BF16")) -> dict[str, int]:
-        """Block formats of the file's matrices that a quantized mode cannot reuse, with counts."""
+    def requantized_kinds(self, kept: tuple[str, ...]) -> dict[str, int]:
+        """Block formats of the file's matrices outside `kept` (and not float), with counts."""
         counts: dict[str, int] = {}
         for t in self.reader.tensors:
             kind = t.tensor_type.name
-            if len(t.shape) == 2 and kind not in kept:
+            if len(t.shape) == 2 and kind not in kept + ("F32", "F16", "BF16"):
                 counts[kind] = counts.get(kind, 0) + 1
         return counts
 
-    def raw_blocks(self, kinds: tuple[str, ...] = ("Q4_1", "Q8_0")) -> dict[str, tuple[str, np.ndarray]]:
-        """HF name -> (kind, bytes [rows, row bytes]) of the tensors stored in `kinds`, unquantized.
+    def raw_blocks(self, kinds: tuple[str, ...]) -> dict[str, tuple[str, np.ndarray | None]]:
+        """HF name -> (GGUF type in lower case, bytes [rows, row bytes] or None) of every matrix;
+        the bytes only for types in `kinds`, unquantized.
 
         Q/K rows get the same un-permutation as the dequantized weights: it moves whole rows,
-        so every 32-block along the input dimension stays intact.
+        so every block along the input dimension stays intact.
         """
         cfg = self.config()
-        out: dict[str, tuple[str, np.ndarray]] = {}
+        out: dict[str, tuple[str, np.ndarray | None]] = {}
         for t in self.weight_tensors():
-            if t.tensor_type.name not in kinds or len(t.shape) != 2:
+            if len(t.shape) != 2:
                 continue
             name = hf_name(t.name, self.family)
+            if t.tensor_type.name not in kinds:
+                out[name] = (t.tensor_type.name.lower(), None)
+                continue
             data = np.asarray(t.data)
             heads = _permuted_heads(self.family, name, cfg)
             if heads is not None:

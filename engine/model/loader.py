@@ -29,6 +29,7 @@ from engine.model.registry import model_class
 from engine.model.weights import iter_safetensors, load_weights, read_hf_config
 from engine.quant import quantize_model, resolve_mode
 from engine.quant.dense_linear import speed_up_fp32_linears
+from engine.quant.formats import KERNEL_GGUF_TYPES
 
 log = logging.getLogger("pagode")
 
@@ -166,19 +167,22 @@ def apply_quantization(model: LlamaForCausalLM, source: ModelSource, requested: 
         log.info("quantization: none (%s): linear layers in %s%s", why, dtype, f" ({on})" if on else "")
         return ""
     raw = None
+    file_blocks = requested == "auto" and source.is_gguf  # the file's own quantization, as it is
     if source.is_gguf:
         gguf = GGUFModel(source.path)
-        raw = gguf.raw_blocks()
-        foreign = gguf.requantized_kinds()
+        raw = gguf.raw_blocks(KERNEL_GGUF_TYPES)
+        kept = KERNEL_GGUF_TYPES if file_blocks else ("Q4_1", "Q8_0", "Q4_0")
+        foreign = gguf.requantized_kinds(kept)
         if foreign:
-            log.info("quantization: %s: the file's %s are dequantized and requantized (the block kernels "
-                     "take Q4_1 and Q8_0 as they are)", mode,
-                     ", ".join(f"{n} {kind} tensors" for kind, n in sorted(foreign.items())))
+            log.info("quantization: %s: the file's %s are dequantized and requantized (%s)", mode,
+                     ", ".join(f"{n} {kind} tensors" for kind, n in sorted(foreign.items())),
+                     "to Q8_0: the kernels do not read them, and auto never lowers a file's bits" if file_blocks
+                     else f"--quantization {requested} asks for its own formats")
     if raw is not None and model.config.rotary_dim != model.config.head_dim:
         # Partial rotary reorders Q/K rows after loading; the file's blocks keep the old order.
         log.info("quantization: partial rotary reorders Q/K rows, so no GGUF block is reused as is")
         raw = None
-    report = quantize_model(model, mode, raw, max_tokens)
+    report = quantize_model(model, mode, raw, max_tokens, file_blocks=file_blocks)
     log.info("quantization: %s (%s): %s", mode, why, report.summary())
     return report.summary()
 

@@ -39,7 +39,7 @@ GGUF_TENSORS = {"ffn_gate_inp": "mlp.gate", "ffn_gate_exps": "mlp.experts.gate_p
 FAMILY = Family(
     model_type="mixtral", gguf_arch=None, model_class="engine.model.qwen3_moe:Qwen3MoeForCausalLM",
     hf_fields=hf_fields,
-    support=Support(fused_cpu_step=False, proved=("folder", "GGUF Q8_0 (arch llama, experts F32)",
+    support=Support(fused_cpu_step=False, proved=("folder", "converter Q8_0", "GGUF Q8_0 (arch llama, experts F32)",
                                                   "int8/int4 gate")),
     notes="MoE as qwen3_moe, top-k always renormalised; block_sparse_moe w1/w3/w2 names; "
           "GGUF: arch llama with expert tensors",

@@ -54,6 +54,6 @@ FAMILY = Family(
     gguf_tensors={"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
                   "post_attention_norm": "post_attention_layernorm",
                   "post_ffw_norm": "post_feedforward_layernorm"},
-    support=Support(fused_cpu_step=False, proved=("folder", "GGUF Q8_0", "int8/int4 gate")),
+    support=Support(fused_cpu_step=False, proved=("folder", "converter Q8_0", "GGUF Q8_0", "int8/int4 gate")),
     notes="post-norms only; q/k RMSNorm over the whole projection",
 )

@@ -32,6 +32,6 @@ FAMILY = Family(
     model_type="olmoe", gguf_arch="olmoe", model_class="engine.model.qwen3_moe:Qwen3MoeForCausalLM",
     hf_fields=hf_fields, gguf_fields=gguf_fields,
     gguf_tensors={"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm", **mixtral.GGUF_TENSORS},
-    support=Support(fused_cpu_step=False, proved=("folder", "GGUF Q8_0 (experts F32)")),
+    support=Support(fused_cpu_step=False, proved=("folder", "converter Q8_0", "GGUF Q8_0 (experts F32)")),
     notes="MoE as qwen3_moe; q/k RMSNorm over the whole projection; clip_qkv refused",
 )

@@ -42,13 +42,13 @@ from engine.model.llama import LlamaForCausalLM
 from engine.quant.apply import set_module
 from engine.quant.bf16_gemm import Bf16Gemm
 from engine.quant.dense_gemm import DenseGemm
-from engine.quant.formats import BlockWeights
+from engine.quant.formats import BlockParts, Blocks, BlockWeights
 from engine.quant.linear import QuantLinear
 from engine.quant.onednn_gemm import OnednnGemm
 
 log = logging.getLogger("pagode")
 
-FORMAT_VERSION = 2  # bump when the layout of a pack changes
+FORMAT_VERSION = 3  # bump when the layout of a pack changes
 PACKABLE_GEMMS = ("fp32", "bf16", "onednn")
 KEEP_PACKS = 3  # a pack is hundreds of MiB, and every code or flag change keys a new one
 _SOURCES = (Path(__file__).resolve().parent, Path(__file__).resolve().parents[1] / "quant")
@@ -126,11 +126,12 @@ def restore(pack: dict[str, Any], model: LlamaForCausalLM) -> LlamaForCausalLM:
     return model.eval()
 
 
-def blocks_from(entry: dict[str, Any] | None) -> BlockWeights | None:
+def blocks_from(entry: list[dict[str, Any]] | None) -> Blocks | None:
     if entry is None:
         return None
-    return BlockWeights(entry["kind"], entry["qs"], entry["scales"], entry["mins"], int(entry["out_features"]),
-                        int(entry["in_features"]))
+    parts = tuple(BlockWeights(p["kind"], p["qs"], p["scales"], p["mins"], int(p["out_features"]),
+                               int(p["in_features"])) for p in entry)
+    return parts[0] if len(parts) == 1 else BlockParts(parts)
 
 
 def gemm_from(entry: dict[str, Any] | None) -> DenseGemm | Bf16Gemm | OnednnGemm | None:
@@ -190,8 +191,9 @@ def prune(folder: Path, keep: Path) -> None:
 
 def linear_entry(layer: QuantLinear) -> dict[str, Any]:
     b, g = layer.blocks, layer.gemm
-    blocks = None if b is None else {"kind": b.kind, "qs": b.qs, "scales": b.scales, "mins": b.mins,
-                                     "out_features": b.out_features, "in_features": b.in_features}
+    blocks = None if b is None else [{"kind": p.kind, "qs": p.qs, "scales": p.scales, "mins": p.mins,
+                                      "out_features": p.out_features, "in_features": p.in_features}
+                                     for p in b.parts]
     gemm = None
     if isinstance(g, DenseGemm | Bf16Gemm):
         shared = isinstance(g, DenseGemm) and g.nbytes == 0  # the tied embedding's weight

@@ -20,7 +20,7 @@ def gguf_fields(_: Any) -> dict[str, Any]:
 FAMILY = Family(
     model_type="qwen3", gguf_arch="qwen3", hf_fields=hf_fields, gguf_fields=gguf_fields,
     gguf_tensors={"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"},
-    support=Support(fused_cpu_step=False, proved=("folder", "GGUF Q8_0", "int8/int4 gate",
+    support=Support(proved=("folder", "GGUF Q8_0", "converter Q8_0, Q4_K_M", "int8/int4 gate",
                                                   "sliding window layers: folder")),
     notes="per-head q/k RMSNorm before RoPE; use_sliding_window as qwen2",
 )

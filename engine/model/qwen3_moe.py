@@ -57,6 +57,7 @@ FAMILY = Family(
     gguf_tensors={"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
                   "ffn_gate_inp": "mlp.gate", "ffn_gate_exps": "mlp.experts.gate_proj",
                   "ffn_up_exps": "mlp.experts.up_proj", "ffn_down_exps": "mlp.experts.down_proj"},
-    support=Support(fused_cpu_step=False, proved=("folder", "GGUF Q8_0 (experts F32)", "int8/int4 gate")),
+    support=Support(fused_cpu_step=False, proved=("folder", "converter Q8_0", "GGUF Q8_0 (experts F32)",
+                                                  "int8/int4 gate")),
     notes="softmax top-k routing, one GEMM per active expert per step; per-head q/k RMSNorm",
 )

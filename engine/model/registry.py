@@ -44,17 +44,21 @@ def _qwen2_fields(cfg: dict[str, Any]) -> dict[str, Any]:
 
 LLAMA = Family(model_type="llama", gguf_arch="llama", hf_fields=_llama_fields, permute_qk=True,
                gguf_fields=_llama_gguf_fields, gguf_tensors=mixtral.GGUF_TENSORS,
-               support=Support(proved=("folder", "GGUF Q8_0", "GGUF Q4_K_M", "int8/int4 gate",
+               support=Support(proved=("folder", "GGUF Q8_0", "GGUF Q4_K_M",
+                                       "converter Q8_0; llama-quantize Q4_0, Q4_K_M, Q5_K_M, Q6_K",
+                                       "int8/int4 gate",
                                        "RoPE llama3, yarn, linear: folder + GGUF", "dynamic: folder",
                                        "bf16, fp16, sharded, tied")),
                notes="RoPE scaling: linear, llama3, yarn, dynamic (up to max_position_embeddings)")
 MISTRAL = Family(model_type="mistral", gguf_arch=None, hf_fields=_mistral_fields,
-                 support=Support(proved=("folder", "sliding window: folder, Triton, KV blocks freed")),
+                 support=Support(proved=("folder", "converter Q8_0",
+                                         "sliding window: folder, Triton, KV blocks freed")),
                  notes="llama.cpp writes Mistral as arch llama (no window in its GGUF); sliding_window on "
                        "every layer")
 QWEN2 = Family(model_type="qwen2", gguf_arch="qwen2", hf_fields=_qwen2_fields,
                notes="Q/K/V bias; use_sliding_window: a window on layers >= max_window_layers",
-               support=Support(proved=("folder", "GGUF F32", "int8/int4 gate", "sliding window layers: folder")))
+               support=Support(proved=("folder", "converter Q8_0", "GGUF F32", "int8/int4 gate",
+                                       "sliding window layers: folder")))
 
 FAMILIES: tuple[Family, ...] = (LLAMA, MISTRAL, QWEN2, qwen3.FAMILY, phi3.FAMILY, granite.FAMILY,
                                 olmo2.FAMILY, smollm3.FAMILY, qwen3_moe.FAMILY, olmoe.FAMILY, mixtral.FAMILY,

@@ -35,6 +35,6 @@ def gguf_fields(gguf: GGUFModel) -> dict[str, Any]:
 
 FAMILY = Family(
     model_type="smollm3", gguf_arch="smollm3", hf_fields=hf_fields, gguf_fields=gguf_fields,
-    permute_qk=True, support=Support(fused_cpu_step=False, proved=("folder", "GGUF F32", "int8/int4 gate")),
+    permute_qk=True, support=Support(proved=("folder", "converter Q8_0", "GGUF F32", "int8/int4 gate")),
     notes="NoPE layers (no_rope_layers[i] == 0); GGUF: every 4th layer, as llama.cpp",
 )

@@ -1,8 +1,13 @@
 """Swap a loaded model's linear layers for QuantLinear, from GGUF blocks or fp32 weights.
 
-A fused layer (qkv_proj, gate_up_proj) takes the GGUF's own blocks when every shard has the
-target format (llama.cpp's Q/K row permutation was already undone on the rows, which keeps
-the 32-blocks along the input intact); otherwise it is requantized from its fp32 weight.
+With `file_blocks` (`--quantization auto` on a GGUF), a layer computes on the file's own
+blocks whenever the kernel reads their format (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K; a fused
+layer whose shards differ keeps them as parts), and a matrix in any other quantized format
+is requantized to Q8_0, never to fewer bits than the file gave; float matrices take the
+mode's format. Otherwise (int8/int4 asked for by name) a fused layer (qkv_proj,
+gate_up_proj) takes the GGUF's blocks when every shard has the mode's format. llama.cpp's
+Q/K row permutation was already undone on the rows, which keeps the blocks along the input
+intact; whatever is not taken from the file is quantized from its fp32 weight.
 Each shape's kernel crossover is measured once, and a layer keeps only the copies that its
 crossover can pick for the step sizes the engine runs.
 """
@@ -19,7 +24,7 @@ from torch import nn
 from engine import native
 from engine.autotune import NO_LIMIT
 from engine.quant import dispatch, formats
-from engine.quant.formats import BlockWeights, Kind
+from engine.quant.formats import Blocks, Kind
 from engine.quant.gemm_choice import Gemm, choose_gemm
 from engine.quant.linear import QuantLinear
 from engine.quant.modes import weight_kind
@@ -28,7 +33,8 @@ log = logging.getLogger("pagode")
 
 # Fused layer -> the HF weight names of its shards, in order.
 SHARDS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
-RawBlocks = dict[str, tuple[str, np.ndarray]]  # HF weight name -> (kind, GGUF bytes [N, ...])
+RawBlocks = dict[str, tuple[str, np.ndarray | None]]  # HF weight name -> (GGUF type, bytes [N, ...] or None)
+FLOAT_TYPES = ("f32", "f16", "bf16")
 
 
 @dataclass
@@ -50,7 +56,8 @@ class QuantReport:
                 f"of {kinds} weights for big steps; block kernel up to [{cross}] tokens per call")
 
 
-def quantize_model(model: nn.Module, mode: str, raw: RawBlocks | None = None, max_tokens: int = 512) -> QuantReport:
+def quantize_model(model: nn.Module, mode: str, raw: RawBlocks | None = None, max_tokens: int = 512,
+                   file_blocks: bool = False) -> QuantReport:
     """Replace every nn.Linear of `model` in place; `max_tokens` is the most tokens one step runs."""
     report = QuantReport(mode)
     tied = bool(getattr(getattr(model, "config", None), "tie_word_embeddings", False))
@@ -60,11 +67,13 @@ def quantize_model(model: nn.Module, mode: str, raw: RawBlocks | None = None, ma
             report.kept_fp32.append(name)
             continue
         kind = weight_kind(mode, is_lm_head=name == "lm_head")
-        blocks = gguf_blocks(shard_names(name, tied), kind, raw or {})
+        shards = shard_names(name, tied)
+        blocks = file_blocks_of(shards, raw or {}) if file_blocks else gguf_blocks(shards, kind, raw or {})
         if blocks is not None:  # the loaded fp32 weight is exactly what the blocks stand for
             report.from_gguf += 1
             dense = choose_gemm(linear.weight, linear.bias, shared=name == "lm_head" and tied)
         else:
+            kind = no_fewer_bits(shards, kind, raw or {}) if file_blocks else kind
             blocks = formats.quantize(linear.weight.detach().float(), kind)
             dense = choose_gemm(formats.dequantize(blocks), linear.bias)
         report.gemms[f"{dense.out_features}x{dense.in_features}"] = dense.name
@@ -78,7 +87,7 @@ def quantize_model(model: nn.Module, mode: str, raw: RawBlocks | None = None, ma
     return report
 
 
-def build_layer(blocks: BlockWeights, dense: Gemm, bias: torch.Tensor | None, max_tokens: int,
+def build_layer(blocks: Blocks, dense: Gemm, bias: torch.Tensor | None, max_tokens: int,
                 report: QuantReport) -> QuantLinear:
     """Measure this shape's crossover; keep the dense copy only if steps of <= max_tokens can pick it.
 
@@ -93,13 +102,26 @@ def build_layer(blocks: BlockWeights, dense: Gemm, bias: torch.Tensor | None, ma
     return QuantLinear(blocks, gemm, bias, crossover)
 
 
-def gguf_blocks(names: list[str], kind: Kind, raw: RawBlocks) -> BlockWeights | None:
+def gguf_blocks(names: list[str], kind: Kind, raw: RawBlocks) -> Blocks | None:
     """A layer's weight straight from the GGUF's blocks, if every shard is already `kind`."""
+    blocks = file_blocks_of(names, raw)
+    return None if blocks is None or any(p.kind != kind for p in blocks.parts) else blocks
+
+
+def file_blocks_of(names: list[str], raw: RawBlocks) -> Blocks | None:
+    """A layer's weight as the file's own blocks, if the kernel reads every shard's format."""
     found = [raw.get(n) for n in names]
-    if not all(f is not None and f[0] == kind for f in found):
+    if not all(f is not None and f[0] in formats.GGUF_BLOCK_BYTES and f[1] is not None for f in found):
         return None
-    parts = [formats.from_gguf(f[1], kind) for f in found if f is not None]
+    parts = [formats.from_gguf(f[1], f[0]) for f in found if f is not None and f[1] is not None]
     return parts[0] if len(parts) == 1 else formats.concat_rows(parts)
+
+
+def no_fewer_bits(names: list[str], kind: Kind, raw: RawBlocks) -> Kind:
+    """`kind` for a float matrix; Q8_0 for one the file quantized in a format the kernel
+    does not read (Q5_0, IQ4_NL, ...), so the file's precision is never lowered."""
+    quantized = any(f is not None and f[0] not in FLOAT_TYPES for f in (raw.get(n) for n in names))
+    return "q8_0" if quantized else kind
 
 
 def shard_names(name: str, tied: bool) -> list[str]:

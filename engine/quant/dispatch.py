@@ -17,16 +17,16 @@ import torch
 
 from engine import autotune, envs, native, race_memory
 from engine.autotune import Crossover
-from engine.quant.formats import BlockWeights
+from engine.quant.formats import Blocks
 
 log = logging.getLogger("pagode")
 
 _cache: dict[tuple[str, int, int], Crossover] = {}
 
 
-def measure(blocks: BlockWeights, gemm: Callable[[torch.Tensor], torch.Tensor]) -> Crossover:
+def measure(blocks: Blocks, gemm: Callable[[torch.Tensor], torch.Tensor]) -> Crossover:
     """Time both kernels on this layer's shape; cached per (format, N, K)."""
-    key = (blocks.kind, blocks.out_features, blocks.in_features)
+    key = ("+".join(p.kind for p in blocks.parts), blocks.out_features, blocks.in_features)
     if key in _cache:
         return _cache[key]
     pinned = envs.QUANT_CROSSOVER.get()
@@ -44,7 +44,7 @@ def measure(blocks: BlockWeights, gemm: Callable[[torch.Tensor], torch.Tensor]) 
     return result
 
 
-def time_layer(blocks: BlockWeights, gemm: Callable[[torch.Tensor], torch.Tensor], m: int) -> tuple[float, float]:
+def time_layer(blocks: Blocks, gemm: Callable[[torch.Tensor], torch.Tensor], m: int) -> tuple[float, float]:
     """Seconds of (block kernel, GEMM) on m random tokens, best of a few runs."""
     kernel = native.block_linear()
     assert kernel is not None, "the block-quantized kernel is not available"

@@ -14,14 +14,14 @@ import torch
 from torch import nn
 
 from engine import native
-from engine.quant.formats import BlockWeights
+from engine.quant.formats import Blocks
 from engine.quant.gemm_choice import Gemm
 
 Path = Literal["kernel", "gemm"]
 
 
 class QuantLinear(nn.Module):
-    def __init__(self, blocks: BlockWeights | None, gemm: Gemm | None,
+    def __init__(self, blocks: Blocks | None, gemm: Gemm | None,
                  bias: torch.Tensor | None, max_kernel_tokens: int) -> None:
         super().__init__()
         if blocks is None and gemm is None:
