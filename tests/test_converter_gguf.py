@@ -169,6 +169,32 @@ def test_auto_computes_on_the_files_own_blocks(tiny_zoo: TinyZoo, quant: str, mo
     assert abs(rise) <= FILE_GATE[0] and agreement >= FILE_GATE[1], (rise, agreement)
 
 
+def test_auto_never_lowers_a_files_bits(tiny_zoo: TinyZoo, caplog: pytest.LogCaptureFixture) -> None:
+    """Gemma 3 at 64 wide: llama-quantize's Q4_K_M falls back to Q5_0 (and Q8_0) where rows are
+    not multiples of 256. The kernel does not read Q5_0, so `auto` requantizes those matrices
+    to Q8_0, not to the 4-bit format it gives float checkpoints, and says so."""
+    from engine import LLM
+    from engine.model.gguf_file import GGUFModel, hf_name
+    from engine.quant.apply import SHARDS
+    from engine.quant.linear import QuantLinear
+
+    spec = FAMILIES[12]
+    path = quantize(tiny_zoo, spec, "Q4_K_M")
+    gguf = GGUFModel(path)
+    file_kind = {hf_name(t.name, gguf.family): t.tensor_type.name for t in gguf.reader.tensors if len(t.shape) == 2}
+    assert "Q5_0" in file_kind.values()
+    with caplog.at_level(logging.INFO, logger="pagode"):
+        llm = LLM(model=str(path), quantization="auto", kv_cache_memory="16MiB", max_model_len=128)
+    assert "Q5_0 tensors are dequantized and requantized (to Q8_0" in caplog.text
+    for name, layer in llm.engine.runner.model.named_modules():
+        if isinstance(layer, QuantLinear) and name != "lm_head":
+            prefix, _, leaf = name.rpartition(".")
+            kinds = {file_kind[f"model.{prefix}.{s}.weight"] for s in SHARDS.get(leaf, (leaf,))}
+            assert layer.blocks is not None
+            if kinds & {"Q5_0", "Q5_1"}:
+                assert [p.kind for p in layer.blocks.parts] == ["q8_0"], (name, kinds)
+
+
 def test_an_unknown_tensor_is_refused_by_name(tiny_zoo: TinyZoo, tmp_path: Path) -> None:
     """A tensor pagode has no place for: a ValueError naming it when the config is read, before
     any weight is loaded (the server logs it without a traceback)."""

@@ -68,7 +68,7 @@ class FusedDecodeStep(nn.Module):
         self.cache_type = CACHE_TYPES[kv_caches[0].dtype]
         self.final_norm = model.norm.weight.detach()
         self.eps = model.norm.eps
-        self.scale = cfg.head_dim ** -0.5
+        self.scale = cfg.attention_scale
         self.embedding = model.embed_tokens.weight.detach()
 
     def applies(self, meta: AttentionMetadata, num_tokens: int) -> bool:
@@ -87,11 +87,11 @@ class FusedDecodeStep(nn.Module):
 
 
 def attention_slots(attn: Attention) -> list[int]:
-    """The per-layer slots of what a family adds to the attention: per-head q/k norm weights,
-    the layer's RoPE tables, its window and soft-cap (as float32 bits)."""
-    per_head = attn.q_norm is not None and attn.k_norm is not None
-    q_norm = attn.q_norm.weight.data_ptr() if per_head and attn.q_norm is not None else 0
-    k_norm = attn.k_norm.weight.data_ptr() if per_head and attn.k_norm is not None else 0
+    """The per-layer slots of what a family adds to the attention: per-head q/k norm weights
+    (unsupported() refuses norms over the whole projection), the layer's RoPE tables, its
+    window and soft-cap (as float32 bits)."""
+    q_norm = 0 if attn.q_norm is None else attn.q_norm.weight.data_ptr()
+    k_norm = 0 if attn.k_norm is None else attn.k_norm.weight.data_ptr()
     softcap = attn.attn.softcap or 0.0
     return [q_norm, k_norm, attn.rope.cos.data_ptr(), attn.rope.sin.data_ptr(), attn.attn.window or 0,
             struct.unpack("<i", struct.pack("<f", softcap))[0]]

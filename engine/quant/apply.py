@@ -104,8 +104,10 @@ def build_layer(blocks: Blocks, dense: Gemm, bias: torch.Tensor | None, max_toke
 
 def gguf_blocks(names: list[str], kind: Kind, raw: RawBlocks) -> Blocks | None:
     """A layer's weight straight from the GGUF's blocks, if every shard is already `kind`."""
-    blocks = file_blocks_of(names, raw)
-    return None if blocks is None or any(p.kind != kind for p in blocks.parts) else blocks
+    found = [raw.get(n) for n in names]
+    if any(f is None or formats.kernel_kind(f[0]) != kind for f in found):
+        return None
+    return file_blocks_of(names, raw)
 
 
 def file_blocks_of(names: list[str], raw: RawBlocks) -> Blocks | None:

@@ -127,6 +127,11 @@ def dequantize(w: Blocks) -> torch.Tensor:
     return (q * d + w.mins.float().unsqueeze(-1)).reshape(n, k)
 
 
+def kernel_kind(gguf_type: str) -> str:
+    """The format the kernel computes a GGUF type's blocks in (Q4_0 as the Q4_1 it equals)."""
+    return "q4_1" if gguf_type == "q4_0" else gguf_type
+
+
 def from_gguf(raw: np.ndarray, kind: str) -> BlockWeights:
     """A GGUF tensor's bytes [N, blocks * block bytes] (uint8) as BlockWeights, without requantizing.
     `kind` is the GGUF type in lower case (q4_0 becomes the q4_1 it equals)."""
