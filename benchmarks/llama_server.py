@@ -10,6 +10,7 @@ flags); a later call returns the cached binary at once.
 
     python -m benchmarks.llama_server                  # llama-server (minutes on 2 cores)
     python -m benchmarks.llama_server llama-quantize   # the quantizer
+    python -m benchmarks.llama_server converter        # the path of convert_hf_to_gguf.py
 """
 
 from __future__ import annotations
@@ -103,4 +104,5 @@ def quantizer(progress: bool = False) -> Path:
 
 
 if __name__ == "__main__":
-    print(quantizer(progress=True) if sys.argv[1:] == ["llama-quantize"] else build())
+    what = sys.argv[1] if len(sys.argv) > 1 else "llama-server"
+    print({"llama-quantize": quantizer, "converter": converter}.get(what, build)())

