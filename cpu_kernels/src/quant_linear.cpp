@@ -352,10 +352,9 @@ using Body = Avx2Body;
 
 #ifdef PAGODE_AVX2
 // Asks for the weight bytes PREFETCH_BYTES past [p, p + n) while [p, p + n) is computed. A
-// thread reads its rows as one sequential stream, but a K-quant block is many instructions
-// per byte, so the out-of-order window alone reaches too few lines ahead to keep DRAM busy:
-// without this, streaming a Q4_K matrix from memory ran at 40% of the bandwidth a Q8_0 one
-// got (docs/kernels.md).
+// thread reads its rows as one sequential stream, but a block costs many instructions per
+// byte (a K-quant's most), so the out-of-order window alone reaches too few cache lines ahead
+// to keep memory busy (docs/kernels.md has the measurements).
 inline void stream_prefetch(const uint8_t* p, int64_t n) {
     for (int64_t off = 0; off < n; off += 64) _mm_prefetch((const char*)p + PREFETCH_BYTES + off, _MM_HINT_T0);
 }
