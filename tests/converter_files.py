@@ -119,7 +119,15 @@ def run(cmd: list[str]) -> None:
 
 
 def file_reference(zoo: TinyZoo, spec: TinySpec, path: Path) -> torch.nn.Module:
-    """transformers' model of the spec, with every weight as the file stands for it."""
+    """transformers' model of the spec, with every weight as the file stands for it; kept in
+    the zoo, as cached_greedy keys its outputs by the model's id."""
+    key = f"{spec.key}:{path.name}"
+    if key not in zoo.references:
+        zoo.references[key] = read_file_reference(zoo, spec, path)
+    return zoo.references[key]
+
+
+def read_file_reference(zoo: TinyZoo, spec: TinySpec, path: Path) -> torch.nn.Module:
     import gguf
     from gguf.quants import dequantize
 
