@@ -15,6 +15,7 @@ from sse_starlette.sse import AppStatus
 from engine.config import EngineConfig
 from server.api.body import install_openapi
 from server.api.errors import install_error_handlers
+from server.api.messages_protocol import CountTokensRequest, MessagesRequest
 from server.api.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -26,7 +27,17 @@ from server.middleware.content_type import JSONContentTypeMiddleware
 from server.middleware.cors import install_cors
 from server.middleware.http_limits import HeaderLimitMiddleware
 from server.middleware.response_metrics import ResponseCountMiddleware
-from server.routes import chat, completions, health, metrics, models, prefix_cache, stats, tokenize
+from server.routes import (
+    chat,
+    completions,
+    health,
+    messages,
+    metrics,
+    models,
+    prefix_cache,
+    stats,
+    tokenize,
+)
 from server.runtime.engine_client import EngineClient
 from server.runtime.state import ServerState
 from server.settings import ServerSettings
@@ -35,7 +46,8 @@ from server.ui import pages
 
 logger = logging.getLogger("pagode.server")
 
-ROUTE_MODULES = (completions, chat, tokenize, models, health, metrics, stats, prefix_cache)
+ROUTE_MODULES = (completions, chat, messages, tokenize, models, health, metrics, stats,
+                 prefix_cache)
 
 # sse-starlette would cancel every stream on SIGTERM; our drain ends them instead.
 AppStatus.disable_automatic_graceful_drain()
@@ -74,8 +86,8 @@ def create_app(settings: ServerSettings, engine: EngineClient | None = None,
         app.include_router(module.router)
     if not settings.no_ui:
         app.include_router(pages.router)
-    install_openapi(app, [CompletionRequest, ChatCompletionRequest, TokenizeRequest,
-                          DetokenizeRequest])
+    install_openapi(app, [CompletionRequest, ChatCompletionRequest, MessagesRequest,
+                          CountTokensRequest, TokenizeRequest, DetokenizeRequest])
     post_paths = {route.path for module in ROUTE_MODULES for route in module.router.routes
                   if isinstance(route, APIRoute) and "POST" in (route.methods or set())}
     app.add_middleware(JSONContentTypeMiddleware, paths=post_paths)  # 415 unless the body is JSON

@@ -1,7 +1,9 @@
 """OpenAI-shaped errors and the handlers that turn every failure into one.
 
-Every error body is {"error": {"message", "type", "param", "code"}}. Validation failures are
-400 (never FastAPI's 422) and only real internal faults are 500.
+Every error body is {"error": {"message", "type", "param", "code"}}, except on the Anthropic
+Messages routes, which answer in that API's shape (server/api/anthropic_errors.py): the
+handlers and middlewares pass the request's path. Validation failures are 400 (never
+FastAPI's 422) and only real internal faults are 500.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engine.io.errors import EngineDeadError, InvalidRequestError, RequestFailedError
+from server.api.anthropic_errors import anthropic_error_body, anthropic_status, speaks_anthropic
 
 logger = logging.getLogger("pagode.server")
 
@@ -72,7 +75,11 @@ def error_body(status: int, message: str, param: str | None = None) -> dict[str,
 
 
 def error_response(status: int, message: str, param: str | None = None,
-                   headers: dict[str, str] | None = None) -> JSONResponse:
+                   headers: dict[str, str] | None = None, path: str = "") -> JSONResponse:
+    """The error in the shape of the API that `path` belongs to."""
+    if speaks_anthropic(path):
+        return JSONResponse(anthropic_error_body(status, message),
+                            status_code=anthropic_status(status), headers=headers)
     return JSONResponse(error_body(status, message, param), status_code=status, headers=headers)
 
 
@@ -121,19 +128,19 @@ async def handle_validation_error(request: Request, exc: Exception) -> JSONRespo
     assert isinstance(exc, RequestValidationError)
     message, param = describe_validation_error(exc)
     message = message if len(message) <= 300 else message[:300] + "..."
-    return error_response(400, message, param)
+    return error_response(400, message, param, path=request.url.path)
 
 
 async def handle_api_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, APIError)
-    return error_response(exc.status, exc.message, exc.param, exc.headers)
+    return error_response(exc.status, exc.message, exc.param, exc.headers, request.url.path)
 
 
 async def handle_invalid_request(request: Request, exc: Exception) -> JSONResponse:
     """The engine's checks (limits, sampling parameters, grammars) raise this wherever the
     server calls them: one 400 here, no wrapper at each call."""
     assert isinstance(exc, InvalidRequestError)
-    return error_response(400, str(exc), exc.param)
+    return error_response(400, str(exc), exc.param, path=request.url.path)
 
 
 async def handle_http_exception(request: Request, exc: Exception) -> JSONResponse:
@@ -141,7 +148,7 @@ async def handle_http_exception(request: Request, exc: Exception) -> JSONRespons
     message = exc.detail if isinstance(exc.detail, str) else HTTPStatus(exc.status_code).phrase
     if exc.status_code == 404:
         message = f"Not found: {request.method} {request.url.path}"
-    return error_response(exc.status_code, message, None, dict(exc.headers or {}))
+    return error_response(exc.status_code, message, None, dict(exc.headers or {}), request.url.path)
 
 
 def unexpected_handler(count_response: Callable[[int], None]) -> Any:
@@ -149,8 +156,10 @@ def unexpected_handler(count_response: Callable[[int], None]) -> Any:
     one included, so it counts the response itself."""
     async def handle_unexpected(request: Request, exc: Exception) -> JSONResponse:
         error = api_error_from(exc)
-        count_response(error.status)
-        return error_response(error.status, error.message, error.param)
+        response = error_response(error.status, error.message, error.param,
+                                  path=request.url.path)
+        count_response(response.status_code)
+        return response
     return handle_unexpected
 
 

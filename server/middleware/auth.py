@@ -1,5 +1,6 @@
-"""--api-key: a Bearer token on the API routes and the stats stream; /health and /metrics stay open so that
-probes and scrapers need no secret."""
+"""--api-key: a Bearer token (or Anthropic's `x-api-key` header, which the anthropic SDK and
+Claude Code send) on the API routes and the stats stream; /health and /metrics stay open so
+that probes and scrapers need no secret."""
 
 from __future__ import annotations
 
@@ -26,6 +27,10 @@ def bearer_matches(authorization: str | None, api_key: str) -> bool:
                                                               api_key.encode())
 
 
+def key_matches(given: bytes | None, api_key: str) -> bool:
+    return given is not None and hmac.compare_digest(given.strip(), api_key.encode())
+
+
 class APIKeyMiddleware:
     """Pure ASGI (not BaseHTTPMiddleware), so streaming and disconnects pass untouched."""
 
@@ -37,10 +42,12 @@ class APIKeyMiddleware:
         if scope["type"] == "http" and is_protected(scope["path"]):
             headers = dict(scope["headers"])
             raw = headers.get(b"authorization")
-            if not bearer_matches(raw.decode("latin-1") if raw else None, self.api_key):
+            if not (bearer_matches(raw.decode("latin-1") if raw else None, self.api_key)
+                    or key_matches(headers.get(b"x-api-key"), self.api_key)):
                 response = error_response(
-                    401, "Unauthorized: a valid 'Authorization: Bearer <key>' header is "
-                    "required", headers={"WWW-Authenticate": "Bearer"})
+                    401, "Unauthorized: a valid 'Authorization: Bearer <key>' (or 'x-api-key') "
+                    "header is required", headers={"WWW-Authenticate": "Bearer"},
+                    path=scope["path"])
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)

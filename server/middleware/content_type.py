@@ -38,7 +38,8 @@ class JSONContentTypeMiddleware:
                 shown = "no Content-Type" if given is None else f"Content-Type {given[:60]!r}"
                 response = error_response(
                     415, f"The request body must be JSON: send Content-Type: {JSON} "
-                    f"(got {shown}).", "Content-Type", headers={"Connection": "close"})
+                    f"(got {shown}).", "Content-Type", headers={"Connection": "close"},
+                    path=scope["path"])
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)

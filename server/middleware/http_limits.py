@@ -41,7 +41,7 @@ class HeaderLimitMiddleware:
                 response = error_response(
                     431, f"The request headers are {size} bytes; the limit is "
                     f"{self.max_header_bytes} (--max-header-bytes).",
-                    headers={"Connection": "close"})
+                    headers={"Connection": "close"}, path=scope["path"])
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)

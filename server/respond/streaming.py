@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import Request
@@ -79,9 +79,11 @@ async def collect(stream: ChoiceStream, builder: ResponseBuilder) -> dict[str, A
     return builder.response()
 
 
-async def full_response(request: Request, stream: ChoiceStream,
-                        builder: ResponseBuilder) -> Response:
-    """Wait for every choice; abort them all if the client goes away first."""
+async def full_response(request: Request, stream: ChoiceStream, builder: ResponseBuilder,
+                        shape: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+                        ) -> Response:
+    """Wait for every choice; abort them all if the client goes away first. `shape` turns
+    the body into another API's (server/respond/dialect_streaming.py)."""
     collector = asyncio.create_task(collect(stream, builder))
     watcher = asyncio.create_task(wait_for_disconnect(request))
     try:
@@ -89,7 +91,8 @@ async def full_response(request: Request, stream: ChoiceStream,
         if not collector.done():
             # Nobody will read this; 499 is nginx's "client closed request".
             return Response(status_code=499)
-        return JSONResponse(collector.result())
+        body = collector.result()
+        return JSONResponse(shape(body) if shape is not None else body)
     finally:
         watcher.cancel()
         collector.cancel()

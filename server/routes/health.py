@@ -36,3 +36,10 @@ async def version() -> dict[str, str]:
         return {"version": package_version("pagode")}
     except PackageNotFoundError:
         return {"version": "unknown"}
+
+
+@router.head("/", include_in_schema=False)
+async def reachable() -> Response:
+    """Claude Code checks that its base URL answers with a HEAD of /: a 200, whether or not
+    the web page is served (--no-ui)."""
+    return Response(status_code=200)

@@ -91,22 +91,31 @@ def completion_requests(request_id: str, body: CompletionRequest, plan: Plan,
     return EngineRequests(prompts, subs)
 
 
-def chat_requests(request_id: str, body: ChatCompletionRequest, tokenizer: Tokenizer,
-                  limits: RequestLimits, compile_grammar: CompileGrammar,
-                  grammar_start: str = "", keep_special_tokens: bool = True) -> EngineRequests:
-    """`grammar_start`: the marker after which structured outputs apply (the reasoning's end
-    when this request reasons first; "" from the first token). `keep_special_tokens`: the
-    tool-call format's markers are special tokens, which the output must keep when it is
-    parsed for calls (as vLLM's parsers ask for)."""
+def render_chat_prompt(body: ChatCompletionRequest, tokenizer: Tokenizer,
+                       limits: RequestLimits) -> PromptInput:
+    """The chat rendered with the model's template, tools included; what the chat runs and
+    what /v1/messages/count_tokens counts."""
     encoder = plain_text_encoder(tokenizer)
     extra = template_kwargs(body.chat_template_kwargs, body.reasoning_effort)
     if uses_tools(body.messages, body.tools):
-        prompt = render_chat_with_tools(tokenizer, encoder, body.messages, body.tools, limits,
-                                        body.add_generation_prompt, body.continue_final_message,
-                                        extra)
-    else:
-        prompt = render_chat(tokenizer, encoder, body.messages, limits,
-                             body.add_generation_prompt, body.continue_final_message, extra)
+        return render_chat_with_tools(tokenizer, encoder, body.messages, body.tools, limits,
+                                      body.add_generation_prompt, body.continue_final_message,
+                                      extra)
+    return render_chat(tokenizer, encoder, body.messages, limits, body.add_generation_prompt,
+                       body.continue_final_message, extra)
+
+
+def chat_requests(request_id: str, body: ChatCompletionRequest, tokenizer: Tokenizer,
+                  limits: RequestLimits, compile_grammar: CompileGrammar,
+                  grammar_start: str = "", keep_special_tokens: bool = True,
+                  clamp_max_tokens: bool = False) -> EngineRequests:
+    """`grammar_start`: the marker after which structured outputs apply (the reasoning's end
+    when this request reasons first; "" from the first token). `keep_special_tokens`: the
+    tool-call format's markers are special tokens, which the output must keep when it is
+    parsed for calls (as vLLM's parsers ask for). `clamp_max_tokens`: max_tokens is a
+    ceiling that may exceed what the context leaves (Anthropic's and the Responses API's
+    agents send their model's whole output budget), so it is cut to fit instead of refused."""
+    prompt = render_chat_prompt(body, tokenizer, limits)
     spec = tool_spec(body) or spec_from_request(body)
     if spec is not None and grammar_start:
         spec = spec.starting_after(grammar_start)  # the reasoning is left free
@@ -116,6 +125,9 @@ def chat_requests(request_id: str, body: ChatCompletionRequest, tokenizer: Token
         body = body.model_copy(update={"skip_special_tokens": False})
     # Neither given: whatever the context leaves (check_prompt resolves None).
     max_tokens = body.max_completion_tokens or body.max_tokens
+    if clamp_max_tokens and max_tokens is not None:
+        room = limits.max_model_len - len(prompt.token_ids)
+        max_tokens = min(max_tokens, room) if room > 0 else max_tokens
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     subs = fan_out(request_id, [prompt], body, max_tokens, logprobs,
                    Constraints(spec, body.priority), limits)
