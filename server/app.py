@@ -22,6 +22,7 @@ from server.api.protocol import (
     DetokenizeRequest,
     TokenizeRequest,
 )
+from server.api.responses_protocol import ResponsesRequest
 from server.middleware.auth import APIKeyMiddleware
 from server.middleware.content_type import JSONContentTypeMiddleware
 from server.middleware.cors import install_cors
@@ -35,6 +36,7 @@ from server.routes import (
     metrics,
     models,
     prefix_cache,
+    responses,
     stats,
     tokenize,
 )
@@ -46,8 +48,8 @@ from server.ui import pages
 
 logger = logging.getLogger("pagode.server")
 
-ROUTE_MODULES = (completions, chat, messages, tokenize, models, health, metrics, stats,
-                 prefix_cache)
+ROUTE_MODULES = (completions, chat, messages, responses, tokenize, models, health, metrics,
+                 stats, prefix_cache)
 
 # sse-starlette would cancel every stream on SIGTERM; our drain ends them instead.
 AppStatus.disable_automatic_graceful_drain()
@@ -87,7 +89,7 @@ def create_app(settings: ServerSettings, engine: EngineClient | None = None,
     if not settings.no_ui:
         app.include_router(pages.router)
     install_openapi(app, [CompletionRequest, ChatCompletionRequest, MessagesRequest,
-                          CountTokensRequest, TokenizeRequest, DetokenizeRequest])
+                          CountTokensRequest, ResponsesRequest, TokenizeRequest, DetokenizeRequest])
     post_paths = {route.path for module in ROUTE_MODULES for route in module.router.routes
                   if isinstance(route, APIRoute) and "POST" in (route.methods or set())}
     app.add_middleware(JSONContentTypeMiddleware, paths=post_paths)  # 415 unless the body is JSON

@@ -92,6 +92,16 @@ class ServerSettings:
         "calls) to the reasoning too; by default they start once the reasoning has ended",
         group="chat")
     # Slow and hostile clients (server/middleware/http_limits.py, server/api/body.py)
+    default_max_tokens: int | None = option(
+        None, "the output limit of a generation request that sets none (agents such as Codex "
+        "CLI send none), as vLLM's --override-generation-config max_new_tokens (default: "
+        "whatever the context leaves)", bound=POSITIVE)
+    responses_store: str | None = option(
+        None, "the SQLite file that keeps stored Responses API responses (store, "
+        "previous_response_id, GET /v1/responses/ID) across restarts (default: "
+        "$PAGODE_CACHE_DIR/responses.sqlite)", metavar="FILE")
+    responses_store_max: int = option(
+        10000, "most stored responses; past it the oldest are dropped", bound=POSITIVE)
     max_body_bytes: int = option(4 * 2**20, "largest request body; past it 413",
                                  group="connection limits", bound=POSITIVE)
     max_header_bytes: int = option(16 * 2**10, "largest request header block; past it 431",
@@ -111,6 +121,11 @@ class ServerSettings:
     chat_template_text: str | None = None  # what --chat-template names, read at start-up
     url: str | None = None  # where it listens, for the startup log line
     cors: dict[str, object] = field(default_factory=dict)  # CORSMiddleware's arguments; {}: off
+
+    def responses_store_path(self) -> Path:
+        if self.responses_store is not None:
+            return Path(self.responses_store)
+        return envs.CACHE_DIR.get() / "responses.sqlite"
 
     def __post_init__(self) -> None:
         self.api_key = self.api_key or None

@@ -108,13 +108,15 @@ def render_chat_prompt(body: ChatCompletionRequest, tokenizer: Tokenizer,
 def chat_requests(request_id: str, body: ChatCompletionRequest, tokenizer: Tokenizer,
                   limits: RequestLimits, compile_grammar: CompileGrammar,
                   grammar_start: str = "", keep_special_tokens: bool = True,
-                  clamp_max_tokens: bool = False) -> EngineRequests:
+                  clamp_max_tokens: bool = False,
+                  default_max_tokens: int | None = None) -> EngineRequests:
     """`grammar_start`: the marker after which structured outputs apply (the reasoning's end
     when this request reasons first; "" from the first token). `keep_special_tokens`: the
     tool-call format's markers are special tokens, which the output must keep when it is
     parsed for calls (as vLLM's parsers ask for). `clamp_max_tokens`: max_tokens is a
     ceiling that may exceed what the context leaves (Anthropic's and the Responses API's
-    agents send their model's whole output budget), so it is cut to fit instead of refused."""
+    agents send their model's whole output budget), so it is cut to fit instead of refused.
+    `default_max_tokens`: the limit of a request that sets none (--default-max-tokens)."""
     prompt = render_chat_prompt(body, tokenizer, limits)
     spec = tool_spec(body) or spec_from_request(body)
     if spec is not None and grammar_start:
@@ -123,9 +125,10 @@ def chat_requests(request_id: str, body: ChatCompletionRequest, tokenizer: Token
         compile_grammar(spec)
     if body.tool_mode() is not None and keep_special_tokens:
         body = body.model_copy(update={"skip_special_tokens": False})
-    # Neither given: whatever the context leaves (check_prompt resolves None).
-    max_tokens = body.max_completion_tokens or body.max_tokens
-    if clamp_max_tokens and max_tokens is not None:
+    # None of them: whatever the context leaves (check_prompt resolves None).
+    given = body.max_completion_tokens or body.max_tokens
+    max_tokens = given or default_max_tokens
+    if max_tokens is not None and (clamp_max_tokens or given is None):
         room = limits.max_model_len - len(prompt.token_ids)
         max_tokens = min(max_tokens, room) if room > 0 else max_tokens
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
