@@ -1,4 +1,4 @@
-"""A whole decode step of a block-quantized Llama in one C++ call (src/decode_step.cpp).
+"""A whole decode step of a block-quantized decoder in one C++ call (src/decode_step.cpp).
 
 This is the library half: the call with raw pointers and the layout of the per-layer
 pointer table. engine/model/decode_step.py fills the table from a model and decides
@@ -14,12 +14,15 @@ import torch
 
 _P, _I64 = ctypes.c_void_p, ctypes.c_int64
 CACHE_TYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.int8: 3}
-# Per layer, in this order: input norm, post-attention norm, K cache, V cache, the q and k
-# head norms (0 where none), the RoPE cos and sin tables, the sliding window (0: none), the
-# soft-cap as the bits of a float32 (0: none), then for each
-# projection (PROJECTIONS order) a pointer to its part table (quant_linear.part_table) and
-# the number of parts.
+# Per layer, in this order: the RMSNorm weights before attention, after it, before the MLP and
+# after it (0 where the layer has none), K cache, V cache, the q and k norms (0 where none),
+# whether those span the whole projections (1) or each head (0), the RoPE cos and sin tables,
+# the sliding window (0: none), the soft-cap as the bits of a float32 (0: none), the factor on
+# each sublayer's output as float32 bits (0: none), the MLP's activation (ACTIVATIONS), then
+# for each projection (PROJECTIONS order) a pointer to its part table (quant_linear.part_table)
+# and the number of parts.
 PROJECTIONS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
+ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}
 
 
 class DecodeStepKernel:

@@ -1,5 +1,5 @@
 """Fused element-wise ops of a decoder step (src/fused_ops.cpp), bound to torch tensors:
-residual-add + RMSNorm and SiLU-and-mul, one pass over the rows each.
+residual-add + RMSNorm, SiLU-and-mul and GELU(tanh)-and-mul, one pass over the rows each.
 
 Built from the avx2 level up. The torch versions with the same semantics, and the choice
 between them, are engine/model/fused_ops.py's.
@@ -8,6 +8,7 @@ between them, are engine/model/fused_ops.py's.
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 
 import torch
 
@@ -15,9 +16,9 @@ _P, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 
 
 class FusedOpsKernel:
-    """add_rms_norm and silu_and_mul on contiguous fp32 CPU tensors."""
+    """add_rms_norm, silu_and_mul and gelu_tanh_and_mul on contiguous fp32 CPU tensors."""
 
-    SYMBOLS = ("add_rmsnorm_f32", "silu_and_mul_f32")
+    SYMBOLS = ("add_rmsnorm_f32", "silu_and_mul_f32", "gelu_tanh_and_mul_f32")
 
     def __init__(self, lib: ctypes.CDLL) -> None:
         self.lib = lib
@@ -25,6 +26,8 @@ class FusedOpsKernel:
         lib.add_rmsnorm_f32.argtypes = [_P] * 4 + [_I64, _I64, ctypes.c_float, _INT, _INT]
         lib.silu_and_mul_f32.restype = None
         lib.silu_and_mul_f32.argtypes = [_P, _P, _I64, _I64, _INT]
+        lib.gelu_tanh_and_mul_f32.restype = None
+        lib.gelu_tanh_and_mul_f32.argtypes = [_P, _P, _I64, _I64, _INT]
 
     @staticmethod
     def applies(x: torch.Tensor) -> bool:
@@ -44,8 +47,16 @@ class FusedOpsKernel:
 
     def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         """[T, 2N] -> [T, N]: silu(gate) * up."""
+        return self.gated(self.lib.silu_and_mul_f32, gate_up)
+
+    def gelu_tanh_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """[T, 2N] -> [T, N]: gelu(gate, approximate="tanh") * up."""
+        return self.gated(self.lib.gelu_tanh_and_mul_f32, gate_up)
+
+    @staticmethod
+    def gated(fn: Callable[..., None], gate_up: torch.Tensor) -> torch.Tensor:
         n = gate_up.shape[-1] // 2
         rows = gate_up.numel() // (2 * n)
         out = gate_up.new_empty((*gate_up.shape[:-1], n))
-        self.lib.silu_and_mul_f32(gate_up.data_ptr(), out.data_ptr(), rows, n, torch.get_num_threads())
+        fn(gate_up.data_ptr(), out.data_ptr(), rows, n, torch.get_num_threads())
         return out

@@ -1,6 +1,6 @@
 """--quantization int8/int4 on every dense family, held to the quality gate of SmolLM2's
 quantized modes (tests/test_quantization.py: perplexity rise and top-1 agreement), and the
-fused C++ decode step refused, with its reason, for the layers it cannot compute.
+fused C++ decode step taken by each (tests/test_moe_family.py checks the MoE refusal).
 
 The gate compares the quantized engine with the fp32 engine on the very weights the blocks
 stand for (each projection quantized and dequantized): random tiny weights lose far more to
@@ -38,10 +38,9 @@ from engine.quant.modes import weight_kind
 from engine.runner.teacher_forcing import Reading, read_text
 
 GATED = ("llama", "qwen2", "qwen3", "phi3-long", "granite", "olmo2", "smollm3", "gemma2", "gemma3")
-# What decode_step.unsupported() must name for each family the C++ step cannot compute.
-REASONS = {"llama": None, "qwen2": None, "qwen3": None, "phi3-long": "partial rotary",
-           "granite": "multipliers", "olmo2": "norms after attention and MLP", "smollm3": None,
-           "gemma2": "attention/logits multipliers", "gemma3": "attention/logits multipliers"}
+# What decode_step.unsupported() must name for each family the C++ step cannot compute: none of
+# these dense families (tests/test_moe_family.py checks the MoE refusal).
+REASONS: dict[str, str | None] = {name: None for name in GATED}
 TEXT_TOKENS = 192
 ARGS = dict(kv_cache_memory="4MiB", max_model_len=256, kv_cache_dtype="fp32")
 

@@ -45,6 +45,19 @@ def test_silu_and_mul_matches_torch(rows: int, n: int) -> None:
 
 
 @needs_kernels
+@pytest.mark.parametrize("rows,n", [(1, 1536), (33, 1536), (3, 13)])
+def test_gelu_tanh_and_mul_matches_torch(rows: int, n: int) -> None:
+    g = torch.Generator().manual_seed(n)
+    gate_up = torch.randn(rows, 2 * n, generator=g) * 6
+    gate_up[0, :4] = torch.tensor([-100.0, 100.0, 0.0, -20.0])  # saturation and zero
+    gate, up = gate_up.chunk(2, dim=-1)
+    # atol: for a very negative gate torch's tanh rounds to -1 and gives 0, where the kernel's
+    # g / (1 + exp(-2u)) keeps the true tail, a few 1e-6 at most.
+    torch.testing.assert_close(fused_ops.gelu_tanh_and_mul(gate_up, native.fused_ops()),
+                               F.gelu(gate, approximate="tanh") * up, atol=5e-6, rtol=2e-6)
+
+
+@needs_kernels
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_rope_and_cache_write_match_torch(dtype: torch.dtype) -> None:
     heads, kv_heads, d, bs, tokens = 9, 3, 64, 16, 21
@@ -77,3 +90,5 @@ def test_torch_fallbacks_keep_the_same_semantics(monkeypatch: pytest.MonkeyPatch
     torch.testing.assert_close(out, fused_ops.rms_norm_reference(residual + x, norm.weight, 1e-6))
     gate_up = torch.randn(3, 8)
     torch.testing.assert_close(act(gate_up), F.silu(gate_up[:, :4]) * gate_up[:, 4:])
+    torch.testing.assert_close(fused_ops.gelu_tanh_and_mul(gate_up, None),
+                               F.gelu(gate_up[:, :4], approximate="tanh") * gate_up[:, 4:])

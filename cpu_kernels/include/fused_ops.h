@@ -13,4 +13,7 @@ void add_rmsnorm_f32(const float* x, float* residual, const float* weight, float
 // gate_up [T, 2N] -> out [T, N]: silu(gate) * up, silu(g) = g / (1 + exp(-g)).
 void silu_and_mul_f32(const float* gate_up, float* out, int64_t T, int64_t N, int num_threads);
 
+// gate_up [T, 2N] -> out [T, N]: gelu_tanh(gate) * up (Gemma's GeGLU).
+void gelu_tanh_and_mul_f32(const float* gate_up, float* out, int64_t T, int64_t N, int num_threads);
+
 }  // extern "C"

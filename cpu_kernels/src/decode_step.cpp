@@ -1,14 +1,17 @@
-// A whole decode step of a Llama decoder on block-quantized weights, in one call (CPU).
+// A whole decode step of a decoder on block-quantized weights, in one call (CPU).
 //
 // At one to a few tokens per step a layer's ten or so ops each take microseconds, and
 // dispatching them from Python (module calls, ctypes, tensor allocation) cost as much as
 // the arithmetic. This file runs every layer's ops back to back on preallocated scratch:
 // residual-add + RMSNorm, the fused QKV projection, RoPE + K/V cache write, paged decode
-// attention, the output projection, residual-add + RMSNorm, gate-up, SiLU-and-mul, down,
-// and the final norm. Per layer, the table also gives what families add to that layer:
-// RMSNorm on each query and key head before RoPE (Qwen3), the layer's own RoPE tables
-// (local and global bases, layers without RoPE), a sliding window and a logit soft-cap.
-// Each op is the very function that the per-op path calls through
+// attention, the output projection, residual-add + RMSNorm, gate-up, the gated activation,
+// down, and the final norm. Per layer, the table also gives what families add to that layer:
+// RMSNorm on the queries and keys before RoPE, per head (Qwen3, Gemma 3) or over the whole
+// projection (OLMo 2); norms after each sublayer as well as or instead of before it (Gemma,
+// OLMo 2); the layer's own RoPE tables (local and global bases, partial rotary, layers
+// without RoPE); a sliding window and a logit soft-cap; a scale on each sublayer's output
+// (Granite); and SiLU or tanh-GELU. Gemma's (1 + w) norms arrive as ordinary weights
+// holding 1 + w. Each op is the very function that the per-op path calls through
 // ctypes (declared in include/, linked into the same library), so both paths give the
 // same numbers. The attention and fused ops are AVX2: below the avx2 level this file
 // compiles to nothing.
@@ -32,13 +35,19 @@ using pagode::I8;
 
 // Per layer, the pointer slots the Python side fills (engine/model/decode_step.py).
 enum Slot : int64_t {
-    IN_NORM, POST_NORM, K_CACHE, V_CACHE,
-    Q_NORM, K_NORM,  // per-head RMSNorm weights [head_dim], 0 when the family has none
+    // RMSNorm weights before and after each sublayer, 0 where the layer has none.
+    ATTN_NORM, ATTN_OUT_NORM, MLP_NORM, MLP_OUT_NORM,
+    K_CACHE, V_CACHE,
+    Q_NORM, K_NORM,  // q/k RMSNorm weights, 0 when the family has none
+    QK_NORM_WHOLE,   // 1: they span the whole q and k projections, 0: each head
     COS, SIN,        // the layer's RoPE tables
     WINDOW, SOFTCAP,  // the sliding window (0: none), the soft-cap's float bits (0: none)
+    OUT_SCALE,       // float bits of the factor on each sublayer's output (0: none)
+    ACTIVATION,      // the MLP's gate: Activation
     QKV, O = QKV + 2, GATE_UP = O + 2, DOWN = GATE_UP + 2,  // each linear: its parts, how many
     SLOTS = DOWN + 2,
 };
+enum Activation : int64_t { SILU = 0, GELU_TANH = 1 };
 constexpr int64_t PART = 6;  // a part of a linear: kind, rows, qs, scales, mins, bias
 enum CacheType : int64_t { F32 = 0, F16_CACHE = 1, BF16_CACHE = 2, I8_CACHE = 3 };
 
@@ -78,6 +87,15 @@ template <> struct CacheKernels<I8> {
     static constexpr auto decode = paged_decode_attention_i8;
 };
 
+float float_slot(const int64_t* p, Slot slot) {
+    float value;
+    const int32_t bits = (int32_t)p[slot];
+    std::memcpy(&value, &bits, sizeof value);
+    return value;
+}
+
+const float* weight(const int64_t* p, Slot slot) { return reinterpret_cast<const float*>(p[slot]); }
+
 template <typename T>
 void attend(const int64_t* p, const Dims& d, const float* qkv, const int64_t* positions, const int64_t* slots,
             const int32_t* tables, const int32_t* lens, float* q, float* out, int64_t B, int64_t MB, float scale,
@@ -85,9 +103,7 @@ void attend(const int64_t* p, const Dims& d, const float* qkv, const int64_t* po
     T* kc = reinterpret_cast<T*>(p[K_CACHE]);
     T* vc = reinterpret_cast<T*>(p[V_CACHE]);
     const int64_t row = (d.heads + 2 * d.kv_heads) * d.head_dim;
-    float softcap;
-    const int32_t bits = (int32_t)p[SOFTCAP];
-    std::memcpy(&softcap, &bits, sizeof softcap);
+    const float softcap = float_slot(p, SOFTCAP);
     CacheKernels<T>::rope_write(qkv, row, positions, reinterpret_cast<const float*>(p[COS]),
                                 reinterpret_cast<const float*>(p[SIN]), q, kc, vc, slots, B, d.heads, d.kv_heads,
                                 d.head_dim, nthreads);
@@ -95,23 +111,26 @@ void attend(const int64_t* p, const Dims& d, const float* qkv, const int64_t* po
                             scale, (int)p[WINDOW], softcap, nthreads);
 }
 
-// Qwen3's RMSNorm on each query and key head of every row, in place (the per-op path's norm).
-void normalize_heads(const int64_t* p, const Dims& d, float* qkv, int64_t B, float eps, float* scratch) {
-    const int64_t qd = d.heads * d.head_dim, row = qd + 2 * d.kv_heads * d.head_dim;
+// RMSNorm on the queries and keys of every row, in place (the per-op path's norm): on each
+// head (Qwen3, Gemma 3), or on the whole q and the whole k projections (OLMo 2).
+void normalize_qk(const int64_t* p, const Dims& d, float* qkv, int64_t B, float eps, float* scratch) {
+    const int64_t qd = d.heads * d.head_dim, kd = d.kv_heads * d.head_dim, row = qd + 2 * kd;
+    const bool whole = p[QK_NORM_WHOLE] != 0;
+    const int64_t q_rows = whole ? 1 : d.heads, k_rows = whole ? 1 : d.kv_heads;
     for (int64_t b = 0; b < B; ++b) {
         float* q = qkv + b * row;
-        add_rmsnorm_f32(q, scratch, reinterpret_cast<const float*>(p[Q_NORM]), q, d.heads, d.head_dim, eps, 0, 1);
-        add_rmsnorm_f32(q + qd, scratch, reinterpret_cast<const float*>(p[K_NORM]), q + qd, d.kv_heads, d.head_dim,
-                        eps, 0, 1);
+        add_rmsnorm_f32(q, scratch, weight(p, Q_NORM), q, q_rows, qd / q_rows, eps, 0, 1);
+        add_rmsnorm_f32(q + qd, scratch, weight(p, K_NORM), q + qd, k_rows, kd / k_rows, eps, 0, 1);
     }
 }
 
 struct Scratch {
-    std::vector<float> residual, normed, qkv, q, attn, gate_up, act, heads;
+    std::vector<float> residual, normed, spare, qkv, q, attn, gate_up, act, heads;
     void size(int64_t B, const Dims& d) {
         const int64_t qd = d.heads * d.head_dim;
         residual.resize(B * d.hidden);
         normed.resize(B * d.hidden);
+        spare.resize(B * d.hidden);
         qkv.resize(B * (qd + 2 * d.kv_heads * d.head_dim));
         q.resize(B * qd);
         attn.resize(B * qd);
@@ -121,13 +140,62 @@ struct Scratch {
     }
 };
 
+// The residual stream and the output of the last sublayer, still to be added into it. Deferring
+// the add lets it fuse into the next norm, as the per-op path's residual-add + RMSNorm does.
+struct Stream {
+    float* x;              // the pending sublayer output [B, hidden]
+    bool started = false;  // whether the residual holds the stream yet (the embeddings start it)
+    Scratch& s;
+    int64_t B, hidden;
+    float eps;
+    int nthreads;
+
+    // Adds x into the stream and gives the sublayer's input: the stream's RMSNorm, or the
+    // stream itself where the layer has no norm before the sublayer (OLMo 2).
+    const float* enter(const float* norm) {
+        float* r = s.residual.data();
+        if (norm) {
+            add_rmsnorm_f32(x, r, norm, s.normed.data(), B, hidden, eps, started, nthreads);
+        } else {
+            for (int64_t i = 0; i < B * hidden; ++i) r[i] = started ? r[i] + x[i] : x[i];
+        }
+        started = true;
+        return norm ? s.normed.data() : r;
+    }
+
+    // The sublayer wrote its output into x: its norm (Gemma, OLMo 2), then its scale (Granite),
+    // in the per-op path's order.
+    void leave(const float* norm, float scale) {
+        if (norm) {
+            add_rmsnorm_f32(x, s.spare.data(), norm, s.normed.data(), B, hidden, eps, 0, nthreads);
+            std::memcpy(x, s.normed.data(), B * hidden * sizeof(float));
+        }
+        if (scale != 0.f)
+            for (int64_t i = 0; i < B * hidden; ++i) x[i] *= scale;
+    }
+
+    // The final norm: what the lm_head reads, into `out`.
+    void finish(const float* norm, float* out) {
+        add_rmsnorm_f32(x, s.residual.data(), norm, s.normed.data(), B, hidden, eps, started, nthreads);
+        std::memcpy(out, s.normed.data(), B * hidden * sizeof(float));
+    }
+};
+
+void activate(const int64_t* p, const float* gate_up, float* out, int64_t B, int64_t inter, int nthreads) {
+    if (p[ACTIVATION] == GELU_TANH)
+        gelu_tanh_and_mul_f32(gate_up, out, B, inter, nthreads);
+    else
+        silu_and_mul_f32(gate_up, out, B, inter, nthreads);
+}
+
 }  // namespace
 
 extern "C" {
 
-// hidden [B, hidden]: in, the token embeddings; out, the final RMSNorm of the last layer's
-// residual stream (what the lm_head reads). layers [L, SLOTS] holds pointers (engine/model/
-// decode_step.py): per projection (qkv, o, gate_up, down), a table of its parts and their count.
+// hidden [B, hidden]: in, the token embeddings (scaled as the family scales them); out, the
+// final RMSNorm of the last layer's residual stream (what the lm_head reads). layers [L, SLOTS]
+// holds pointers (engine/model/decode_step.py): per projection (qkv, o, gate_up, down), a table
+// of its parts and their count.
 // dims: hidden, heads, kv_heads, head_dim, intermediate, block_size. Positions and slots are
 // int64 [B], block tables int32 [B, MB], seq_lens int32 [B]; every slot must be >= 0.
 void decode_step(float* hidden, const int64_t* layers, int64_t L, const int64_t* dims,
@@ -141,24 +209,22 @@ void decode_step(float* hidden, const int64_t* layers, int64_t L, const int64_t*
                            : cache_type == BF16_CACHE ? attend<BF16>
                            : cache_type == I8_CACHE   ? attend<I8>
                                                       : attend<float>;
-    float* x = hidden;  // the running layer output, added into the residual by the next norm
+    Stream st{hidden, false, s, B, d.hidden, eps, nthreads};
     for (int64_t l = 0; l < L; ++l) {
         const int64_t* p = layers + l * SLOTS;
-        add_rmsnorm_f32(x, s.residual.data(), reinterpret_cast<const float*>(p[IN_NORM]), s.normed.data(), B,
-                        d.hidden, eps, l > 0, nthreads);
-        linear(p + QKV, s.normed.data(), s.qkv.data(), B, qkv_n, d.hidden, nthreads);
-        if (p[Q_NORM]) normalize_heads(p, d, s.qkv.data(), B, eps, s.heads.data());
+        const float out_scale = float_slot(p, OUT_SCALE);
+        linear(p + QKV, st.enter(weight(p, ATTN_NORM)), s.qkv.data(), B, qkv_n, d.hidden, nthreads);
+        if (p[Q_NORM]) normalize_qk(p, d, s.qkv.data(), B, eps, s.heads.data());
         attend_fn(p, d, s.qkv.data(), positions, slots, tables, lens, s.q.data(), s.attn.data(), B, MB, scale,
                   nthreads);
-        linear(p + O, s.attn.data(), x, B, d.hidden, qd, nthreads);
-        add_rmsnorm_f32(x, s.residual.data(), reinterpret_cast<const float*>(p[POST_NORM]), s.normed.data(), B,
-                        d.hidden, eps, 1, nthreads);
-        linear(p + GATE_UP, s.normed.data(), s.gate_up.data(), B, 2 * d.inter, d.hidden, nthreads);
-        silu_and_mul_f32(s.gate_up.data(), s.act.data(), B, d.inter, nthreads);
-        linear(p + DOWN, s.act.data(), x, B, d.hidden, d.inter, nthreads);
+        linear(p + O, s.attn.data(), st.x, B, d.hidden, qd, nthreads);
+        st.leave(weight(p, ATTN_OUT_NORM), out_scale);
+        linear(p + GATE_UP, st.enter(weight(p, MLP_NORM)), s.gate_up.data(), B, 2 * d.inter, d.hidden, nthreads);
+        activate(p, s.gate_up.data(), s.act.data(), B, d.inter, nthreads);
+        linear(p + DOWN, s.act.data(), st.x, B, d.hidden, d.inter, nthreads);
+        st.leave(weight(p, MLP_OUT_NORM), out_scale);
     }
-    add_rmsnorm_f32(x, s.residual.data(), final_norm, s.normed.data(), B, d.hidden, eps, L > 0, nthreads);
-    std::memcpy(hidden, s.normed.data(), B * d.hidden * sizeof(float));
+    st.finish(final_norm, hidden);
 }
 
 int64_t decode_step_slots() { return SLOTS; }

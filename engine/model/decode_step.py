@@ -1,4 +1,4 @@
-"""A whole decode step of a block-quantized Llama in one C++ call, on the CPU.
+"""A whole decode step of a block-quantized decoder in one C++ call, on the CPU.
 
 Why: with one to a few tokens per step, a layer's ten or so ops each take microseconds,
 and dispatching ~300 of them per step from Python (module calls, ctypes, allocations)
@@ -6,7 +6,10 @@ cost about as much as the arithmetic. `cpu_kernels/src/decode_step.cpp` runs eve
 layer back to back on preallocated scratch, calling the very C++ functions that the
 layer-by-layer path calls one at a time (one library), so both give the same numbers.
 This module fills the C++ step's pointer table from a model and decides when it applies;
-the model runner owns the step and calls it instead of the model.
+the model runner owns the step and calls it instead of the model. Every dense family's
+layers fit the table (norms before and/or after each sublayer, q/k norms, per-layer RoPE,
+windows, soft-caps, Granite's multipliers, SiLU or tanh-GELU); the embedding (and its scale)
+and the lm_head stay the model's, in Python. Mixture-of-experts layers run layer by layer.
 
 It applies to a step of decodes only (a drafted sequence's positions included: the runner
 lays each out as a decode row of its own, so the step verifies drafts too), on a model
@@ -27,56 +30,74 @@ import struct
 from typing import cast
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from cpu_kernels.decode_step_kernel import CACHE_TYPES, PROJECTIONS, DecodeStepKernel
+from cpu_kernels.decode_step_kernel import ACTIVATIONS, CACHE_TYPES, PROJECTIONS, DecodeStepKernel
 from cpu_kernels.quant_linear import part_table
 from engine import autotune, envs, native, race_memory
 from engine.attention import AttentionBackend, AttentionMetadata
 from engine.autotune import Crossover
-from engine.model.config import ModelConfig
-from engine.model.llama import Attention, DecoderLayer, LlamaForCausalLM
+from engine.model.layers import RMSNorm
+from engine.model.llama import Attention, LlamaForCausalLM, SublayerNorms
 from engine.quant.linear import QuantLinear
 
 log = logging.getLogger("pagode")
 
 
 class FusedDecodeStep(nn.Module):
-    """The C++ step over one model and its K/V caches; holds pointers, not tensors of its own."""
+    """The C++ step over one model and its K/V caches; holds pointers, and the few tensors
+    made for it (part tables, Gemma's 1 + w norm weights) that they point into."""
 
     def __init__(self, model: LlamaForCausalLM, kv_caches: list[torch.Tensor], kernel: DecodeStepKernel) -> None:
         super().__init__()
         cfg = model.config
         self.kernel = kernel
-        slots = kernel.slots()
-        layers = decoder_layers(model)
-        self.table = torch.zeros(len(layers), slots, dtype=torch.int64)
-        self.parts: list[torch.Tensor] = []  # each projection's part table, which the pointers point into
-        for i, (layer, cache) in enumerate(zip(layers, kv_caches, strict=True)):
-            row = [layer.input_layernorm.weight.data_ptr(), layer.post_attention_layernorm.weight.data_ptr(),
-                   cache[0].data_ptr(), cache[1].data_ptr(), *attention_slots(layer.self_attn)]
+        self.kept: list[torch.Tensor] = []  # what the table points into and nothing else holds
+        out_scale = 0 if cfg.residual_multiplier == 1.0 else float_bits(cfg.residual_multiplier)
+        rows = []
+        for layer, cache in zip(model.layers, kv_caches, strict=True):
+            row = [*map(self.norm_slot, sublayer_norms(layer)), cache[0].data_ptr(), cache[1].data_ptr(),
+                   *self.attention_slots(cast(Attention, layer.get_submodule("self_attn"))), out_scale,
+                   ACTIVATIONS[str(activation(layer))]]
             for name in PROJECTIONS:
                 proj = layer.get_submodule(name)
                 assert isinstance(proj, QuantLinear) and proj.blocks is not None
-                self.parts.append(part_table(proj.blocks, proj.bias))
-                row += [self.parts[-1].data_ptr(), self.parts[-1].shape[0]]
-            self.table[i] = torch.tensor(row, dtype=torch.int64)
+                row += [self.keep(part_table(proj.blocks, proj.bias)), len(self.kept[-1])]
+            assert len(row) == kernel.slots(), (len(row), kernel.slots())
+            rows.append(row)
+        self.table = torch.tensor(rows, dtype=torch.int64)
         self.max_tokens = 0  # set by measure_limit
         self.dims = torch.tensor([cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
                                   cfg.intermediate_size, kv_caches[0].shape[2]], dtype=torch.int64)
         self.cache_type = CACHE_TYPES[kv_caches[0].dtype]
-        self.final_norm = model.norm.weight.detach()
+        self.final_norm = model.norm.kernel_weight()
         self.eps = model.norm.eps
         self.scale = cfg.attention_scale
         self.embedding = model.embed_tokens.weight.detach()
+        self.embed = model.embed  # the family's embedding scale (Gemma's sqrt(hidden), Granite's multiplier)
+
+    def keep(self, tensor: torch.Tensor) -> int:
+        self.kept.append(tensor)
+        return tensor.data_ptr()
+
+    def norm_slot(self, norm: RMSNorm | None) -> int:
+        return 0 if norm is None else self.keep(norm.kernel_weight().contiguous())
+
+    def attention_slots(self, attn: Attention) -> list[int]:
+        """The per-layer slots of what a family adds to the attention: q/k norm weights and
+        whether they span the whole projections, the layer's RoPE tables, its window and
+        soft-cap (as float32 bits)."""
+        whole = attn.q_norm is not None and attn.q_norm.weight.numel() == attn.q_size
+        softcap = attn.attn.softcap
+        return [self.norm_slot(attn.q_norm), self.norm_slot(attn.k_norm), int(whole), attn.rope.cos.data_ptr(),
+                attn.rope.sin.data_ptr(), attn.attn.window or 0, 0 if softcap is None else float_bits(softcap)]
 
     def applies(self, meta: AttentionMetadata, num_tokens: int) -> bool:
         return num_tokens == meta.num_decodes == meta.num_seqs and num_tokens <= self.max_tokens
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """The final-norm hidden states [B, hidden] of a decode-only step (K/V written)."""
-        hidden = F.embedding(input_ids, self.embedding).contiguous()
+        hidden = self.embed(input_ids).contiguous()
         tables = meta.block_tables.to(torch.int32).contiguous()
         lens = meta.seq_lens.to(torch.int32).contiguous()
         positions = positions.to(torch.int64).contiguous()
@@ -86,19 +107,20 @@ class FusedDecodeStep(nn.Module):
         return hidden
 
 
-def attention_slots(attn: Attention) -> list[int]:
-    """The per-layer slots of what a family adds to the attention: per-head q/k norm weights
-    (unsupported() refuses norms over the whole projection), the layer's RoPE tables, its
-    window and soft-cap (as float32 bits)."""
-    q_norm = 0 if attn.q_norm is None else attn.q_norm.weight.data_ptr()
-    k_norm = 0 if attn.k_norm is None else attn.k_norm.weight.data_ptr()
-    softcap = attn.attn.softcap or 0.0
-    return [q_norm, k_norm, attn.rope.cos.data_ptr(), attn.rope.sin.data_ptr(), attn.attn.window or 0,
-            struct.unpack("<i", struct.pack("<f", softcap))[0]]
+def float_bits(value: float) -> int:
+    """A float32 as the int64 slot the C++ side reads it back from."""
+    return int(struct.unpack("<i", struct.pack("<f", value))[0])
 
 
-def decoder_layers(model: LlamaForCausalLM) -> list[DecoderLayer]:
-    return [cast(DecoderLayer, layer) for layer in model.layers]
+def sublayer_norms(layer: nn.Module) -> SublayerNorms:
+    method = getattr(layer, "sublayer_norms", None)
+    assert method is not None, f"{type(layer).__name__} does not say where its norms are"
+    return cast(SublayerNorms, method())
+
+
+def activation(layer: nn.Module) -> str | None:
+    """The gate function of the layer's MLP (MLP.activation), None for an MLP that names none."""
+    return getattr(layer.get_submodule("mlp"), "activation", None)
 
 
 def unsupported(model: LlamaForCausalLM, kv_caches: list[torch.Tensor], backend: AttentionBackend) -> str | None:
@@ -107,11 +129,9 @@ def unsupported(model: LlamaForCausalLM, kv_caches: list[torch.Tensor], backend:
         return "PAGODE_DECODE_STEP=0"
     if kv_caches[0].device.type != "cpu" or model.embed_tokens.weight.dtype != torch.float32:
         return "not an fp32 model on the CPU"
-    why = layer_shape_unsupported(model.config)
+    why = layer_unsupported(model)
     if why:
         return why
-    if any(type(layer) is not DecoderLayer for layer in model.layers):
-        return f"{model.config.architecture}: its layers are not Llama's (norms, activation)"
     if not backend.supports_fused_cpu_step(kv_caches[0]):
         return f"the {backend.name} attention backend does not read this cache with the C++ kernel"
     for layer in model.layers:
@@ -122,19 +142,20 @@ def unsupported(model: LlamaForCausalLM, kv_caches: list[torch.Tensor], backend:
     return None
 
 
-def layer_shape_unsupported(cfg: ModelConfig) -> str | None:
-    """Why the C++ step, which computes plain Llama layers, cannot compute this family's."""
+def layer_unsupported(model: LlamaForCausalLM) -> str | None:
+    """Why the C++ step's layer (the table's norms, q/k norms, RoPE, window, soft-cap, output
+    scale, SiLU or tanh-GELU) cannot compute this model's layers."""
+    cfg = model.config
     if cfg.num_experts:
-        return f"{cfg.architecture}: mixture-of-experts layers (the C++ step computes one dense MLP)"
-    if cfg.post_norms_only:
-        return f"{cfg.architecture}: norms after attention and MLP"
-    if cfg.qk_norm not in (None, "head"):
-        return f"{cfg.architecture}: RMSNorm over the whole q and k projections"
-    if cfg.rotary_dim != cfg.head_dim:
-        return f"{cfg.architecture}: partial rotary"
-    if (cfg.embedding_multiplier, cfg.residual_multiplier, cfg.logits_scaling) != (1.0, 1.0, 1.0) \
-            or cfg.attention_multiplier is not None:
-        return f"{cfg.architecture}: embedding/residual/attention/logits multipliers"
+        return (f"{cfg.architecture}: mixture-of-experts layers (the C++ step computes one dense MLP per layer, "
+                "not a router and its experts)")
+    for layer in model.layers:
+        if getattr(layer, "sublayer_norms", None) is None or activation(layer) not in ACTIVATIONS:
+            return f"{cfg.architecture}: its layers ({type(layer).__name__}) are not ones the C++ step computes"
+        attn = cast(Attention, layer.get_submodule("self_attn"))
+        norms = [n for n in (*sublayer_norms(layer), attn.q_norm, attn.k_norm) if n is not None]
+        if any(not isinstance(n, RMSNorm) or n.eps != model.norm.eps for n in norms):
+            return f"{cfg.architecture}: norms of another kind or epsilon than the final norm's"
     return None
 
 

@@ -26,8 +26,8 @@ def no_fields(_: Any) -> dict[str, Any]:
 class Support:
     """What runs this family, for docs/models.md and the start-up checks.
 
-    `fused_cpu_step` False: the C++ decode step (engine/model/decode_step.py) assumes Llama
-    layers and cannot run it; `proved` lists what the tests check token for token."""
+    `fused_cpu_step` False: the C++ decode step (engine/model/decode_step.py) cannot compute
+    the family's layers (mixture-of-experts); `proved` lists what the tests check token for token."""
 
     quantization: bool = True
     fused_cpu_step: bool = True

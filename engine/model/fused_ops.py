@@ -1,4 +1,4 @@
-"""Fused element-wise ops of the decoder: residual-add + RMSNorm, SiLU-and-mul.
+"""Fused element-wise ops of the decoder: residual-add + RMSNorm, SiLU-and-mul, GELU(tanh)-and-mul.
 
 On the CPU one C++ pass (cpu_kernels/fused_ops_kernel.py) replaces several eager torch ops and
 their temporaries per call. Elsewhere (CUDA, other dtypes, no compiler, or
@@ -38,3 +38,11 @@ def silu_and_mul(gate_up: torch.Tensor, kernel: FusedOpsKernel | None) -> torch.
         return kernel.silu_and_mul(gate_up)
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
+
+
+def gelu_tanh_and_mul(gate_up: torch.Tensor, kernel: FusedOpsKernel | None) -> torch.Tensor:
+    """[T, 2N] -> [T, N]: gelu(gate, approximate="tanh") * up (Gemma's GeGLU)."""
+    if kernel is not None and kernel.applies(gate_up):
+        return kernel.gelu_tanh_and_mul(gate_up)
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.gelu(gate, approximate="tanh") * up

@@ -12,48 +12,59 @@ from __future__ import annotations
 from typing import Any, cast
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from engine import native
 from engine.attention import AttentionBackend, AttentionMetadata
+from engine.model import fused_ops
 from engine.model.config import ModelConfig
 from engine.model.family import Family, Support
-from engine.model.layers import RotaryEmbedding
-from engine.model.llama import Attention, LlamaForCausalLM
+from engine.model.layers import RMSNorm, RotaryEmbedding
+from engine.model.llama import Attention, LlamaForCausalLM, SublayerNorms
 
 SLIDING = "sliding_attention"
 
 
-class GemmaRMSNorm(nn.Module):
+class GemmaRMSNorm(RMSNorm):
     """x / rms(x) * (1 + w), all in fp32, then back to x's dtype: transformers' arithmetic
     (Llama's norm multiplies in x's dtype, which would part from it in bf16). Returns
-    (norm(x + residual), x + residual) as the Llama norm does."""
+    (norm(x + residual), x + residual) as the Llama norm does.
+
+    On fp32 CPU rows it is Llama's C++ norm on the weights 1 + w (kernel_weight), the
+    arithmetic that the fused decode step runs, so that both paths give the same numbers."""
 
     def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.zeros(dim))
-        self.eps = eps
+        super().__init__(dim, eps)
+        nn.init.zeros_(self.weight)
 
     def forward(self, x: torch.Tensor,
                 residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        if (self.kernel is not None and self.kernel.applies(x)
+                and (residual is None or residual.is_contiguous())):
+            return self.kernel.add_rms_norm(x, residual, self.kernel_weight(), self.eps)
         if residual is not None:
             x = x + residual
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return (h * (1.0 + self.weight.float())).type_as(x), x
 
+    def kernel_weight(self) -> torch.Tensor:
+        return 1.0 + self.weight.detach().float()
+
 
 class GemmaMLP(nn.Module):
     """down(gelu_tanh(gate(x)) * up(x)), gate and up fused as Llama's."""
+
+    activation = "gelu_tanh"  # the gate's function, for the fused decode step
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.kernel = native.fused_ops()  # None: torch ops
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.gelu(gate, approximate="tanh") * up)
+        return self.down_proj(fused_ops.gelu_tanh_and_mul(self.gate_up_proj(x), self.kernel))
 
 
 class GemmaDecoderLayer(nn.Module):
@@ -62,8 +73,8 @@ class GemmaDecoderLayer(nn.Module):
         eps = cfg.rms_norm_eps
         self.self_attn = Attention(cfg, rope, backend)
         if cfg.qk_norm == "head":  # gemma3: per-head norms of the Gemma kind
-            self.self_attn.q_norm = GemmaRMSNorm(cfg.head_dim, eps)  # type: ignore[assignment]
-            self.self_attn.k_norm = GemmaRMSNorm(cfg.head_dim, eps)  # type: ignore[assignment]
+            self.self_attn.q_norm = GemmaRMSNorm(cfg.head_dim, eps)
+            self.self_attn.k_norm = GemmaRMSNorm(cfg.head_dim, eps)
         self.input_layernorm = GemmaRMSNorm(cfg.hidden_size, eps)
         self.post_attention_layernorm = GemmaRMSNorm(cfg.hidden_size, eps)
         self.pre_feedforward_layernorm = GemmaRMSNorm(cfg.hidden_size, eps)
@@ -78,11 +89,15 @@ class GemmaDecoderLayer(nn.Module):
         h = self.mlp(self.pre_feedforward_layernorm(x)[0])
         return x + self.post_feedforward_layernorm(h)[0], None
 
+    def sublayer_norms(self) -> SublayerNorms:
+        return SublayerNorms(self.input_layernorm, self.post_attention_layernorm, self.pre_feedforward_layernorm,
+                             self.post_feedforward_layernorm)
+
 
 class Gemma2ForCausalLM(LlamaForCausalLM):
     def __init__(self, cfg: ModelConfig, backend: AttentionBackend, max_positions: int) -> None:
         super().__init__(cfg, backend, max_positions)
-        self.norm = GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)  # type: ignore[assignment]
+        self.norm = GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.local_rope = (RotaryEmbedding(cfg.head_dim, max_positions, cfg.rope_local_theta)
                            if cfg.rope_local_theta is not None else None)
         kinds = cfg.layer_types or [SLIDING] * cfg.num_hidden_layers
@@ -161,7 +176,6 @@ FAMILY = Family(
     model_type="gemma2", gguf_arch="gemma2", model_class="engine.model.gemma2:Gemma2ForCausalLM",
     gguf_fields=gguf_fields, gguf_tensors=GGUF_TENSORS,
     hf_fields=hf_fields,
-    support=Support(fused_cpu_step=False, proved=("folder", "converter Q8_0", "GGUF F32", "int8/int4 gate",
-                                                  "Triton backend")),
+    support=Support(proved=("folder", "converter Q8_0", "GGUF F32", "int8/int4 gate", "Triton backend")),
     notes="sliding and global layers (layer_types); attention and final logit soft-caps; (1 + w) norms",
 )

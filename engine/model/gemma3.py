@@ -41,7 +41,7 @@ FAMILY = Family(
     model_type="gemma3_text", gguf_arch="gemma3", model_class="engine.model.gemma3:Gemma3ForCausalLM",
     gguf_fields=gguf_fields, gguf_tensors=gemma2.GGUF_TENSORS,
     hf_fields=hf_fields,
-    support=Support(fused_cpu_step=False, proved=("folder", "GGUF F32", "converter Q8_0, Q4_K_M", "int8/int4 gate",
-                                                  "Triton backend")),
+    support=Support(proved=("folder", "GGUF F32", "converter Q8_0, Q4_K_M", "int8/int4 gate",
+                            "Triton backend")),
     notes="Gemma 2 plus q/k norms and a local RoPE base on the sliding layers",
 )

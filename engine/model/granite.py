@@ -35,7 +35,6 @@ def gguf_fields(gguf: GGUFModel) -> dict[str, Any]:
 
 FAMILY = Family(
     model_type="granite", gguf_arch="granite", hf_fields=hf_fields, gguf_fields=gguf_fields,
-    permute_qk=True, support=Support(fused_cpu_step=False, proved=("folder", "converter Q8_0", "GGUF Q8_0",
-                                                                   "int8/int4 gate")),
+    permute_qk=True, support=Support(proved=("folder", "converter Q8_0", "GGUF Q8_0", "int8/int4 gate")),
     notes="embedding, residual, attention and logits multipliers",
 )

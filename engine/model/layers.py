@@ -37,6 +37,10 @@ class RMSNorm(nn.Module):
                 residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         return fused_ops.add_rms_norm(x, residual, self.weight, self.eps, self.kernel)
 
+    def kernel_weight(self) -> torch.Tensor:
+        """What the C++ norm multiplies by (the fused decode step reads it too)."""
+        return self.weight.detach()
+
 
 class SiluAndMul(nn.Module):
     def __init__(self) -> None:

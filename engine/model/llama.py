@@ -12,7 +12,7 @@ layer has another shape subclasses it and overrides make_layer (engine/model/olm
 
 from __future__ import annotations
 
-from typing import cast
+from typing import NamedTuple, cast
 
 import torch
 from torch import nn
@@ -57,10 +57,11 @@ class Attention(nn.Module):
 
     def normalize_qk(self, qkv: torch.Tensor, q_norm: RMSNorm, k_norm: RMSNorm) -> torch.Tensor:
         """RMSNorm on the queries and keys before RoPE, per head or over the whole projection
-        (the norm's size says which)."""
+        (the norm's size says which). Contiguous rows, as the C++ norm takes them: a whole
+        projection's rows are a strided view of qkv."""
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q_norm(q.reshape(-1, q_norm.weight.numel()))[0].reshape(q.shape)
-        k = k_norm(k.reshape(-1, k_norm.weight.numel()))[0].reshape(k.shape)
+        q = q_norm(q.reshape(-1, q_norm.weight.numel()).contiguous())[0].reshape(q.shape)
+        k = k_norm(k.reshape(-1, k_norm.weight.numel()).contiguous())[0].reshape(k.shape)
         return torch.cat([q, k, v], dim=-1)
 
 
@@ -76,6 +77,8 @@ def qk_norms(cfg: ModelConfig) -> tuple[RMSNorm | None, RMSNorm | None]:
 
 
 class MLP(nn.Module):
+    activation = "silu"  # the gate's function, for the fused decode step
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
@@ -85,6 +88,17 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+
+
+class SublayerNorms(NamedTuple):
+    """A layer's RMSNorms around its attention and MLP, None where it has none: Llama's come
+    before each sublayer, OLMo 2's after, Gemma's both. What the fused decode step needs to
+    compute a layer it did not build."""
+
+    before_attention: RMSNorm | None
+    after_attention: RMSNorm | None
+    before_mlp: RMSNorm | None
+    after_mlp: RMSNorm | None
 
 
 class DecoderLayer(nn.Module):
@@ -103,6 +117,9 @@ class DecoderLayer(nn.Module):
         h = self.scale_residual(self.self_attn(positions, h, kv_cache, meta))
         h, residual = self.post_attention_layernorm(h, residual)
         return self.scale_residual(self.mlp(h)), residual
+
+    def sublayer_norms(self) -> SublayerNorms:
+        return SublayerNorms(self.input_layernorm, None, self.post_attention_layernorm, None)
 
     def scale_residual(self, h: torch.Tensor) -> torch.Tensor:
         """Granite adds out * residual_multiplier to the stream; the product is taken here so

@@ -16,7 +16,7 @@ from engine.attention import AttentionBackend, AttentionMetadata
 from engine.model.config import ModelConfig
 from engine.model.family import Family, Support
 from engine.model.layers import RMSNorm, RotaryEmbedding
-from engine.model.llama import MLP, Attention, LlamaForCausalLM
+from engine.model.llama import MLP, Attention, LlamaForCausalLM, SublayerNorms
 
 
 class Olmo2DecoderLayer(nn.Module):
@@ -33,6 +33,9 @@ class Olmo2DecoderLayer(nn.Module):
         x = x + self.post_attention_layernorm(self.self_attn(positions, x, kv_cache, meta))[0]
         x = x + self.post_feedforward_layernorm(self.mlp(x))[0]
         return x, None
+
+    def sublayer_norms(self) -> SublayerNorms:
+        return SublayerNorms(None, self.post_attention_layernorm, None, self.post_feedforward_layernorm)
 
 
 class Olmo2ForCausalLM(LlamaForCausalLM):
@@ -54,6 +57,6 @@ FAMILY = Family(
     gguf_tensors={"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
                   "post_attention_norm": "post_attention_layernorm",
                   "post_ffw_norm": "post_feedforward_layernorm"},
-    support=Support(fused_cpu_step=False, proved=("folder", "converter Q8_0", "GGUF Q8_0", "int8/int4 gate")),
+    support=Support(proved=("folder", "converter Q8_0", "GGUF Q8_0", "int8/int4 gate")),
     notes="post-norms only; q/k RMSNorm over the whole projection",
 )

@@ -40,7 +40,7 @@ FAMILY = Family(
     model_type="phi3", gguf_arch="phi3", hf_fields=hf_fields, gguf_fields=gguf_fields,
     gguf_tensors={"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
     gguf_config_tensors=("rope_factors_long", "rope_factors_short"),
-    support=Support(fused_cpu_step=False, proved=("folder", "converter Q8_0", "GGUF F32", "LongRoPE short + long",
-                                                      "int8/int4 gate")),
+    support=Support(proved=("folder", "converter Q8_0", "GGUF F32", "LongRoPE short + long",
+                            "int8/int4 gate")),
     notes="fused qkv/gate_up checkpoints; LongRoPE; partial rotary",
 )
