@@ -26,6 +26,7 @@ test: $(STAMP)
 	bash scripts/install-deploy-tools.sh
 	bash scripts/install-browser.sh
 	bash scripts/install-go-msgpack.sh
+	bash scripts/install-agent-clis.sh
 	$(PY) -m pytest -q -ra --durations=15 $(ARGS)
 
 # The image built and its compose stacks run for real (needs root for dockerd; see docs/docker.md).

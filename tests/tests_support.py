@@ -9,7 +9,7 @@ from engine.attention.metadata import AttentionMetadata
 # What a cache holds that was measured (step-time fits, batch caps, kernel races) must not
 # leak from a developer's earlier runs into the tests; what is only derived from sources
 # (compiled kernels, tokenizers built from the GGUF) is shared, so no test rebuilds it.
-SHARED_CACHE_PARTS = ("peers", "kernels", "tokenizers")
+SHARED_CACHE_PARTS = ("peers", "kernels", "tokenizers", "agent-clis")
 
 
 def cache_sharing_builds(root: Path, shared: Path, races: bool = False) -> Path:
