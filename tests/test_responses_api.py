@@ -160,3 +160,33 @@ async def test_refusals_in_openai_shape(server: ServerProcess, body: dict[str, A
             missing = await http.request(method, "/v1/responses/resp_nothing")
             assert missing.status_code == 404 and "resp_nothing" in json_error(missing)["message"]
         assert (await http.get("/health")).status_code == 200
+
+
+class Answer(BaseModel):
+    sunny: bool
+
+
+async def test_an_agents_sdk_agent_runs_to_its_final_output(server: ServerProcess,
+                                                            model: str) -> None:
+    """The openai-agents SDK on its default Responses model: the forced first turn calls the
+    tool, the SDK runs it and sends its output back, and the structured final turn ends."""
+    agents = pytest.importorskip("agents")
+    agents.set_tracing_disabled(True)
+    cities: list[str] = []
+
+    @agents.function_tool
+    def get_weather(city: str) -> str:
+        """The weather in a city."""
+        cities.append(city)
+        return "Sunny"
+
+    async with openai.AsyncOpenAI(base_url=server.api_url, api_key="local", max_retries=0,
+                                  timeout=120) as sdk:
+        agent = agents.Agent(
+            name="weather", instructions="Answer briefly.", tools=[get_weather],
+            output_type=Answer, model=agents.OpenAIResponsesModel(model, sdk),
+            model_settings=agents.ModelSettings(tool_choice="required", max_tokens=48))
+        result = await agents.Runner.run(agent, "Is it sunny in Paris?", max_turns=4)
+    assert len(cities) == 1 and cities[0]
+    assert isinstance(result.final_output, Answer)
+    assert len(result.raw_responses) == 2
