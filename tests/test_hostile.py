@@ -333,3 +333,74 @@ async def test_hostile_requests_do_not_disturb_a_stream_in_flight(
     assert data[-1] == "[DONE]"
     chunks = [json.loads(d) for d in data[:-1]]
     assert "".join(c["choices"][0]["text"] for c in chunks) == reference
+
+
+# The agents' APIs: the same refusals before any work, each in its API's own error shape
+# (Anthropic's on /v1/messages, OpenAI's on /v1/responses). (id, path, body, status, words)
+MESSAGES_API, RESPONSES_API = "/v1/messages", "/v1/responses"
+ASK = [{"role": "user", "content": "Hi"}]
+AGENT_HOSTILE: list[tuple[str, str, Any, int, str]] = [
+    ("messages-stream-empty-stop", MESSAGES_API,
+     {"max_tokens": 4, "messages": ASK, "stream": True, "stop_sequences": [""]}, 400, "stop"),
+    ("messages-stream-stops-20000", MESSAGES_API,
+     {"max_tokens": 4, "messages": ASK, "stream": True, "stop_sequences": ["x"] * 20000}, 400,
+     "--max-stop"),
+    ("messages-surrogate", MESSAGES_API,
+     b'{"max_tokens": 4, "messages": [{"role": "user", "content": ' + SURROGATE.encode() + b"}]}",
+     400, "JSON"),
+    ("messages-chars", MESSAGES_API,
+     {"max_tokens": 4, "messages": [{"role": "user", "content": "ab " * 20000}]}, 400,
+     "characters"),
+    ("messages-million-blocks", MESSAGES_API,
+     b'{"max_tokens": 4, "messages": [{"role": "user", "content": [' + b",".join([b"1"] * 1_000_000)
+     + b"]}]}", 400, "messages"),
+    ("messages-tool-use-without-id", MESSAGES_API,
+     {"max_tokens": 4, "messages": [*ASK, {"role": "assistant", "content": [
+         {"type": "tool_use", "name": "f", "input": {}}]}]}, 400, "tool_use"),
+    ("messages-tool-choice-without-name", MESSAGES_API,
+     {"max_tokens": 4, "messages": ASK, "tool_choice": {"type": "tool"}}, 400, "name"),
+    ("messages-max-tokens-string", MESSAGES_API, {"max_tokens": "4", "messages": ASK}, 400,
+     "max_tokens"),
+    ("messages-not-json", MESSAGES_API, b'{"max_tokens": 4,', 400, "JSON"),
+    ("count-tokens-empty", "/v1/messages/count_tokens", {"messages": []}, 400, "messages"),
+    ("responses-stream-builtin-tool", RESPONSES_API,
+     {"input": "Hi", "stream": True, "tools": [{"type": "code_interpreter"}]}, 400,
+     "code_interpreter"),
+    ("responses-stream-bad-schema", RESPONSES_API,
+     {"input": "Hi", "stream": True, "text": {"format": {
+         "type": "json_schema", "name": "x", "schema": {"type": "no-such-type"}}}}, 400, "schema"),
+    ("responses-surrogate", RESPONSES_API, b'{"input": ' + SURROGATE.encode() + b"}", 400, "JSON"),
+    ("responses-chars", RESPONSES_API, {"input": "ab " * 20000}, 400, "characters"),
+    ("responses-million-items", RESPONSES_API,
+     b'{"input": [' + b",".join([b"1"] * 1_000_000) + b"]}", 400, "input"),
+    ("responses-temperature-nan", RESPONSES_API, b'{"input": "Hi", "temperature": NaN}', 400,
+     "temperature"),
+    ("responses-output-without-call-id", RESPONSES_API,
+     {"input": [{"type": "function_call_output", "output": "x"}]}, 400, "call_id"),
+    ("responses-not-json", RESPONSES_API, b"[1, 2", 400, "JSON"),
+]
+
+
+def agent_api_error(response: httpx.Response, path: str) -> str:
+    """The error's message, its shape checked: Anthropic's on /v1/messages, else OpenAI's."""
+    if not path.startswith(MESSAGES_API):
+        return str(json_error(response)["message"])
+    body = response.json()
+    assert body["type"] == "error" and set(body["error"]) == {"type", "message"}, body
+    assert body["error"]["type"] == "invalid_request_error", body
+    return str(body["error"]["message"])
+
+
+@pytest.mark.parametrize(("path", "body", "status", "words"), [case[1:] for case in AGENT_HOSTILE],
+                         ids=[case[0] for case in AGENT_HOSTILE])
+async def test_hostile_agent_api_request_is_refused_before_any_work(
+        http: httpx.AsyncClient, path: str, body: Any, status: int, words: str) -> None:
+    started = time.monotonic()
+    response = await post(http, path, body)
+    assert response.status_code == status, response.text[:500]
+    # A JSON error, never a 200 stream with an error in it.
+    assert response.headers["content-type"].startswith("application/json")
+    message = agent_api_error(response, path)
+    assert words in message and len(message) < 400, message
+    assert time.monotonic() - started < 30
+    await assert_healthy(http)
