@@ -222,3 +222,64 @@ def test_server_healthy_after_fuzzing(server: ServerProcess) -> None:
     text = httpx.get(f"{server.base_url}/metrics").text
     assert "pagode:http_responses_total" in text
     assert 'code="500"' not in text
+
+
+# The agents' APIs, fuzzed the same way: Anthropic's error shape on /v1/messages, OpenAI's
+# on /v1/responses, and each stream ends with its API's last event.
+AGENT_FUZZED_PATHS = "^/v1/(messages|messages/count_tokens|responses)$"
+AGENT_EXAMPLES_PER_OPERATION = 25
+LAST_EVENTS = {"/v1/messages": {"message_stop"},
+               "/v1/responses": {"response.completed", "response.incomplete"}}
+
+
+def cap_agent_generation(body: Any) -> None:
+    """Few tokens: both APIs cut an output limit to what the context leaves, not to 4."""
+    if not isinstance(body, dict):
+        return
+    for key in ("max_tokens", "max_output_tokens"):
+        value = body.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > MAX_TOKENS:
+            body[key] = MAX_TOKENS
+    if "input" in body and body.get("max_output_tokens") is None:
+        body["max_output_tokens"] = MAX_TOKENS
+
+
+def check_agent_response(path: str, status: int, text: str, streamed: bool) -> None:
+    assert status < 500, text[:500]
+    if status >= 400:
+        body = strict_json(text)
+        if path.startswith("/v1/messages"):
+            assert body["type"] == "error" and set(body["error"]) == {"type", "message"}, body
+        else:
+            assert set(body) == {"error"} and body["error"]["code"] == status, body
+    elif streamed:
+        events = [strict_json(line.removeprefix("data: ")) for line in text.splitlines()
+                  if line.startswith("data: ")]
+        assert events[-1]["type"] in LAST_EVENTS[path], text[-300:]
+    else:
+        strict_json(text)
+
+
+def test_agent_api_fuzz(server: ServerProcess) -> None:
+    schema = schemathesis.openapi.from_url(f"{server.base_url}/openapi.json")
+    schema.config.max_stream_events = MAX_STREAM_EVENTS
+    operations = [result.ok() for result in
+                  schema.include(path_regex=AGENT_FUZZED_PATHS).get_all_operations()
+                  if isinstance(result, Ok)]
+    assert sorted(op.path for op in operations) == [
+        "/v1/messages", "/v1/messages/count_tokens", "/v1/responses"]
+    for operation in operations:
+
+        @given(case=operation.as_strategy())
+        @settings(max_examples=AGENT_EXAMPLES_PER_OPERATION, deadline=None, database=None,
+                  suppress_health_check=list(HealthCheck))
+        def run(case: Any) -> None:
+            path = case.operation.path
+            cap_agent_generation(case.body)
+            streamed = isinstance(case.body, dict) and case.body.get("stream") is True
+            response = case.call(base_url=server.base_url, timeout=120)
+            assert not response.stream_cut_short
+            check_agent_response(path, response.status_code, response.text, streamed)
+
+        run()
+    assert httpx.get(f"{server.base_url}/health").status_code == 200
