@@ -93,8 +93,8 @@ class ServerSettings:
         group="chat")
     # Slow and hostile clients (server/middleware/http_limits.py, server/api/body.py)
     default_max_tokens: int | None = option(
-        None, "the output limit of a generation request that sets none (agents such as Codex "
-        "CLI send none), as vLLM's --override-generation-config max_new_tokens (default: "
+        None, "the output limit of a chat, messages or responses request that sets none "
+        "(agents such as Codex CLI send none), as vLLM's --override-generation-config max_new_tokens (default: "
         "whatever the context leaves)", bound=POSITIVE)
     responses_store: str | None = option(
         None, "the SQLite file that keeps stored Responses API responses (store, "
