@@ -138,9 +138,10 @@ async def test_tool_use_round_trip(client: Any, model: str) -> None:
 
 
 async def test_streamed_tool_use_arrives_as_input_json(client: Any, model: str) -> None:
-    async with client.messages.stream(model=model, max_tokens=40, messages=QUESTION,
-                                      tools=[WEATHER_TOOL],
-                                      tool_choice={"type": "any"}) as stream:
+    async with client.messages.stream(model=model, max_tokens=60, messages=QUESTION,
+                                      tools=[WEATHER_TOOL], tool_choice={
+                                          "type": "any", "disable_parallel_tool_use": True},
+                                      ) as stream:
         kinds = [event.type async for event in stream]
         final = await stream.get_final_message()
     assert "input_json" in kinds  # the SDK's event for each input_json_delta

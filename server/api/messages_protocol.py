@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
-from server.api.protocol import OpenAIModel, PositiveInt, StrictInt
+from server.api.protocol import OpenAIModel, PositiveInt, StrictInt, StructuredOutputsParams
 
 Block = dict[str, Any]
 
@@ -65,6 +65,8 @@ class MessagesRequest(MessagesInput):
     metadata: dict[str, Any] | None = None
     stream: bool = False
     seed: StrictInt | None = None  # not Anthropic's; kept because it makes tests repeatable
+    # vLLM's extension, as on chat: constrain the reply with a regex, a choice, a grammar.
+    structured_outputs: StructuredOutputsParams | None = None
 
 
 class CountTokensRequest(MessagesInput):

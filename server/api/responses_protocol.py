@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
-from server.api.protocol import OpenAIModel, PositiveInt, Temperature, TopP
+from server.api.protocol import OpenAIModel, PositiveInt, StructuredOutputsParams, Temperature, TopP
 
 Item = dict[str, Any]
 
@@ -65,3 +65,5 @@ class ResponsesRequest(OpenAIModel):
     include: Annotated[list[str], Field(fail_fast=True)] | None = None
     truncation: Literal["auto", "disabled"] | None = None
     seed: int | None = None  # not OpenAI's; kept because it makes tests repeatable
+    # vLLM's extension, as on chat: constrain the reply with a regex, a choice, a grammar.
+    structured_outputs: StructuredOutputsParams | None = None

@@ -60,6 +60,7 @@ class MessagesDialect:
         self.call_blocks: dict[int, int] = {}  # tool call index -> block index
         self.finish_reason: str | None = None
         self.matched_stop: Any = None
+        self.space = ""  # whitespace that would open a text block, held until text follows
 
     def message(self, content: list[dict[str, Any]], reason: str | None,
                 sequence: str | None, usage: dict[str, int]) -> dict[str, Any]:
@@ -101,16 +102,29 @@ class MessagesDialect:
                 events += self.open_block("thinking", {"type": "thinking", "thinking": "",
                                                        "signature": ""})
             events.append(self.delta({"type": "thinking_delta", "thinking": delta["reasoning"]}))
-        if delta.get("content"):
+        text = self.held_back(delta.get("content") or "")
+        if text:
             if self.open_kind != "text":
                 events += self.open_block("text", {"type": "text", "text": ""})
-            events.append(self.delta({"type": "text_delta", "text": delta["content"]}))
+            events.append(self.delta({"type": "text_delta", "text": text}))
         for call in delta.get("tool_calls") or []:
             events += self.feed_call(call)
         if choice.get("finish_reason") is not None:
             self.finish_reason = choice["finish_reason"]
             self.matched_stop = choice.get("stop_reason")
         return events
+
+    def held_back(self, text: str) -> str:
+        """The text to send. Whitespace alone does not open a text block (a reasoning
+        model writes a blank line between its thinking and its call), so it waits for the
+        text that follows it, and is dropped if none does."""
+        if self.open_kind == "text":
+            return text
+        self.space += text
+        if not self.space.strip():
+            return ""
+        text, self.space = self.space, ""
+        return text
 
     def feed_call(self, call: dict[str, Any]) -> list[Event]:
         events: list[Event] = []
@@ -142,7 +156,7 @@ class MessagesDialect:
         content: list[dict[str, Any]] = []
         if message.get("reasoning"):
             content.append({"type": "thinking", "thinking": message["reasoning"], "signature": ""})
-        if message.get("content"):
+        if (message.get("content") or "").strip():
             content.append({"type": "text", "text": message["content"]})
         for call in message.get("tool_calls") or []:
             content.append({"type": "tool_use", "id": call["id"], "name": call["function"]["name"],

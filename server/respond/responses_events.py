@@ -69,6 +69,7 @@ class ResponsesDialect:
         self.output: list[dict[str, Any]] = []
         self.open: OpenItem | None = None
         self.finish_reason: str | None = None
+        self.space = ""  # whitespace that would open a message item, held until text follows
 
     def response(self, status: str, usage: dict[str, Any] | None = None,
                  error: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -148,6 +149,18 @@ class ResponsesDialect:
                                      delta=text))
         return events
 
+    def held_back(self, text: str) -> str:
+        """The text to send. Whitespace alone does not open a message item (a reasoning
+        model writes a blank line between its thinking and its call), so it waits for the
+        text that follows it, and is dropped if none does."""
+        if self.open is not None and self.open.kind == "message":
+            return text
+        self.space += text
+        if not self.space.strip():
+            return ""
+        text, self.space = self.space, ""
+        return text
+
     def add_call(self, call: dict[str, Any]) -> list[Event]:
         events: list[Event] = []
         function = call.get("function") or {}
@@ -170,8 +183,9 @@ class ResponsesDialect:
         events: list[Event] = []
         if delta.get("reasoning"):
             events += self.add_text("reasoning", delta["reasoning"])
-        if delta.get("content"):
-            events += self.add_text("message", delta["content"])
+        text = self.held_back(delta.get("content") or "")
+        if text:
+            events += self.add_text("message", text)
         for call in delta.get("tool_calls") or []:
             events += self.add_call(call)
         if choice.get("finish_reason") is not None:
@@ -213,7 +227,7 @@ class ResponsesDialect:
         if message.get("reasoning"):
             self.output.append({**new_item("reasoning"), "content": [
                 {"type": "reasoning_text", "text": message["reasoning"]}]})
-        if message.get("content"):
+        if (message.get("content") or "").strip():
             self.output.append({**new_item("message"), "status": "completed", "content": [
                 self.part("message", message["content"])]})
         for call in message.get("tool_calls") or []:

@@ -65,6 +65,9 @@ def sampling_fields(body: MessagesRequest) -> dict[str, Any]:
             fields[name] = value
     if body.stop_sequences:
         fields["stop"] = body.stop_sequences
+    if body.structured_outputs is not None:
+        fields["structured_outputs"] = body.structured_outputs.model_dump(by_alias=True,
+                                                                          exclude_none=True)
     user = (body.metadata or {}).get("user_id")
     if isinstance(user, str):
         fields["user"] = user

@@ -56,6 +56,9 @@ def sampling_fields(body: ResponsesRequest) -> dict[str, Any]:
     if body.reasoning is not None and body.reasoning.effort is not None:
         effort = body.reasoning.effort
         fields["reasoning_effort"] = "high" if effort == "xhigh" else effort
+    if body.structured_outputs is not None:
+        fields["structured_outputs"] = body.structured_outputs.model_dump(by_alias=True,
+                                                                          exclude_none=True)
     fmt = body.text.format if body.text is not None else None
     if fmt is not None and fmt.type != "text":
         fields["response_format"] = response_format(fmt.type, fmt.name, fmt.json_schema, fmt.strict)
