@@ -75,6 +75,11 @@ HOSTILE: list[tuple[str, str, Any, int, str | None]] = [
     ("suffix-unsupported", COMPLETIONS, {"prompt": "Hi", "suffix": "end"}, 400, "suffix"),
     ("beam-search-unsupported", COMPLETIONS, {"prompt": "Hi", "use_beam_search": True}, 400,
      "use_beam_search"),
+    # accepted but ignored would be worse than refused: a banned word printed all the same
+    ("bad-words-unsupported", COMPLETIONS, {"prompt": "Hi", "bad_words": ["1"]}, 400, "bad_words"),
+    ("allowed-token-ids-unsupported", CHAT, {"messages": MESSAGES, "allowed_token_ids": [5]}, 400,
+     "allowed_token_ids"),
+    ("chat-echo-unsupported", CHAT, {"messages": MESSAGES, "echo": True}, 400, "echo"),
     ("prompt-chars", COMPLETIONS, {"prompt": "ab " * 20000}, 400, "prompt"),
     ("chat-chars", CHAT, {"messages": [{"role": "user", "content": "ab " * 20000}]}, 400,
      "messages"),

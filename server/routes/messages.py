@@ -17,6 +17,7 @@ from server.respond.messages_events import MessagesDialect
 from server.runtime.chat_pipeline import start_chat
 from server.runtime.state import State
 from server.translate.engine_requests import render_chat_prompt
+from server.translate.fields import log_unknown_fields
 from server.translate.messages_to_chat import chat_from_messages
 from server.worker_pool import run_blocking
 
@@ -28,6 +29,7 @@ async def create_message(request: Request, state: State) -> Response:
     body = await parse_body(request, MessagesRequest, state.settings)
     chat = chat_from_messages(body)
     request_id, client_id = request_id_for(request, "msg")
+    log_unknown_fields(request_id, body)  # Claude Code sends fields of Anthropic's own service
     stream, builder = await start_chat(state, chat, request_id, clamp_max_tokens=True)
     dialect = MessagesDialect(f"msg_{client_id}", body.model or state.served_model_name,
                               len(builder.prompts[0].token_ids), chat.stop_list())

@@ -20,6 +20,7 @@ from server.respond.responses_events import Keep, ResponsesDialect
 from server.runtime.chat_pipeline import start_chat
 from server.runtime.response_store import ResponseStore
 from server.runtime.state import State
+from server.translate.fields import log_unknown_fields
 from server.translate.responses_to_chat import chat_from_responses, input_items
 
 router = APIRouter()
@@ -62,6 +63,7 @@ async def create_response(request: Request, state: State) -> Response:
     conversation = history(store, body) + input_items(body)
     chat = chat_from_responses(body, conversation)
     request_id, client_id = request_id_for(request, "resp")
+    log_unknown_fields(request_id, body)  # Codex sends prompt_cache_key, client_metadata
     stream, builder = await start_chat(state, chat, request_id, clamp_max_tokens=True)
     tokenizer = state.engine_for(None).tokenizer
     dialect = ResponsesDialect(

@@ -40,6 +40,15 @@ UNSUPPORTED_FIELDS: dict[str, Callable[[Any], bool]] = {
     "audio": _set,
     "modalities": lambda v: v not in (None, ["text"]),
     "prediction": _set,
+    # vLLM's sampling extensions that pagode's sampler does not run: accepting them would
+    # print the banned words and the disallowed tokens anyway.
+    "bad_words": _set,
+    "allowed_token_ids": _set,
+    "include_stop_str_in_output": _set,
+    "logits_processors": _set,
+    "return_tokens_as_token_ids": _set,
+    "echo": _set,  # chat's (vLLM: the last message repeated); completions declare their own
+    "web_search_options": _set,
 }
 MAX_LOGGED_NAMES = 1000
 _logged_names: set[str] = set()
