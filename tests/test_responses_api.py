@@ -54,6 +54,7 @@ async def test_whole_response_is_stored_retrieved_and_deleted(client: openai.Asy
     if response.status == "incomplete":
         assert response.incomplete_details is not None
         assert response.incomplete_details.reason == "max_output_tokens"
+        assert response.output[-1].status == "incomplete"
     again = await client.responses.retrieve(response.id)
     assert again.output_text == response.output_text and again.usage == response.usage
     items = await client.responses.input_items.list(response.id)
@@ -79,6 +80,7 @@ async def test_the_streamed_event_sequence(client: openai.AsyncOpenAI, model: st
     final = events[-1].response
     assert events[-4].text == text == final.output_text
     assert final.usage is not None and final.usage.output_tokens == 10
+    assert final.output[-1].status == "incomplete"  # the limit cut the message
     assert events[0].response.id == final.id and not final.store
     with pytest.raises(openai.NotFoundError):  # store=False: nothing kept
         await client.responses.retrieve(final.id)

@@ -200,6 +200,9 @@ class ResponsesDialect:
 
     def finished(self, chat_usage: dict[str, Any]) -> dict[str, Any]:
         status = "incomplete" if self.finish_reason == "length" else "completed"
+        if status == "incomplete":  # the output limit cut the last item, as OpenAI marks it
+            self.output[-1:] = [{**item, "status": "incomplete"} if "status" in item else item
+                                for item in self.output[-1:]]
         final = self.response(status, self.usage(chat_usage))
         if self.keep is not None:
             self.keep(final)
