@@ -383,6 +383,14 @@ AGENT_HOSTILE: list[tuple[str, str, Any, int, str]] = [
     ("responses-output-without-call-id", RESPONSES_API,
      {"input": [{"type": "function_call_output", "output": "x"}]}, 400, "call_id"),
     ("responses-not-json", RESPONSES_API, b"[1, 2", 400, "JSON"),
+    ("responses-include-logprobs", RESPONSES_API,
+     {"input": "Hi", "include": ["message.output_text.logprobs"]}, 400, "include"),
+    ("responses-truncation-auto", RESPONSES_API, {"input": "Hi", "truncation": "auto"}, 400,
+     "truncation"),
+    ("responses-conversation", RESPONSES_API, {"input": "Hi", "conversation": "conv_1"}, 400,
+     "conversation"),
+    ("responses-top-logprobs", RESPONSES_API, {"input": "Hi", "top_logprobs": 3}, 400,
+     "top_logprobs"),
 ]
 
 

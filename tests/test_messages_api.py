@@ -114,7 +114,7 @@ async def test_a_stop_sequence_is_reported(client: Any, model: str) -> None:
 
 async def test_tool_use_round_trip(client: Any, model: str) -> None:
     first = await client.messages.create(
-        model=model, max_tokens=40, messages=QUESTION, tools=[WEATHER_TOOL],
+        model=model, max_tokens=64, messages=QUESTION, tools=[WEATHER_TOOL],
         tool_choice={"type": "tool", "name": "get_weather"})
     assert first.stop_reason == "tool_use"
     (call,) = [block for block in first.content if block.type == "tool_use"]

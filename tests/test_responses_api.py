@@ -89,7 +89,7 @@ async def test_the_streamed_event_sequence(client: openai.AsyncOpenAI, model: st
 async def test_function_call_round_trip(client: openai.AsyncOpenAI, model: str) -> None:
     first = await client.responses.create(
         model=model, input="What is the weather in Paris?", tools=[WEATHER_TOOL],
-        tool_choice={"type": "function", "name": "get_weather"}, max_output_tokens=40)
+        tool_choice={"type": "function", "name": "get_weather"}, max_output_tokens=64)
     (call,) = [item for item in first.output if item.type == "function_call"]
     assert call.name == "get_weather" and isinstance(json.loads(call.arguments)["city"], str)
     second = await client.responses.create(
@@ -109,7 +109,7 @@ async def test_function_call_round_trip(client: openai.AsyncOpenAI, model: str) 
 async def test_streamed_function_call_arguments(client: openai.AsyncOpenAI, model: str) -> None:
     stream = await client.responses.create(
         model=model, input="What is the weather in Paris?", tools=[WEATHER_TOOL],
-        tool_choice="required", parallel_tool_calls=False, max_output_tokens=40, stream=True,
+        tool_choice="required", parallel_tool_calls=False, max_output_tokens=64, stream=True,
         store=False)
     events = [event async for event in stream]
     deltas = "".join(event.delta for event in events
@@ -122,7 +122,7 @@ async def test_streamed_function_call_arguments(client: openai.AsyncOpenAI, mode
 
 async def test_parse_with_a_schema(client: openai.AsyncOpenAI, model: str) -> None:
     parsed = await client.responses.parse(model=model, input="The weather in Rome, as JSON.",
-                                          text_format=Weather, max_output_tokens=60, store=False)
+                                          text_format=Weather, max_output_tokens=80, store=False)
     assert isinstance(parsed.output_parsed, Weather)
     assert parsed.output_parsed.city
 
@@ -187,7 +187,8 @@ async def test_an_agents_sdk_agent_runs_to_its_final_output(server: ServerProces
         agent = agents.Agent(
             name="weather", instructions="Answer briefly.", tools=[get_weather],
             output_type=Answer, model=agents.OpenAIResponsesModel(model, sdk),
-            model_settings=agents.ModelSettings(tool_choice="required", max_tokens=48))
+            model_settings=agents.ModelSettings(tool_choice="required", parallel_tool_calls=False,
+                                                max_tokens=64))
         result = await agents.Runner.run(agent, "Is it sunny in Paris?", max_turns=4)
     assert len(cities) == 1 and cities[0]
     assert isinstance(result.final_output, Answer)

@@ -60,10 +60,13 @@ class ResponsesRequest(OpenAIModel):
     stream: bool = False
     metadata: dict[str, str] | None = None
     user: str | None = None
-    # Which extra fields the response carries; pagode's responses hold no encrypted reasoning
-    # or logprobs to add, so the values are accepted and change nothing.
-    include: Annotated[list[str], Field(fail_fast=True)] | None = None
-    truncation: Literal["auto", "disabled"] | None = None
+    # Which extra fields the response carries. Codex asks for the encrypted reasoning, to send
+    # it back; pagode's reasoning items carry their text instead, so that one is accepted and
+    # adds nothing. Anything else (logprobs, tool results) is refused by name.
+    include: Annotated[list[Literal["reasoning.encrypted_content"]], Field(fail_fast=True)] | None = None
+    # "auto" would drop the oldest items of a conversation that outgrows the context; pagode
+    # answers such a prompt with a 400 instead, so only "disabled" is taken.
+    truncation: Literal["disabled"] | None = None
     seed: int | None = None  # not OpenAI's; kept because it makes tests repeatable
     # vLLM's extension, as on chat: constrain the reply with a regex, a choice, a grammar.
     structured_outputs: StructuredOutputsParams | None = None

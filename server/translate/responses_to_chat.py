@@ -21,6 +21,8 @@ from server.translate.messages_to_chat import validated_chat
 TEXT_PARTS = ("input_text", "output_text", "text", "refusal")
 SKIPPED_ITEMS = ("reasoning",)
 ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
+# Fields of the Responses API whose meaning pagode does not implement, when a value asks for it.
+REFUSED_FIELDS = ("conversation", "prompt", "top_logprobs", "max_tool_calls")
 
 
 def input_items(body: ResponsesRequest) -> list[Item]:
@@ -35,6 +37,10 @@ def chat_from_responses(body: ResponsesRequest, conversation: list[Item]) -> Cha
     request's input) is `conversation`."""
     if body.background:
         raise bad_request("background responses are not supported by this server", "background")
+    extra = body.model_extra or {}
+    for name in REFUSED_FIELDS:
+        if extra.get(name):
+            raise bad_request(f"{name} is not supported by this server", name)
     turns = [{"role": "system", "content": body.instructions}] if body.instructions else []
     for index, item in enumerate(conversation):
         add_item(turns, item, f"input[{index}]")
