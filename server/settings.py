@@ -43,7 +43,8 @@ class ServerSettings:
     served_model_name: str | None = option(
         None, "the model name clients send and /v1/models lists (default: the engine's model name)")
     api_key: str | None = option(
-        None, "require 'Authorization: Bearer KEY' on /v1/*, /tokenize, /detokenize, "
+        None, "require 'Authorization: Bearer KEY' (or Anthropic's 'x-api-key: KEY') on /v1/*, "
+        "/tokenize, /detokenize, "
         "/reset_prefix_cache and /stats/stream; /health, /metrics and the web page at / stay open (default: "
         "$PAGODE_API_KEY, else no authentication)",
         env=envs.API_KEY)
