@@ -36,6 +36,8 @@ class BlockWeightsLike(Protocol):
     def out_features(self) -> int: ...
     @property
     def in_features(self) -> int: ...
+    @property
+    def tile_from(self) -> int: ...
 
 
 class BlocksLike(Protocol):
@@ -50,39 +52,46 @@ class BlocksLike(Protocol):
     def in_features(self) -> int: ...
 
 
-def part_rows(w: BlocksLike, bias: torch.Tensor | None) -> list[list[int]]:
-    """Each part's kind, rows, qs, scales, mins and bias pointers (0 where absent)."""
+def part_rows(w: BlocksLike, bias: torch.Tensor | None, tile_from: int | None = None) -> list[list[int]]:
+    """Each part's kind, rows, qs, scales, mins and bias pointers (0 where absent), and the
+    fewest tokens its tile body runs (`tile_from`, else the part's own; 0: never)."""
     rows, n0 = [], 0
     for p in w.parts:
         b = 0 if bias is None else bias.data_ptr() + n0 * bias.element_size()
         rows.append([KINDS[p.kind], p.out_features, p.qs.data_ptr(), p.scales.data_ptr(),
-                     0 if p.mins is None else p.mins.data_ptr(), b])
+                     0 if p.mins is None else p.mins.data_ptr(), b, p.tile_from if tile_from is None else tile_from])
         n0 += p.out_features
     return rows
 
 
 def part_table(w: BlocksLike, bias: torch.Tensor | None) -> torch.Tensor:
-    """part_rows as int64 [parts, 6], the layout that linear() in src/decode_step.cpp reads."""
+    """part_rows as int64 [parts, 7], the layout that linear() in src/decode_step.cpp reads."""
     return torch.tensor(part_rows(w, bias), dtype=torch.int64)
 
 
 class BlockLinear:
-    """y = x @ W^T (+ bias) on a block-quantized W, for few tokens per call."""
+    """y = x @ W^T (+ bias) on a block-quantized W: the integer body for few tokens, the bf16
+    tile body (where built) from the weight's `tile_from` tokens on."""
 
-    SYMBOLS = ("linear_blocks", "quant_kernel_uses_avx2")
+    SYMBOLS = ("linear_blocks", "quant_kernel_uses_avx2", "quant_kernel_tile_body")
 
     def __init__(self, lib: ctypes.CDLL) -> None:
         self.lib = lib
         lib.linear_blocks.restype = None
-        lib.linear_blocks.argtypes = [_I64] + [_P] * 6 + [_I64] * 4 + [ctypes.c_int]
+        lib.linear_blocks.argtypes = [_I64] + [_P] * 6 + [_I64] * 5 + [ctypes.c_int]
         lib.quant_kernel_uses_avx2.restype = ctypes.c_int
+        lib.quant_kernel_tile_body.restype = ctypes.c_int
 
     def uses_avx2(self) -> bool:
         return bool(self.lib.quant_kernel_uses_avx2())
 
-    def __call__(self, x: torch.Tensor, w: BlocksLike,
-                 bias: torch.Tensor | None = None) -> torch.Tensor:
-        """x [M, K] fp32 -> [M, N] fp32 on the block-quantized weight w [N, K]."""
+    def has_tile_body(self) -> bool:
+        return bool(self.lib.quant_kernel_tile_body())
+
+    def __call__(self, x: torch.Tensor, w: BlocksLike, bias: torch.Tensor | None = None,
+                 tile_from: int | None = None) -> torch.Tensor:
+        """x [M, K] fp32 -> [M, N] fp32 on the block-quantized weight w [N, K]; `tile_from`
+        overrides the weight's own switch to the tile body (1: always, 0: never)."""
         x = x.contiguous()
         m, k = x.shape
         if k != w.in_features:
@@ -91,8 +100,8 @@ class BlockLinear:
         y = torch.empty(m, n, dtype=torch.float32)
         threads = torch.get_num_threads()
         n0 = 0
-        for kind, rows, qs, scales, mins, b in part_rows(w, bias):
+        for kind, rows, qs, scales, mins, b, tiles in part_rows(w, bias, tile_from):
             self.lib.linear_blocks(kind, x.data_ptr(), qs, scales, mins, b, y.data_ptr() + n0 * y.element_size(),
-                                   m, rows, k, n, threads)
+                                   m, rows, k, n, tiles, threads)
             n0 += rows
         return y

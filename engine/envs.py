@@ -112,6 +112,10 @@ QUANT_CROSSOVER: EnvVar[int | None] = EnvVar(
     "PAGODE_QUANT_CROSSOVER", _optional_int, None,
     "Pins the block kernel's crossover to N tokens per call instead of measuring it at load "
     "(reproducible runs).")
+QUANT_TILES: EnvVar[int | None] = EnvVar(
+    "PAGODE_QUANT_TILES", _optional_int, None,
+    "Pins the step size from which the block kernel runs its tile body (amx builds) to N tokens "
+    "per call, 0 never, instead of measuring it at load (reproducible runs).")
 FBGEMM_REDUCE_RANGE: EnvVar[bool] = EnvVar(
     "PAGODE_FBGEMM_REDUCE_RANGE", _flag, True,
     "fbgemm's int8 activations use a 7-bit range (1, the default) so that AVX2's 16-bit pair "
@@ -130,7 +134,8 @@ CXX: EnvVar[str | None] = EnvVar(
     "The C++ compiler of the CPU kernels (the usual variable); unset: g++, then c++, on PATH.")
 
 ALL: tuple[EnvVar[object], ...] = (CACHE_DIR, CPU_KERNEL, CPU_ISA, QUANT_KERNEL, DECODE_STEP,  # type: ignore[assignment]
-                                   PREFILL_KERNEL, ATTENTION_BACKEND, QUANT_GEMM, QUANT_CROSSOVER, FBGEMM_REDUCE_RANGE,
+                                   PREFILL_KERNEL, ATTENTION_BACKEND, QUANT_GEMM, QUANT_CROSSOVER, QUANT_TILES,
+                                   FBGEMM_REDUCE_RANGE,
                                    RACE_CACHE, API_KEY)
 
 

@@ -63,6 +63,7 @@ HOST_CERTS = Path("/usr/local/share/ca-certificates")
 HEALTH_INTERVAL = "2s"
 PINNED_FUSED_DECODE_LIMIT = 16  # what the single stack's start measured here
 PINNED_QUANT_CROSSOVER = 8
+PINNED_QUANT_TILES = 8
 # A cold start on a busy 2-core machine: loading, compiling the C++ kernels,
 # measuring the kernels' crossovers. Minutes when other jobs share the cores.
 STARTUP_TIMEOUT_S = 900.0
@@ -262,7 +263,7 @@ def pagode_service(service: dict[str, Any], image: str, port: int,
                    pinned: bool = False) -> dict[str, Any]:
     """The shipped pagode service, listening on 127.0.0.1:port (the last --host/--port win).
 
-    `pinned` fixes the two kernel crossovers that a start otherwise measures (the
+    `pinned` fixes the kernel crossovers that a start otherwise measures (the
     operator's knobs for reproducible runs): replicas that start together on the same
     cores would time each other's measurements, for minutes on a busy machine.
     """
@@ -271,6 +272,7 @@ def pagode_service(service: dict[str, Any], image: str, port: int,
     if pinned:
         command += ["--fused-decode-limit", str(PINNED_FUSED_DECODE_LIMIT)]
         env["PAGODE_QUANT_CROSSOVER"] = str(PINNED_QUANT_CROSSOVER)
+        env["PAGODE_QUANT_TILES"] = str(PINNED_QUANT_TILES)
     return {**on_loopback(service), "image": image, "command": command,
             **({"environment": env} if env else {}),
             # Only the interval: the check itself stays the image's HEALTHCHECK.

@@ -35,7 +35,7 @@ REPLICA_ARGS = ["--kv-cache-memory", "256MiB", "--max-model-len", "512"]
 # timeout): these pin them, as the Docker replica tests pin the crossovers
 # (tests/docker_harness.py).
 PINNED_REPLICA_ARGS = [*REPLICA_ARGS, "--fused-decode-limit", "16", "--max-num-seqs", "16"]
-PINNED_REPLICA_ENV = {"PAGODE_QUANT_CROSSOVER": "8"}
+PINNED_REPLICA_ENV = {"PAGODE_QUANT_CROSSOVER": "8", "PAGODE_QUANT_TILES": "8"}
 STARTUP_TIMEOUT_S = 300.0  # as tests/server_fixtures.py: two models loading on a busy 2-core machine
 
 

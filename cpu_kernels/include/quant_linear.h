@@ -13,8 +13,14 @@ extern "C" {
 //   Q4_1: qs [N, K/2] nibbles, wd and wm [N, K/32] fp16 scales and minima;
 //   Q8_0: qs [N, K] int8, wd [N, K/32] fp16 scales (wm unused);
 //   Q4_K, Q5_K, Q6_K: qs [N, K/256 super-blocks] in GGUF's bytes (wd, wm unused).
+// Steps of at least `tile_from` tokens (0: none) run the tile body (src/block_gemm.cpp) where
+// the library has one (the amx build), the others the integer body.
 void linear_blocks(int64_t kind, const float* x, const uint8_t* qs, const uint16_t* wd, const uint16_t* wm,
-                   const float* bias, float* y, int64_t M, int64_t N, int64_t K, int64_t ldy, int nthreads);
+                   const float* bias, float* y, int64_t M, int64_t N, int64_t K, int64_t ldy, int64_t tile_from,
+                   int nthreads);
+
+// 1 when the tile body was compiled in (the amx level), else 0.
+int quant_kernel_tile_body();
 
 // 1 when the AVX2 body was compiled in, 0 for the portable one.
 int quant_kernel_uses_avx2();

@@ -48,7 +48,7 @@ from engine.quant.onednn_gemm import OnednnGemm
 
 log = logging.getLogger("pagode")
 
-FORMAT_VERSION = 3  # bump when the layout of a pack changes
+FORMAT_VERSION = 4  # bump when the layout of a pack changes
 PACKABLE_GEMMS = ("fp32", "bf16", "onednn")
 KEEP_PACKS = 3  # a pack is hundreds of MiB, and every code or flag change keys a new one
 _SOURCES = (Path(__file__).resolve().parent, Path(__file__).resolve().parents[1] / "quant")
@@ -79,6 +79,7 @@ def pack_key(model_path: Path, mode: str, dtype: torch.dtype, device: torch.devi
     key = {"format": FORMAT_VERSION, "model": identity(model_path), "mode": mode, "dtype": str(dtype),
             "device": str(device), "max_tokens": max_tokens, "machine": race_memory.machine(),
             "quant_gemm": envs.QUANT_GEMM.get(), "crossover": envs.QUANT_CROSSOVER.get(),
+            "tiles": envs.QUANT_TILES.get(),
             "sources": sources_digest()}
     return dict(json.loads(json.dumps(key)))  # plain JSON types (torch.__version__ is a str subclass)
 
@@ -130,7 +131,7 @@ def blocks_from(entry: list[dict[str, Any]] | None) -> Blocks | None:
     if entry is None:
         return None
     parts = tuple(BlockWeights(p["kind"], p["qs"], p["scales"], p["mins"], int(p["out_features"]),
-                               int(p["in_features"])) for p in entry)
+                               int(p["in_features"]), int(p["tile_from"])) for p in entry)
     return parts[0] if len(parts) == 1 else BlockParts(parts)
 
 
@@ -192,7 +193,8 @@ def prune(folder: Path, keep: Path) -> None:
 def linear_entry(layer: QuantLinear) -> dict[str, Any]:
     b, g = layer.blocks, layer.gemm
     blocks = None if b is None else [{"kind": p.kind, "qs": p.qs, "scales": p.scales, "mins": p.mins,
-                                      "out_features": p.out_features, "in_features": p.in_features}
+                                      "out_features": p.out_features, "in_features": p.in_features,
+                                      "tile_from": p.tile_from}
                                      for p in b.parts]
     gemm = None
     if isinstance(g, DenseGemm | Bf16Gemm):

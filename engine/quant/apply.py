@@ -47,13 +47,16 @@ class QuantReport:
     kept_fp32: list[str] = field(default_factory=list)
     crossovers: dict[str, int] = field(default_factory=dict)  # "kind NxK" -> max kernel tokens
     gemms: dict[str, str] = field(default_factory=dict)  # "NxK" -> the big-step GEMM (fp32, bf16)
+    tile_from: dict[str, int] = field(default_factory=dict)  # "kind NxK" -> tokens from which the tile body runs
 
     def summary(self) -> str:
         cross = ", ".join(f"{k}: <= {v if v < NO_LIMIT else 'all'}" for k, v in self.crossovers.items())
         kinds = "+".join(sorted(set(self.gemms.values()))) or "no"
+        tiles = ", ".join(f"{k}: >= {v}" for k, v in self.tile_from.items())
         return (f"{self.layers} linear layers ({self.from_gguf} from the GGUF's own blocks); resident "
                 f"{self.block_bytes / 2**20:.0f} MiB of block weights + {self.dense_bytes / 2**20:.0f} MiB "
-                f"of {kinds} weights for big steps; block kernel up to [{cross}] tokens per call")
+                f"of {kinds} weights for big steps; block kernel up to [{cross}] tokens per call"
+                + (f", its AMX tile body from [{tiles}] tokens" if tiles else ""))
 
 
 def quantize_model(model: nn.Module, mode: str, raw: RawBlocks | None = None, max_tokens: int = 512,
@@ -96,6 +99,9 @@ def build_layer(blocks: Blocks, dense: Gemm, bias: torch.Tensor | None, max_toke
     """
     if native.block_linear() is None:
         return QuantLinear(None, dense, bias, 0)
+    tile_from = dispatch.switch_to_tiles(blocks)
+    if tile_from:
+        report.tile_from[f"{blocks.kind} {blocks.out_features}x{blocks.in_features}"] = tile_from
     crossover = dispatch.measure(blocks, dense).max_kernel_tokens
     report.crossovers[f"{blocks.kind} {blocks.out_features}x{blocks.in_features}"] = crossover
     gemm = None if crossover >= max_tokens else dense  # steps never get big enough for the GEMM

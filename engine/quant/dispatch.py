@@ -1,11 +1,16 @@
 """Which kernel a quantized layer runs, by tokens per call: measured, not guessed.
 
-At load, for each distinct weight shape and format, the block kernel and the dense GEMM are
-raced (engine/autotune.py) on 1, 2, 4, ... tokens, on one thread. The block kernel keeps
-every token count up to the last one it wins before the GEMM wins twice in a row. Layers of
-the same shape share the result for the life of the process, and later starts on the same
-machine read it back (engine/race_memory.py). PAGODE_QUANT_CROSSOVER=N pins it instead
-(reproducible runs).
+At load, for each distinct weight shape and format, two races run on 1, 2, 4, ... tokens,
+on one thread (engine/autotune.py). First the block kernel's own two bodies, where the
+library has the tile body (the amx build): the integer body keeps every count up to the
+last one it wins, and the tile body takes the steps above (`tile_from`, kept on the weight,
+which the layer path and the fused decode step both follow). Both read the same blocks, so
+the race compares their arithmetic fairly even while the weight sits in cache. Then the
+block kernel, so switched, against the dense GEMM: the kernel keeps every token count up to
+the last one it wins before the GEMM wins twice in a row. Layers of the same shape share
+the results for the life of the process, and later starts on the same machine read them
+back (engine/race_memory.py). PAGODE_QUANT_TILES=N and PAGODE_QUANT_CROSSOVER=N pin them
+instead (reproducible runs).
 """
 
 from __future__ import annotations
@@ -22,11 +27,60 @@ from engine.quant.formats import Blocks
 log = logging.getLogger("pagode")
 
 _cache: dict[tuple[str, int, int], Crossover] = {}
+_tile_from: dict[tuple[str, int, int], int] = {}
+
+
+def switch_to_tiles(blocks: Blocks) -> int:
+    """Set, on every part of `blocks`, the fewest tokens per call from which the kernel's bf16
+    tile body beats its integer body on this shape (0: never, or no tile body here); cached
+    per (format, N, K)."""
+    kernel = native.block_linear()
+    key = shape_key(blocks)
+    pinned = envs.QUANT_TILES.get()
+    if kernel is None or not kernel.has_tile_body():
+        _tile_from[key] = 0
+    elif pinned is not None:
+        _tile_from[key] = pinned
+    elif key not in _tile_from:
+        _tile_from[key] = race_tile_body(blocks, key)
+    for part in blocks.parts:
+        part.tile_from = _tile_from[key]
+    return _tile_from[key]
+
+
+def race_tile_body(blocks: Blocks, key: tuple[str, int, int]) -> int:
+    kept = race_memory.recall("tile-body", ":".join(map(str, key)))
+    if kept is not None:
+        return int(kept)
+    kernel = native.block_linear()
+    assert kernel is not None
+
+    def time_bodies(m: int) -> tuple[float, float]:
+        x = torch.randn(m, blocks.in_features)
+        reps = 5 if m <= 16 else 2
+        return (autotune.best_time(lambda: kernel(x, blocks, tile_from=0), reps),
+                autotune.best_time(lambda: kernel(x, blocks, tile_from=1), reps))
+
+    result = autotune.crossover(autotune.COUNTS, time_bodies, digits=4)
+    tile_from = tile_switch(result)
+    log.debug("tile body %s: from %d tokens, %s", key, tile_from, result.timings_ms)
+    race_memory.keep("tile-body", ":".join(map(str, key)), tile_from)
+    return tile_from
+
+
+def tile_switch(race: Crossover) -> int:
+    """The fewest tokens the tile body runs, from a race whose candidate was the integer body:
+    every count past the integer body's last win (1: it never won; 0: it always did)."""
+    return 0 if race.max_kernel_tokens >= autotune.NO_LIMIT else race.max_kernel_tokens + 1
+
+
+def shape_key(blocks: Blocks) -> tuple[str, int, int]:
+    return "+".join(p.kind for p in blocks.parts), blocks.out_features, blocks.in_features
 
 
 def measure(blocks: Blocks, gemm: Callable[[torch.Tensor], torch.Tensor]) -> Crossover:
     """Time both kernels on this layer's shape; cached per (format, N, K)."""
-    key = ("+".join(p.kind for p in blocks.parts), blocks.out_features, blocks.in_features)
+    key = shape_key(blocks)
     if key in _cache:
         return _cache[key]
     pinned = envs.QUANT_CROSSOVER.get()

@@ -39,6 +39,9 @@ class BlockWeights:
     mins: torch.Tensor | None  # fp16 [N, K/32] for q4_1
     out_features: int
     in_features: int
+    # Steps of at least this many tokens run the kernel's bf16 tile body, 0 none: measured at
+    # load per shape (engine/quant/dispatch.py), like the crossover to a dense GEMM.
+    tile_from: int = 0
 
     @property
     def nbytes(self) -> int:
@@ -52,7 +55,7 @@ class BlockWeights:
         """The same weight with its output rows reordered (blocks run along K, so they stay intact)."""
         mins = None if self.mins is None else self.mins[index].contiguous()
         return BlockWeights(self.kind, self.qs[index].contiguous(), self.scales[index].contiguous(), mins,
-                            len(index), self.in_features)
+                            len(index), self.in_features, self.tile_from)
 
 
 @dataclass

@@ -1,0 +1,13 @@
+// The tile body of the block-quantized linear (src/block_gemm.cpp), which linear_blocks
+// (src/quant_linear.cpp) runs for steps of many tokens. Present in the amx build only.
+#pragma once
+#include <cstdint>
+
+#include "isa.h"
+
+#ifdef PAGODE_AMX
+// As linear_blocks (include/quant_linear.h): each weight row's integers unpacked once and
+// multiplied with every token on AMX tiles, the blocks' scales applied to the products.
+void tile_linear(int64_t kind, const float* x, const uint8_t* qs, const uint16_t* wd, const uint16_t* wm,
+                 const float* bias, float* y, int64_t M, int64_t N, int64_t K, int64_t ldy, int nthreads);
+#endif

@@ -1,0 +1,352 @@
+// Steps of many tokens on block-quantized weights, on AMX tiles, with no dense copy.
+//
+// Why: the integer body of the block kernel (quant_linear.cpp) spends a few instructions per
+// weight and per token, so past a handful of tokens a step is bound by arithmetic, not by
+// reading the weights; the dense alternative, a bf16 copy of every weight for oneDNN, holds
+// four times the Q4 bytes and reads them all each step. Here each thread takes a panel of 16
+// output rows and, a chunk of 256 inputs at a time, writes the rows' quantized integers as
+// bf16 (exact: no level of these formats needs more than 8 significant bits) with their
+// blocks' scales and minima beside them. The tile unit multiplies the integers with every
+// token, one product per block (TDPBF16PS: 16 rows x 16 tokens x 32 inputs; Q6_K's scales
+// cover 16 inputs, so its products are 16 deep), and each product is scaled into fp32
+// accumulators:
+//     acc[row][token] += scale[row] * product[row][token] + minimum[row] * sum(token's inputs)
+// The tokens enter as two bf16 operands, x = hi + lo with lo = bf16(x - hi): 16 significant
+// bits, more than the integer body's int16 activations. With exact weights the tile body
+// computes what the integer body computes, to fp32 rounding, so a step gives the same
+// tokens whichever body its size picks. The weights cross memory and are unpacked once per
+// call whatever the number of tokens.
+//
+// Only the amx build has a tile body: without tiles, the products and their scaling cost
+// about what the integer body costs.
+#include "block_gemm.h"
+
+#ifdef PAGODE_AMX
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <type_traits>
+#include <vector>
+
+#include "block_formats.h"
+#include "quant_linear.h"
+
+namespace {
+
+using namespace block_formats;
+
+constexpr int64_t ROWS = 16;         // a panel: one tile of weight rows
+constexpr int64_t TILE_TOKENS = 16;  // the widest token tile
+constexpr int64_t CHUNK_BLOCKS = 8;  // blocks of 32 unpacked at a time: one K-quant super-block
+constexpr int64_t MAX_STEPS = 16;    // products of a chunk (16 for Q6_K's 16-deep ones)
+constexpr int64_t PREFETCH_CHUNKS = 8;  // how many chunks ahead of its unpacking a row is fetched
+
+inline __m512 iota(float first) {
+    return _mm512_add_ps(_mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_ps(first));
+}
+
+// bf16 of the 32 integers from `first` on: the table that a block's levels index (VPERMW,
+// 32 lookups an instruction, where converting each level through fp32 costs several).
+inline __m512i int_table(float first) {
+    return (__m512i)_mm512_cvtne2ps_pbh(iota(first + 16.f), iota(first));
+}
+
+// Per format: DEPTH, the inputs one scale covers (a product's depth); MINS, whether blocks
+// have minima; and `unpack`, one row's blocks [b0, b0 + n) of 32 as bf16 integers, product t
+// of the chunk at dst + t * ROWS * DEPTH, its scale and minimum at scale[t * ROWS] and
+// minimum[t * ROWS] (the caller has offset all three by the row).
+struct Q4_1Ints {
+    static constexpr int64_t DEPTH = 32;
+    static constexpr bool MINS = true;
+    static void unpack(const uint8_t* row, const uint16_t* wd, const uint16_t* wm, int64_t b0, int64_t n,
+                       uint16_t* dst, float* scale, float* minimum) {
+        const __m128i mask = _mm_set1_epi8(0x0f);
+        const __m512i table = int_table(0.f);
+        for (int64_t t = 0; t < n; ++t) {
+            const int64_t b = b0 + t;
+            const __m128i raw = _mm_loadu_si128((const __m128i*)(row + b * (QK / 2)));
+            const __m256i q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), mask), _mm_and_si128(raw, mask));
+            _mm512_storeu_si512(dst + t * ROWS * DEPTH, _mm512_permutexvar_epi16(_mm512_cvtepu8_epi16(q), table));
+            scale[t * ROWS] = half_to_float(wd[b]);
+            minimum[t * ROWS] = half_to_float(wm[b]);
+        }
+    }
+};
+
+struct Q8_0Ints {
+    static constexpr int64_t DEPTH = 32;
+    static constexpr bool MINS = false;
+    static void unpack(const uint8_t* row, const uint16_t* wd, const uint16_t*, int64_t b0, int64_t n,
+                       uint16_t* dst, float* scale, float*) {
+        for (int64_t t = 0; t < n; ++t) {
+            const int8_t* p = (const int8_t*)row + (b0 + t) * QK;
+            const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p)));
+            const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(p + 16))));
+            _mm512_storeu_si512(dst + t * ROWS * DEPTH, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+            scale[t * ROWS] = half_to_float(wd[b0 + t]);
+        }
+    }
+};
+
+// Q4_K, Q5_K: per sub-block of 32, scale d * sc and minimum -dmin * m (Q4_K's two sub-blocks
+// that share their nibble bytes are unpacked together). Q6_K: levels q - 32, with the scale
+// d * sc of each half sub-block of 16. b0 and n are whole super-blocks.
+template <typename KQ> struct KInts {
+    static constexpr int64_t DEPTH = KQ::MINS ? 32 : 16;
+    static constexpr bool MINS = KQ::MINS;
+    static void unpack(const uint8_t* row, const uint16_t*, const uint16_t*, int64_t b0, int64_t n,
+                       uint16_t* dst, float* scale, float* minimum) {
+        alignas(64) float sc[SUBS], mn[SUBS];
+        const __m512i low = int_table(KQ::MINS ? 0.f : -32.f), high = int_table(0.f);
+        for (int64_t s = b0 / SUBS; s < (b0 + n) / SUBS; ++s) {
+            const uint8_t* blk = row + s * KQ::BYTES;
+            KQ::scales(blk, sc, mn);
+            for (int j = 0; j < SUBS; ++j) {
+                const __m512i q = _mm512_cvtepu8_epi16(KQ::bytes(blk, j));
+                if constexpr (KQ::MINS) {
+                    _mm512_storeu_si512(dst + j * ROWS * DEPTH, _mm512_permutexvar_epi16(q, low));
+                    scale[j * ROWS] = sc[j];
+                    minimum[j * ROWS] = mn[j];
+                } else {  // levels 0..63 index -32..31: the two tables of VPERMT2W
+                    const __m512i v = _mm512_permutex2var_epi16(low, q, high);
+                    const int8_t* sc8 = Q6K::sc8(blk, j);
+                    _mm256_storeu_si256((__m256i*)(dst + 2 * j * ROWS * DEPTH), _mm512_castsi512_si256(v));
+                    _mm256_storeu_si256((__m256i*)(dst + (2 * j + 1) * ROWS * DEPTH), _mm512_extracti64x4_epi64(v, 1));
+                    scale[2 * j * ROWS] = sc[j] * (float)sc8[0];
+                    scale[(2 * j + 1) * ROWS] = sc[j] * (float)sc8[1];
+                }
+            }
+            const int64_t products = KQ::MINS ? SUBS : 2 * SUBS;
+            dst += products * ROWS * DEPTH;
+            scale += products * ROWS;
+            minimum += products * ROWS;
+        }
+    }
+};
+
+struct Weight {  // one block-quantized weight as linear_blocks receives it
+    const uint8_t* qs;
+    int64_t row_bytes;
+    const uint16_t *wd, *wm;
+    int64_t N, K;
+};
+
+// One chunk of a panel: the rows' integers in tile order (product t's 16 rows back to back,
+// so a tile load reads one contiguous run) and each product's per-row scale and minimum.
+struct Chunk {
+    alignas(64) uint16_t ints[CHUNK_BLOCKS * QK * ROWS];
+    alignas(64) float scale[MAX_STEPS * ROWS], minimum[MAX_STEPS * ROWS];
+};
+
+// Rows n0..n0+rows-1, blocks [b0, b0 + n), into the chunk; rows past `rows` get zero scales.
+// A chunk reads a little of each of 16 rows, 16 short streams the hardware prefetcher
+// follows poorly, so each row's bytes PREFETCH_CHUNKS chunks on are asked for now.
+template <typename Fmt>
+void unpack_rows(const Weight& w, int64_t n0, int64_t rows, int64_t b0, int64_t n, Chunk& c) {
+    const int64_t nb = w.K / QK;
+    const int64_t ahead = (b0 + PREFETCH_CHUNKS * n) * w.row_bytes / nb, span = n * w.row_bytes / nb;
+    for (int64_t r = 0; r < rows; ++r) {
+        const uint8_t* row = w.qs + (n0 + r) * w.row_bytes;
+        for (int64_t off = 0; off < span + 64 && ahead + off < w.row_bytes; off += 64)
+            _mm_prefetch((const char*)row + ahead + off, _MM_HINT_T1);
+        Fmt::unpack(row, w.wd ? w.wd + (n0 + r) * nb : nullptr, w.wm ? w.wm + (n0 + r) * nb : nullptr, b0, n,
+                    c.ints + r * Fmt::DEPTH, c.scale + r, c.minimum + r);
+    }
+    const int64_t products = n * QK / Fmt::DEPTH;
+    for (int64_t t = 0; t < products; ++t)
+        for (int64_t r = rows; r < ROWS; ++r) c.scale[t * ROWS + r] = c.minimum[t * ROWS + r] = 0.f;
+}
+
+inline uint16_t to_bf16(float f) {  // round to nearest even, as torch and cvtneps do
+    uint32_t bits;
+    std::memcpy(&bits, &f, 4);
+    return (uint16_t)((bits + 0x7fff + ((bits >> 16) & 1)) >> 16);
+}
+
+inline float from_bf16(uint16_t h) {
+    const uint32_t bits = (uint32_t)h << 16;
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+}
+
+// The tokens as B operands, hi and lo: tile c holds `width` tokens (16, or M when fewer) as
+// [K/2][width][2], so a product's B tile is DEPTH/2 rows of width * 4 contiguous bytes (a
+// narrow tile for a few tokens loads only their bytes). `sums` [K/32][tiles * 16] holds each
+// token's exact sum over each block of 32 inputs, for the minima.
+struct Tokens {
+    std::vector<uint16_t> hi, lo;
+    std::vector<float> sums;
+    int64_t width = 0, tiles = 0;
+};
+
+void lay_out_tokens(const float* x, int64_t M, int64_t K, Tokens& t) {
+    t.width = std::min(TILE_TOKENS, M);
+    t.tiles = (M + t.width - 1) / t.width;
+    t.hi.assign(t.tiles * t.width * K, 0);
+    t.lo.assign(t.tiles * t.width * K, 0);
+    t.sums.assign(K / QK * t.tiles * TILE_TOKENS, 0.f);
+    for (int64_t m = 0; m < M; ++m) {
+        const int64_t tile = m / t.width, col = m % t.width;
+        const int64_t base = tile * t.width * K;
+        for (int64_t k = 0; k < K; ++k) {
+            const float v = x[m * K + k];
+            const uint16_t h = to_bf16(v);
+            const int64_t at = base + ((k / 2) * t.width + col) * 2 + (k & 1);
+            t.hi[at] = h;
+            t.lo[at] = to_bf16(v - from_bf16(h));
+            t.sums[(k / QK) * t.tiles * TILE_TOKENS + tile * TILE_TOKENS + col] += v;
+        }
+    }
+}
+
+struct TileConfig {
+    uint8_t palette = 1, start_row = 0, reserved[14] = {};
+    uint16_t colsb[16] = {};
+    uint8_t rows[16] = {};
+};
+
+// Tiles 0, 1: products (16 rows x width tokens, fp32); 2, 3: integers (16 rows x depth);
+// 4..7: the tokens' hi and lo (depth / 2 input pairs x width).
+void configure_tiles(int64_t depth, int64_t width) {
+    TileConfig cfg;
+    for (int t = 0; t < 8; ++t) {
+        cfg.rows[t] = (uint8_t)(t >= 4 ? depth / 2 : ROWS);
+        cfg.colsb[t] = (uint16_t)(t == 2 || t == 3 ? depth * 2 : width * 4);
+    }
+    _tile_loadconfig(&cfg);
+}
+
+// Product s of the chunk for token tile g into result tile i (0 or 1), each with its own
+// operand tiles (2 + i: the integers, 4 + i and 6 + i: the tokens' hi and lo), so that two
+// products run in the tile unit without one's loads waiting on the other's reads.
+#define PRODUCT(TC, TA, THI, TLO, s)                                                     \
+    do {                                                                                \
+        const int64_t at = g * t.width * K + (first + (s) * depth) * t.width;           \
+        _tile_loadd(TA, c.ints + (s) * ROWS * depth, depth * 2);                        \
+        _tile_zero(TC);                                                                 \
+        _tile_loadd(THI, t.hi.data() + at, t.width * 4);                                \
+        _tile_dpbf16ps(TC, TA, THI);                                                    \
+        _tile_loadd(TLO, t.lo.data() + at, t.width * 4);                                \
+        _tile_dpbf16ps(TC, TA, TLO);                                                    \
+    } while (0)
+
+constexpr int64_t GROUP = 2;  // products in flight at a time
+
+// Products s0 and, if n is 2, s0 + 1 into result tiles 0 and 1.
+#define ISSUE(s0, n)                        \
+    do {                                    \
+        PRODUCT(0, 2, 4, 6, (s0));                  \
+        if ((n) > 1) PRODUCT(1, 3, 5, 7, (s0) + 1); \
+    } while (0)
+
+inline void store_results(int64_t n, float (*out)[ROWS][TILE_TOKENS]) {
+    _tile_stored(0, out[0], 64);
+    if (n > 1) _tile_stored(1, out[1], 64);
+}
+
+// Every product of a chunk (`products` of them per token tile, from input `first`) scaled
+// into acc [tiles][ROWS][16]. A token tile's rows stay in registers across the chunk, and the
+// tile unit computes the next group of products while the vector unit scales the last.
+template <typename Fmt>
+void multiply_chunk(const Chunk& c, int64_t products, int64_t first, const Tokens& t, int64_t K, float* acc,
+                    float (*out)[ROWS][TILE_TOKENS]) {
+    constexpr int64_t depth = Fmt::DEPTH;
+    const int64_t stride = t.tiles * TILE_TOKENS;  // between two blocks' sums
+    for (int64_t g = 0; g < t.tiles; ++g) {
+        float* a = acc + g * ROWS * TILE_TOKENS;
+        __m512 rows[ROWS];
+#pragma GCC unroll 16
+        for (int r = 0; r < ROWS; ++r) rows[r] = _mm512_loadu_ps(a + r * TILE_TOKENS);
+        const float* sums = t.sums.data() + (first / QK) * stride + g * TILE_TOKENS;
+        int64_t done = 0, n = std::min(GROUP, products);
+        ISSUE(0, n);
+        store_results(n, out);
+        while (done < products) {
+            const int64_t next = done + n, m = std::min(GROUP, products - next);
+            if (m > 0) ISSUE(next, m);  // runs in the tile unit while the last group is scaled
+            for (int64_t i = 0; i < n; ++i) {
+                const float *sc = c.scale + (done + i) * ROWS, *mn = c.minimum + (done + i) * ROWS;
+                __m512 x = _mm512_setzero_ps();
+                if constexpr (Fmt::MINS) x = _mm512_loadu_ps(sums + (done + i) * stride);
+#pragma GCC unroll 16
+                for (int r = 0; r < ROWS; ++r) {
+                    rows[r] = _mm512_fmadd_ps(_mm512_load_ps(out[i][r]), _mm512_set1_ps(sc[r]), rows[r]);
+                    if constexpr (Fmt::MINS) rows[r] = _mm512_fmadd_ps(x, _mm512_set1_ps(mn[r]), rows[r]);
+                }
+            }
+            if (m > 0) store_results(m, out);
+            done = next;
+            n = m;
+        }
+#pragma GCC unroll 16
+        for (int r = 0; r < ROWS; ++r) _mm512_storeu_ps(a + r * TILE_TOKENS, rows[r]);
+    }
+}
+#undef ISSUE
+#undef PRODUCT
+
+// One panel of 16 rows against every token, a chunk of inputs at a time, into y.
+template <typename Fmt>
+void panel_product(const Weight& w, const Tokens& t, int64_t n0, int64_t rows, int64_t M, const float* bias,
+                   float* y, int64_t ldy, Chunk& c, float* acc, float (*out)[ROWS][TILE_TOKENS]) {
+    const int64_t nb = w.K / QK;
+    std::fill(acc, acc + t.tiles * ROWS * TILE_TOKENS, 0.f);
+    for (int64_t b0 = 0; b0 < nb; b0 += CHUNK_BLOCKS) {
+        const int64_t n = std::min(CHUNK_BLOCKS, nb - b0);
+        unpack_rows<Fmt>(w, n0, rows, b0, n, c);
+        multiply_chunk<Fmt>(c, n * QK / Fmt::DEPTH, b0 * QK, t, w.K, acc, out);
+    }
+    for (int64_t m = 0; m < M; ++m) {
+        const float* a = acc + (m / t.width) * ROWS * TILE_TOKENS + m % t.width;
+        for (int64_t r = 0; r < rows; ++r) y[m * ldy + r] = a[r * TILE_TOKENS] + (bias ? bias[r] : 0.f);
+    }
+}
+
+void request_tiles() {  // Linux hands out the tile state on request, once per process
+    static const bool granted = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+    (void)granted;
+}
+
+// y [M, N] = x @ W^T (+ bias): panels of 16 rows split across the threads.
+template <typename Fmt>
+void gemm(const float* x, const Weight& w, const float* bias, float* y, int64_t M, int64_t ldy, int nthreads) {
+    static thread_local Tokens tokens;
+    lay_out_tokens(x, M, w.K, tokens);
+    const Tokens* t = &tokens;  // the workers read the calling thread's layout
+    const int64_t panels = (w.N + ROWS - 1) / ROWS;
+    request_tiles();
+#pragma omp parallel num_threads(nthreads)
+    {
+        static thread_local Chunk chunk;
+        static thread_local std::vector<float> acc;
+        alignas(64) float out[GROUP][ROWS][TILE_TOKENS] = {};  // columns past the tile's width stay zero
+        acc.resize(t->tiles * ROWS * TILE_TOKENS);
+        configure_tiles(Fmt::DEPTH, t->width);
+#pragma omp for schedule(static)
+        for (int64_t p = 0; p < panels; ++p) {
+            const int64_t n0 = p * ROWS, rows = std::min(ROWS, w.N - n0);
+            panel_product<Fmt>(w, *t, n0, rows, M, bias ? bias + n0 : nullptr, y + n0, ldy, chunk, acc.data(), out);
+        }
+        _tile_release();
+    }
+}
+
+}  // namespace
+
+void tile_linear(int64_t kind, const float* x, const uint8_t* qs, const uint16_t* wd, const uint16_t* wm,
+                 const float* bias, float* y, int64_t M, int64_t N, int64_t K, int64_t ldy, int nthreads) {
+    const int64_t sb = K / QK_K;
+    switch (kind) {
+        case KIND_Q4_1: gemm<Q4_1Ints>(x, {qs, K / 2, wd, wm, N, K}, bias, y, M, ldy, nthreads); break;
+        case KIND_Q8_0: gemm<Q8_0Ints>(x, {qs, K, wd, nullptr, N, K}, bias, y, M, ldy, nthreads); break;
+        case KIND_Q4_K: gemm<KInts<Q4K>>(x, {qs, sb * Q4K::BYTES, nullptr, nullptr, N, K}, bias, y, M, ldy, nthreads); break;
+        case KIND_Q5_K: gemm<KInts<Q5K>>(x, {qs, sb * Q5K::BYTES, nullptr, nullptr, N, K}, bias, y, M, ldy, nthreads); break;
+        case KIND_Q6_K: gemm<KInts<Q6K>>(x, {qs, sb * Q6K::BYTES, nullptr, nullptr, N, K}, bias, y, M, ldy, nthreads); break;
+        default: break;
+    }
+}
+
+#endif  // PAGODE_AMX
