@@ -55,8 +55,9 @@ inline __m512i int_table(float first) {
 
 // Per format: DEPTH, the inputs one scale covers (a product's depth); MINS, whether blocks
 // have minima; and `unpack`, one row's blocks [b0, b0 + n) of 32 as bf16 integers, product t
-// of the chunk at dst + t * ROWS * DEPTH, its scale and minimum at scale[t * ROWS] and
-// minimum[t * ROWS] (the caller has offset all three by the row).
+// of the chunk at dst + t * ROWS * DEPTH, its scale and minimum at scale[t] and minimum[t]
+// (the caller has offset the three by the row). A row's scales lie side by side, so a
+// super-block's are stored as one vector.
 struct Q4_1Ints {
     static constexpr int64_t DEPTH = 32;
     static constexpr bool MINS = true;
@@ -69,8 +70,8 @@ struct Q4_1Ints {
             const __m128i raw = _mm_loadu_si128((const __m128i*)(row + b * (QK / 2)));
             const __m256i q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), mask), _mm_and_si128(raw, mask));
             _mm512_storeu_si512(dst + t * ROWS * DEPTH, _mm512_permutexvar_epi16(_mm512_cvtepu8_epi16(q), table));
-            scale[t * ROWS] = half_to_float(wd[b]);
-            minimum[t * ROWS] = half_to_float(wm[b]);
+            scale[t] = half_to_float(wd[b]);
+            minimum[t] = half_to_float(wm[b]);
         }
     }
 };
@@ -85,7 +86,7 @@ struct Q8_0Ints {
             const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p)));
             const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(p + 16))));
             _mm512_storeu_si512(dst + t * ROWS * DEPTH, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
-            scale[t * ROWS] = half_to_float(wd[b0 + t]);
+            scale[t] = half_to_float(wd[b0 + t]);
         }
     }
 };
@@ -98,30 +99,29 @@ template <typename KQ> struct KInts {
     static constexpr bool MINS = KQ::MINS;
     static void unpack(const uint8_t* row, const uint16_t*, const uint16_t*, int64_t b0, int64_t n,
                        uint16_t* dst, float* scale, float* minimum) {
-        alignas(64) float sc[SUBS], mn[SUBS];
         const __m512i low = int_table(KQ::MINS ? 0.f : -32.f), high = int_table(0.f);
         for (int64_t s = b0 / SUBS; s < (b0 + n) / SUBS; ++s) {
             const uint8_t* blk = row + s * KQ::BYTES;
-            KQ::scales(blk, sc, mn);
+            if constexpr (KQ::MINS) {
+                KQ::scales(blk, scale, minimum);
+            } else {  // d times each half sub-block's int8 scale, in order
+                const __m512 sc8 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(blk + 192))));
+                _mm512_storeu_ps(scale, _mm512_mul_ps(sc8, _mm512_set1_ps(half_to_float(load_u16(blk + 208)))));
+            }
             for (int j = 0; j < SUBS; ++j) {
                 const __m512i q = _mm512_cvtepu8_epi16(KQ::bytes(blk, j));
                 if constexpr (KQ::MINS) {
                     _mm512_storeu_si512(dst + j * ROWS * DEPTH, _mm512_permutexvar_epi16(q, low));
-                    scale[j * ROWS] = sc[j];
-                    minimum[j * ROWS] = mn[j];
                 } else {  // levels 0..63 index -32..31: the two tables of VPERMT2W
                     const __m512i v = _mm512_permutex2var_epi16(low, q, high);
-                    const int8_t* sc8 = Q6K::sc8(blk, j);
                     _mm256_storeu_si256((__m256i*)(dst + 2 * j * ROWS * DEPTH), _mm512_castsi512_si256(v));
                     _mm256_storeu_si256((__m256i*)(dst + (2 * j + 1) * ROWS * DEPTH), _mm512_extracti64x4_epi64(v, 1));
-                    scale[2 * j * ROWS] = sc[j] * (float)sc8[0];
-                    scale[(2 * j + 1) * ROWS] = sc[j] * (float)sc8[1];
                 }
             }
             const int64_t products = KQ::MINS ? SUBS : 2 * SUBS;
             dst += products * ROWS * DEPTH;
-            scale += products * ROWS;
-            minimum += products * ROWS;
+            scale += products;
+            minimum += products;
         }
     }
 };
@@ -137,7 +137,7 @@ struct Weight {  // one block-quantized weight as linear_blocks receives it
 // so a tile load reads one contiguous run) and each product's per-row scale and minimum.
 struct Chunk {
     alignas(64) uint16_t ints[CHUNK_BLOCKS * QK * ROWS];
-    alignas(64) float scale[MAX_STEPS * ROWS], minimum[MAX_STEPS * ROWS];
+    alignas(64) float scale[ROWS * MAX_STEPS], minimum[ROWS * MAX_STEPS];  // [row][product]
 };
 
 // Rows n0..n0+rows-1, blocks [b0, b0 + n), into the chunk; rows past `rows` get zero scales.
@@ -152,11 +152,11 @@ void unpack_rows(const Weight& w, int64_t n0, int64_t rows, int64_t b0, int64_t 
         for (int64_t off = 0; off < span + 64 && ahead + off < w.row_bytes; off += 64)
             _mm_prefetch((const char*)row + ahead + off, _MM_HINT_T1);
         Fmt::unpack(row, w.wd ? w.wd + (n0 + r) * nb : nullptr, w.wm ? w.wm + (n0 + r) * nb : nullptr, b0, n,
-                    c.ints + r * Fmt::DEPTH, c.scale + r, c.minimum + r);
+                    c.ints + r * Fmt::DEPTH, c.scale + r * MAX_STEPS, c.minimum + r * MAX_STEPS);
     }
     const int64_t products = n * QK / Fmt::DEPTH;
     for (int64_t t = 0; t < products; ++t)
-        for (int64_t r = rows; r < ROWS; ++r) c.scale[t * ROWS + r] = c.minimum[t * ROWS + r] = 0.f;
+        for (int64_t r = rows; r < ROWS; ++r) c.scale[r * MAX_STEPS + t] = c.minimum[r * MAX_STEPS + t] = 0.f;
 }
 
 inline uint16_t to_bf16(float f) {  // round to nearest even, as torch and cvtneps do
@@ -268,13 +268,13 @@ void multiply_chunk(const Chunk& c, int64_t products, int64_t first, const Token
             const int64_t next = done + n, m = std::min(GROUP, products - next);
             if (m > 0) ISSUE(next, m);  // runs in the tile unit while the last group is scaled
             for (int64_t i = 0; i < n; ++i) {
-                const float *sc = c.scale + (done + i) * ROWS, *mn = c.minimum + (done + i) * ROWS;
+                const float *sc = c.scale + done + i, *mn = c.minimum + done + i;
                 __m512 x = _mm512_setzero_ps();
                 if constexpr (Fmt::MINS) x = _mm512_loadu_ps(sums + (done + i) * stride);
 #pragma GCC unroll 16
                 for (int r = 0; r < ROWS; ++r) {
-                    rows[r] = _mm512_fmadd_ps(_mm512_load_ps(out[i][r]), _mm512_set1_ps(sc[r]), rows[r]);
-                    if constexpr (Fmt::MINS) rows[r] = _mm512_fmadd_ps(x, _mm512_set1_ps(mn[r]), rows[r]);
+                    rows[r] = _mm512_fmadd_ps(_mm512_load_ps(out[i][r]), _mm512_set1_ps(sc[r * MAX_STEPS]), rows[r]);
+                    if constexpr (Fmt::MINS) rows[r] = _mm512_fmadd_ps(x, _mm512_set1_ps(mn[r * MAX_STEPS]), rows[r]);
                 }
             }
             if (m > 0) store_results(m, out);
