@@ -176,27 +176,37 @@ inline float from_bf16(uint16_t h) {
 // [K/2][width][2], so a product's B tile is DEPTH/2 rows of width * 4 contiguous bytes (a
 // narrow tile for a few tokens loads only their bytes). `sums` [K/32][tiles * 16] holds each
 // token's exact sum over each block of 32 inputs, for the minima.
+//
+// Up to 8 tokens are `paired`: hi and lo share one operand of 2M columns (hi in the first M,
+// lo in the next), so a product is one tile load and one TDPBF16PS instead of two each; the
+// two halves of the result are added when it is written out.
 struct Tokens {
     std::vector<uint16_t> hi, lo;
     std::vector<float> sums;
-    int64_t width = 0, tiles = 0;
+    int64_t width = 0, tiles = 0, cols = 0;  // cols: a token tile's columns (2 * width when paired)
+    bool paired = false;
 };
 
+constexpr int64_t PAIRED_TOKENS = TILE_TOKENS / 2;
+
 void lay_out_tokens(const float* x, int64_t M, int64_t K, Tokens& t) {
+    t.paired = M <= PAIRED_TOKENS;
     t.width = std::min(TILE_TOKENS, M);
     t.tiles = (M + t.width - 1) / t.width;
-    t.hi.assign(t.tiles * t.width * K, 0);
-    t.lo.assign(t.tiles * t.width * K, 0);
+    t.cols = t.paired ? 2 * t.width : t.width;
+    t.hi.assign(t.tiles * t.cols * K, 0);
+    t.lo.assign(t.paired ? 0 : t.tiles * t.cols * K, 0);
     t.sums.assign(K / QK * t.tiles * TILE_TOKENS, 0.f);
     for (int64_t m = 0; m < M; ++m) {
         const int64_t tile = m / t.width, col = m % t.width;
-        const int64_t base = tile * t.width * K;
+        const int64_t base = tile * t.cols * K;
         for (int64_t k = 0; k < K; ++k) {
             const float v = x[m * K + k];
-            const uint16_t h = to_bf16(v);
-            const int64_t at = base + ((k / 2) * t.width + col) * 2 + (k & 1);
+            const uint16_t h = to_bf16(v), l = to_bf16(v - from_bf16(h));
+            const int64_t at = base + ((k / 2) * t.cols + col) * 2 + (k & 1);
             t.hi[at] = h;
-            t.lo[at] = to_bf16(v - from_bf16(h));
+            if (t.paired) t.hi[at + 2 * t.width] = l;
+            else t.lo[at] = l;
             t.sums[(k / QK) * t.tiles * TILE_TOKENS + tile * TILE_TOKENS + col] += v;
         }
     }
@@ -208,13 +218,13 @@ struct TileConfig {
     uint8_t rows[16] = {};
 };
 
-// Tiles 0, 1: products (16 rows x width tokens, fp32); 2, 3: integers (16 rows x depth);
-// 4..7: the tokens' hi and lo (depth / 2 input pairs x width).
-void configure_tiles(int64_t depth, int64_t width) {
+// Tiles 0, 1: products (16 rows x cols, fp32); 2, 3: integers (16 rows x depth); 4..7: the
+// tokens' hi and lo (depth / 2 input pairs x cols).
+void configure_tiles(int64_t depth, int64_t cols) {
     TileConfig cfg;
     for (int t = 0; t < 8; ++t) {
         cfg.rows[t] = (uint8_t)(t >= 4 ? depth / 2 : ROWS);
-        cfg.colsb[t] = (uint16_t)(t == 2 || t == 3 ? depth * 2 : width * 4);
+        cfg.colsb[t] = (uint16_t)(t == 2 || t == 3 ? depth * 2 : cols * 4);
     }
     _tile_loadconfig(&cfg);
 }
@@ -224,13 +234,15 @@ void configure_tiles(int64_t depth, int64_t width) {
 // products run in the tile unit without one's loads waiting on the other's reads.
 #define PRODUCT(TC, TA, THI, TLO, s)                                                     \
     do {                                                                                \
-        const int64_t at = g * t.width * K + (first + (s) * depth) * t.width;           \
+        const int64_t at = g * t.cols * K + (first + (s) * depth) * t.cols;             \
         _tile_loadd(TA, c.ints + (s) * ROWS * depth, depth * 2);                        \
         _tile_zero(TC);                                                                 \
-        _tile_loadd(THI, t.hi.data() + at, t.width * 4);                                \
+        _tile_loadd(THI, t.hi.data() + at, t.cols * 4);                                 \
         _tile_dpbf16ps(TC, TA, THI);                                                    \
-        _tile_loadd(TLO, t.lo.data() + at, t.width * 4);                                \
-        _tile_dpbf16ps(TC, TA, TLO);                                                    \
+        if (!t.paired) {                                                                \
+            _tile_loadd(TLO, t.lo.data() + at, t.cols * 4);                             \
+            _tile_dpbf16ps(TC, TA, TLO);                                                \
+        }                                                                               \
     } while (0)
 
 constexpr int64_t GROUP = 2;  // products in flight at a time
@@ -301,7 +313,9 @@ void panel_product(const Weight& w, const Tokens& t, int64_t n0, int64_t rows, i
     }
     for (int64_t m = 0; m < M; ++m) {
         const float* a = acc + (m / t.width) * ROWS * TILE_TOKENS + m % t.width;
-        for (int64_t r = 0; r < rows; ++r) y[m * ldy + r] = a[r * TILE_TOKENS] + (bias ? bias[r] : 0.f);
+        const int64_t lo = t.paired ? t.width : -1;  // where a paired product's lo half lies
+        for (int64_t r = 0; r < rows; ++r)
+            y[m * ldy + r] = a[r * TILE_TOKENS] + (lo > 0 ? a[r * TILE_TOKENS + lo] : 0.f) + (bias ? bias[r] : 0.f);
     }
 }
 
@@ -324,7 +338,7 @@ void gemm(const float* x, const Weight& w, const float* bias, float* y, int64_t 
         static thread_local std::vector<float> acc;
         alignas(64) float out[GROUP][ROWS][TILE_TOKENS] = {};  // columns past the tile's width stay zero
         acc.resize(t->tiles * ROWS * TILE_TOKENS);
-        configure_tiles(Fmt::DEPTH, t->width);
+        configure_tiles(Fmt::DEPTH, t->cols);
 #pragma omp for schedule(static)
         for (int64_t p = 0; p < panels; ++p) {
             const int64_t n0 = p * ROWS, rows = std::min(ROWS, w.N - n0);
