@@ -80,7 +80,7 @@ def tool_fields(body: MessagesInput) -> dict[str, Any]:
         fields["tools"] = [function_tool(i, tool) for i, tool in enumerate(body.tools)]
     choice = body.tool_choice
     if choice is not None:
-        if choice.type == "none" or body.tools:
+        if choice.type != "auto" or body.tools:  # chat refuses a forced call without tools
             fields["tool_choice"] = chat_tool_choice(choice.type, choice.name)
         fields["parallel_tool_calls"] = not choice.disable_parallel_tool_use
     return fields

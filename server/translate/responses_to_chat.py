@@ -85,7 +85,7 @@ def tool_fields(body: ResponsesRequest) -> dict[str, Any]:
         fields["tools"] = [function_tool(i, tool) for i, tool in enumerate(body.tools)]
     if body.tool_choice is not None:
         choice = chat_tool_choice(body.tool_choice)  # refused when it names no function
-        if body.tools or choice == "none":
+        if body.tools or choice != "auto":  # chat refuses a forced call without tools
             fields["tool_choice"] = choice
     return fields
 
