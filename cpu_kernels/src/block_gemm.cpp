@@ -40,8 +40,8 @@ using namespace block_formats;
 constexpr int64_t ROWS = 16;         // a panel: one tile of weight rows
 constexpr int64_t TILE_TOKENS = 16;  // the widest token tile
 constexpr int64_t CHUNK_BLOCKS = 8;  // blocks of 32 unpacked at a time: one K-quant super-block
+constexpr int64_t STREAM_AHEAD = 2048;  // bytes ahead of the unpacking that a row's stream is fetched
 constexpr int64_t MAX_STEPS = 16;    // products of a chunk (16 for Q6_K's 16-deep ones)
-constexpr int64_t PREFETCH_CHUNKS = 8;  // how many chunks ahead of its unpacking a row is fetched
 
 inline __m512 iota(float first) {
     return _mm512_add_ps(_mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_ps(first));
@@ -141,16 +141,16 @@ struct Chunk {
 };
 
 // Rows n0..n0+rows-1, blocks [b0, b0 + n), into the chunk; rows past `rows` get zero scales.
-// A chunk reads a little of each of 16 rows, 16 short streams the hardware prefetcher
-// follows poorly, so each row's bytes PREFETCH_CHUNKS chunks on are asked for now.
+// A chunk reads a little of each of 16 rows, short runs that the hardware prefetcher follows
+// poorly from memory, so each run's bytes STREAM_AHEAD on (a row or two later in the panel,
+// which is one contiguous run) are asked for as it is read.
 template <typename Fmt>
 void unpack_rows(const Weight& w, int64_t n0, int64_t rows, int64_t b0, int64_t n, Chunk& c) {
     const int64_t nb = w.K / QK;
-    const int64_t ahead = (b0 + PREFETCH_CHUNKS * n) * w.row_bytes / nb, span = n * w.row_bytes / nb;
+    const int64_t from = b0 * w.row_bytes / nb, to = (b0 + n) * w.row_bytes / nb;
     for (int64_t r = 0; r < rows; ++r) {
         const uint8_t* row = w.qs + (n0 + r) * w.row_bytes;
-        for (int64_t off = 0; off < span + 64 && ahead + off < w.row_bytes; off += 64)
-            _mm_prefetch((const char*)row + ahead + off, _MM_HINT_T1);
+        for (int64_t off = from; off < to; off += 64) _mm_prefetch((const char*)row + off + STREAM_AHEAD, _MM_HINT_T0);
         Fmt::unpack(row, w.wd ? w.wd + (n0 + r) * nb : nullptr, w.wm ? w.wm + (n0 + r) * nb : nullptr, b0, n,
                     c.ints + r * Fmt::DEPTH, c.scale + r * MAX_STEPS, c.minimum + r * MAX_STEPS);
     }
