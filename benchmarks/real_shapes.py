@@ -45,6 +45,25 @@ SHAPES: dict[str, tuple[str, str, dict[str, Any]]] = {
                          "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}})),
 }
 
+# SmolLM2-135M's sizes, written as each family, to compare the families at one size
+# (benchmarks/family_speed.py): each family's own parts (q/k norms, four norms, windows,
+# multipliers) with the same matrices.
+SMOLLM2_SIZES = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+                     num_key_value_heads=3, head_dim=64, vocab_size=49152, tie_word_embeddings=True,
+                     max_position_embeddings=8192, bos_token_id=1, eos_token_id=2)
+FAMILIES_AT_ONE_SIZE: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "llama-135m": ("LlamaConfig", "LlamaForCausalLM", dict(SMOLLM2_SIZES, rope_theta=100000.0)),
+    "qwen3-135m": ("Qwen3Config", "Qwen3ForCausalLM", dict(SMOLLM2_SIZES, rope_theta=100000.0)),
+    "gemma3-135m": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(
+        SMOLLM2_SIZES, query_pre_attn_scalar=64, sliding_window=512, pad_token_id=0,
+        layer_types=[("full_attention" if (i + 1) % 6 == 0 else "sliding_attention") for i in range(30)])),
+    "olmo2-135m": ("Olmo2Config", "Olmo2ForCausalLM", dict(SMOLLM2_SIZES, rope_theta=100000.0, pad_token_id=0)),
+    "granite-135m": ("GraniteConfig", "GraniteForCausalLM", dict(
+        SMOLLM2_SIZES, rope_theta=100000.0, embedding_multiplier=12.0, residual_multiplier=0.22,
+        attention_multiplier=0.015625, logits_scaling=8.0)),
+}
+SHAPES.update(FAMILIES_AT_ONE_SIZE)
+
 
 def root() -> Path:
     return envs.CACHE_DIR.get() / "real-shapes"
