@@ -86,8 +86,7 @@ def create_app(settings: ServerSettings, engine: EngineClient | None = None,
     install_error_handlers(app, state.responses.count)
     for module in ROUTE_MODULES:
         app.include_router(module.router)
-    if not settings.no_ui:
-        app.include_router(pages.router)
+    app.include_router(health.root_without_page if settings.no_ui else pages.router)
     install_openapi(app, [CompletionRequest, ChatCompletionRequest, MessagesRequest,
                           CountTokensRequest, ResponsesRequest, TokenizeRequest, DetokenizeRequest])
     post_paths = {route.path for module in ROUTE_MODULES for route in module.router.routes

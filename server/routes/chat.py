@@ -1,5 +1,5 @@
 """POST /v1/chat/completions: parse, admit, translate (the messages rendered with the model's
-chat template), run, respond, each once and in this order (server/runtime/chat_pipeline.py)."""
+chat template), run, respond, each once and in this order (server/routes/chat_pipeline.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from server.api.body import openapi_body, parse_body
 from server.api.protocol import ChatCompletionRequest
 from server.api.request_ids import request_id_for
 from server.respond.streaming import respond
-from server.runtime.chat_pipeline import start_chat
+from server.routes.chat_pipeline import start_chat
 from server.runtime.state import State
 
 router = APIRouter()

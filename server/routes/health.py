@@ -7,7 +7,7 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as package_version
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from server.api.errors import error_response
@@ -38,8 +38,15 @@ async def version() -> dict[str, str]:
         return {"version": "unknown"}
 
 
-@router.head("/", include_in_schema=False)
-async def reachable() -> Response:
-    """Claude Code checks that its base URL answers with a HEAD of /: a 200, whether or not
-    the web page is served (--no-ui)."""
-    return Response(status_code=200)
+# Mounted in place of the web page under --no-ui (server/app.py); the page's own route
+# answers HEAD too.
+root_without_page = APIRouter()
+
+
+@root_without_page.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
+async def reachable(request: Request) -> Response:
+    """Claude Code checks that its base URL answers a HEAD of / with a 200, so the root
+    answers HEAD without the page; a GET finds nothing there, as on any unknown path."""
+    if request.method == "HEAD":
+        return Response(status_code=200)
+    return error_response(404, f"Not found: GET {request.url.path}", path=request.url.path)

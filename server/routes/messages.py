@@ -14,7 +14,7 @@ from server.api.messages_protocol import CountTokensRequest, MessagesRequest
 from server.api.request_ids import echo_request_id, request_id_for
 from server.respond.dialect_streaming import respond_in_dialect
 from server.respond.messages_events import MessagesDialect
-from server.runtime.chat_pipeline import start_chat
+from server.routes.chat_pipeline import start_chat
 from server.runtime.state import State
 from server.translate.engine_requests import render_chat_prompt
 from server.translate.fields import log_unknown_fields

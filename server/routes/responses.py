@@ -17,7 +17,7 @@ from server.api.request_ids import echo_request_id, request_id_for
 from server.api.responses_protocol import Item, ResponsesRequest
 from server.respond.dialect_streaming import respond_in_dialect
 from server.respond.responses_events import Keep, ResponsesDialect
-from server.runtime.chat_pipeline import start_chat
+from server.routes.chat_pipeline import start_chat
 from server.runtime.response_store import ResponseStore
 from server.runtime.state import State
 from server.translate.fields import log_unknown_fields

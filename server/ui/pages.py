@@ -25,7 +25,7 @@ HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff",
 router = APIRouter()
 
 
-@router.get("/", include_in_schema=False)
+@router.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)  # agents check a base URL with HEAD
 async def index() -> Response:
     return FileResponse(STATIC_DIR / "index.html", media_type="text/html", headers=HEADERS)
 
