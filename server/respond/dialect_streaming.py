@@ -24,6 +24,25 @@ from server.runtime.response_stats import ResponseStats
 Event = tuple[str, dict[str, Any]]  # (event name, data)
 
 
+class HeldSpace:
+    """Whitespace alone does not open a text block or a message item (a reasoning model
+    writes a blank line between its thinking and its call): it waits for the text that
+    follows it, and is dropped if none does."""
+
+    def __init__(self) -> None:
+        self.space = ""
+
+    def release(self, text: str, opened: bool) -> str:
+        """The text to send now; `opened`: the block or item that text goes to is open."""
+        if opened:
+            return text
+        self.space += text
+        if not self.space.strip():
+            return ""
+        text, self.space = self.space, ""
+        return text
+
+
 class Dialect(Protocol):
     def start(self) -> list[Event]:
         """The events before any output."""

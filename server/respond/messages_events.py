@@ -16,7 +16,7 @@ from typing import Any
 from server.api.anthropic_errors import anthropic_error_body
 from server.api.errors import APIError
 from server.api.protocol import UsageInfo
-from server.respond.dialect_streaming import Event
+from server.respond.dialect_streaming import Event, HeldSpace
 
 
 def stop_reason(finish_reason: str | None, matched: Any, stop_sequences: list[str],
@@ -60,7 +60,7 @@ class MessagesDialect:
         self.call_blocks: dict[int, int] = {}  # tool call index -> block index
         self.finish_reason: str | None = None
         self.matched_stop: Any = None
-        self.space = ""  # whitespace that would open a text block, held until text follows
+        self.held = HeldSpace()  # whitespace that would open a text block
 
     def message(self, content: list[dict[str, Any]], reason: str | None,
                 sequence: str | None, usage: dict[str, int]) -> dict[str, Any]:
@@ -102,7 +102,7 @@ class MessagesDialect:
                 events += self.open_block("thinking", {"type": "thinking", "thinking": "",
                                                        "signature": ""})
             events.append(self.delta({"type": "thinking_delta", "thinking": delta["reasoning"]}))
-        text = self.held_back(delta.get("content") or "")
+        text = self.held.release(delta.get("content") or "", self.open_kind == "text")
         if text:
             if self.open_kind != "text":
                 events += self.open_block("text", {"type": "text", "text": ""})
@@ -113,18 +113,6 @@ class MessagesDialect:
             self.finish_reason = choice["finish_reason"]
             self.matched_stop = choice.get("stop_reason")
         return events
-
-    def held_back(self, text: str) -> str:
-        """The text to send. Whitespace alone does not open a text block (a reasoning
-        model writes a blank line between its thinking and its call), so it waits for the
-        text that follows it, and is dropped if none does."""
-        if self.open_kind == "text":
-            return text
-        self.space += text
-        if not self.space.strip():
-            return ""
-        text, self.space = self.space, ""
-        return text
 
     def feed_call(self, call: dict[str, Any]) -> list[Event]:
         events: list[Event] = []

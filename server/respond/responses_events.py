@@ -21,7 +21,7 @@ from typing import Any
 from server.api.errors import APIError
 from server.api.protocol import UsageInfo
 from server.api.responses_protocol import ResponsesRequest
-from server.respond.dialect_streaming import Event
+from server.respond.dialect_streaming import Event, HeldSpace
 
 Keep = Callable[[dict[str, Any]], None]  # stores a finished response
 
@@ -69,7 +69,7 @@ class ResponsesDialect:
         self.output: list[dict[str, Any]] = []
         self.open: OpenItem | None = None
         self.finish_reason: str | None = None
-        self.space = ""  # whitespace that would open a message item, held until text follows
+        self.held = HeldSpace()  # whitespace that would open a message item
 
     def response(self, status: str, usage: dict[str, Any] | None = None,
                  error: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -149,18 +149,6 @@ class ResponsesDialect:
                                      delta=text))
         return events
 
-    def held_back(self, text: str) -> str:
-        """The text to send. Whitespace alone does not open a message item (a reasoning
-        model writes a blank line between its thinking and its call), so it waits for the
-        text that follows it, and is dropped if none does."""
-        if self.open is not None and self.open.kind == "message":
-            return text
-        self.space += text
-        if not self.space.strip():
-            return ""
-        text, self.space = self.space, ""
-        return text
-
     def add_call(self, call: dict[str, Any]) -> list[Event]:
         events: list[Event] = []
         function = call.get("function") or {}
@@ -183,7 +171,8 @@ class ResponsesDialect:
         events: list[Event] = []
         if delta.get("reasoning"):
             events += self.add_text("reasoning", delta["reasoning"])
-        text = self.held_back(delta.get("content") or "")
+        text = self.held.release(delta.get("content") or "",
+                                 self.open is not None and self.open.kind == "message")
         if text:
             events += self.add_text("message", text)
         for call in delta.get("tool_calls") or []:
