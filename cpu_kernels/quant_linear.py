@@ -70,7 +70,7 @@ def part_table(w: BlocksLike, bias: torch.Tensor | None) -> torch.Tensor:
 
 
 class BlockLinear:
-    """y = x @ W^T (+ bias) on a block-quantized W: the integer body for few tokens, the bf16
+    """y = x @ W^T (+ bias) on a block-quantized W: the integer body for few tokens, the AMX
     tile body (where built) from the weight's `tile_from` tokens on."""
 
     SYMBOLS = ("linear_blocks", "quant_kernel_uses_avx2", "quant_kernel_tile_body")

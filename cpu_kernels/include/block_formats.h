@@ -1,6 +1,6 @@
 // llama.cpp's block formats as the CPU kernels read them: fp16 scales, and the K-quants'
 // 256-element super-blocks decoded one 32-element sub-block at a time. Shared by the
-// integer block kernel (src/quant_linear.cpp) and the bf16 tile GEMM (src/block_gemm.cpp),
+// integer block kernel (src/quant_linear.cpp) and the AMX tile body (src/block_gemm.cpp),
 // so both read the bytes the same way. `static inline`: every source gets its own copy
 // to inline.
 #pragma once

@@ -27,7 +27,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <type_traits>
 #include <vector>
 
 #include "block_formats.h"
@@ -91,9 +90,8 @@ struct Q8_0Ints {
     }
 };
 
-// Q4_K, Q5_K: per sub-block of 32, scale d * sc and minimum -dmin * m (Q4_K's two sub-blocks
-// that share their nibble bytes are unpacked together). Q6_K: levels q - 32, with the scale
-// d * sc of each half sub-block of 16. b0 and n are whole super-blocks.
+// Q4_K, Q5_K: per sub-block of 32, scale d * sc and minimum -dmin * m. Q6_K: levels q - 32,
+// with the scale d * sc of each half sub-block of 16. b0 and n are whole super-blocks.
 template <typename KQ> struct KInts {
     static constexpr int64_t DEPTH = KQ::MINS ? 32 : 16;
     static constexpr bool MINS = KQ::MINS;

@@ -99,11 +99,12 @@ def build_layer(blocks: Blocks, dense: Gemm, bias: torch.Tensor | None, max_toke
     """
     if native.block_linear() is None:
         return QuantLinear(None, dense, bias, 0)
+    shape = f"{blocks.kind} {blocks.out_features}x{blocks.in_features}"
     tile_from = dispatch.switch_to_tiles(blocks)
     if tile_from:
-        report.tile_from[f"{blocks.kind} {blocks.out_features}x{blocks.in_features}"] = tile_from
+        report.tile_from[shape] = tile_from
     crossover = dispatch.measure(blocks, dense).max_kernel_tokens
-    report.crossovers[f"{blocks.kind} {blocks.out_features}x{blocks.in_features}"] = crossover
+    report.crossovers[shape] = crossover
     gemm = None if crossover >= max_tokens else dense  # steps never get big enough for the GEMM
     return QuantLinear(blocks, gemm, bias, crossover)
 

@@ -31,7 +31,7 @@ _tile_from: dict[tuple[str, int, int], int] = {}
 
 
 def switch_to_tiles(blocks: Blocks) -> int:
-    """Set, on every part of `blocks`, the fewest tokens per call from which the kernel's bf16
+    """Set, on every part of `blocks`, the fewest tokens per call from which the kernel's AMX
     tile body beats its integer body on this shape (0: never, or no tile body here); cached
     per (format, N, K)."""
     kernel = native.block_linear()
@@ -49,7 +49,8 @@ def switch_to_tiles(blocks: Blocks) -> int:
 
 
 def race_tile_body(blocks: Blocks, key: tuple[str, int, int]) -> int:
-    kept = race_memory.recall("tile-body", ":".join(map(str, key)))
+    remembered_as = ":".join(map(str, key))
+    kept = race_memory.recall("tile-body", remembered_as)
     if kept is not None:
         return int(kept)
     kernel = native.block_linear()
@@ -64,7 +65,7 @@ def race_tile_body(blocks: Blocks, key: tuple[str, int, int]) -> int:
     result = autotune.crossover(autotune.COUNTS, time_bodies, digits=4)
     tile_from = tile_switch(result)
     log.debug("tile body %s: from %d tokens, %s", key, tile_from, result.timings_ms)
-    race_memory.keep("tile-body", ":".join(map(str, key)), tile_from)
+    race_memory.keep("tile-body", remembered_as, tile_from)
     return tile_from
 
 

@@ -39,7 +39,7 @@ class BlockWeights:
     mins: torch.Tensor | None  # fp16 [N, K/32] for q4_1
     out_features: int
     in_features: int
-    # Steps of at least this many tokens run the kernel's bf16 tile body, 0 none: measured at
+    # Steps of at least this many tokens run the kernel's AMX tile body, 0 none: measured at
     # load per shape (engine/quant/dispatch.py), like the crossover to a dense GEMM.
     tile_from: int = 0
 
