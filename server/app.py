@@ -86,7 +86,11 @@ def create_app(settings: ServerSettings, engine: EngineClient | None = None,
     install_error_handlers(app, state.responses.count)
     for module in ROUTE_MODULES:
         app.include_router(module.router)
-    app.include_router(health.root_without_page if settings.no_ui else pages.router)
+    root = health.root_without_page if settings.no_ui else pages.router
+    app.include_router(root)
+    # The routes that name each endpoint in the per-endpoint metrics
+    state.responses.routes = [route for router in (*(m.router for m in ROUTE_MODULES), root)
+                              for route in router.routes]
     install_openapi(app, [CompletionRequest, ChatCompletionRequest, MessagesRequest,
                           CountTokensRequest, ResponsesRequest, TokenizeRequest, DetokenizeRequest])
     post_paths = {route.path for module in ROUTE_MODULES for route in module.router.routes

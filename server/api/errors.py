@@ -17,6 +17,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import Scope
 
 from engine.io.errors import EngineDeadError, InvalidRequestError, RequestFailedError
 from server.api.anthropic_errors import anthropic_error_body, anthropic_status, speaks_anthropic
@@ -151,19 +152,19 @@ async def handle_http_exception(request: Request, exc: Exception) -> JSONRespons
     return error_response(exc.status_code, message, None, dict(exc.headers or {}), request.url.path)
 
 
-def unexpected_handler(count_response: Callable[[int], None]) -> Any:
+def unexpected_handler(count_response: Callable[[int, Scope], None]) -> Any:
     """The last resort. Starlette sends its answer outside every middleware, the counting
     one included, so it counts the response itself."""
     async def handle_unexpected(request: Request, exc: Exception) -> JSONResponse:
         error = api_error_from(exc)
         response = error_response(error.status, error.message, error.param,
                                   path=request.url.path)
-        count_response(response.status_code)
+        count_response(response.status_code, request.scope)
         return response
     return handle_unexpected
 
 
-def install_error_handlers(app: FastAPI, count_response: Callable[[int], None]) -> None:
+def install_error_handlers(app: FastAPI, count_response: Callable[[int, Scope], None]) -> None:
     app.add_exception_handler(RequestValidationError, handle_validation_error)
     app.add_exception_handler(APIError, handle_api_error)
     app.add_exception_handler(InvalidRequestError, handle_invalid_request)

@@ -13,6 +13,7 @@ from fastapi import Request
 from fastapi.responses import Response
 from sse_starlette import EventSourceResponse
 from starlette.background import BackgroundTask
+from starlette.types import Scope
 
 from server.api.errors import APIError
 from server.api.protocol import UsageInfo
@@ -65,13 +66,13 @@ def sse(events: list[Event]) -> list[dict[str, str]]:
 
 
 async def dialect_events(stream: ChoiceStream, builder: ChatBuilder, dialect: Dialect,
-                         stats: ResponseStats) -> AsyncIterator[dict[str, str]]:
+                         stats: ResponseStats, scope: Scope) -> AsyncIterator[dict[str, str]]:
     try:
         for item in sse(dialect.start()):
             yield item
         async for event in stream:
             if event.error is not None:
-                stats.count(event.error.status)
+                stats.count(event.error.status, scope, in_stream=True)
                 for item in sse(dialect.fail(event.error)):
                     yield item
                 return
@@ -93,6 +94,6 @@ async def respond_in_dialect(request: Request, streamed: bool, stream: ChoiceStr
     if not streamed:
         return await full_response(request, stream, builder, dialect.whole)
     # sep="\n": frames are "event: ...\ndata: ...\n\n", as both APIs send them.
-    return EventSourceResponse(dialect_events(stream, builder, dialect, stats), sep="\n",
+    return EventSourceResponse(dialect_events(stream, builder, dialect, stats, request.scope), sep="\n",
                                background=BackgroundTask(stream.close),
                                send_timeout=send_timeout_s)

@@ -20,6 +20,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from sse_starlette import EventSourceResponse
 from starlette.background import BackgroundTask
+from starlette.types import Scope
 
 from server.api.protocol import SamplingFields
 from server.api.request_ids import echo_request_id
@@ -35,12 +36,12 @@ def to_json(data: dict[str, Any]) -> str:
 
 
 async def sse_events(stream: ChoiceStream, builder: ResponseBuilder, include_usage: bool,
-                     stats: ResponseStats) -> AsyncIterator[str]:
+                     stats: ResponseStats, scope: Scope) -> AsyncIterator[str]:
     try:
         failed = False
         async for event in stream:
             if event.error is not None:
-                stats.count(event.error.status)
+                stats.count(event.error.status, scope, in_stream=True)
                 yield to_json(event.error.body())
                 failed = True
                 break
@@ -60,10 +61,11 @@ async def sse_events(stream: ChoiceStream, builder: ResponseBuilder, include_usa
 
 
 def stream_response(stream: ChoiceStream, builder: ResponseBuilder, include_usage: bool,
-                    send_timeout_s: float, stats: ResponseStats) -> EventSourceResponse:
+                    send_timeout_s: float, stats: ResponseStats, scope: Scope
+                    ) -> EventSourceResponse:
     # sep="\n": frames are "data: ...\n\n", byte for byte what OpenAI and vLLM send.
     # send_timeout: a client that stops reading is cut, and its request aborted (close).
-    return EventSourceResponse(sse_events(stream, builder, include_usage, stats), sep="\n",
+    return EventSourceResponse(sse_events(stream, builder, include_usage, stats, scope), sep="\n",
                                background=BackgroundTask(stream.close),
                                send_timeout=send_timeout_s)
 
@@ -108,7 +110,8 @@ async def respond(request: Request, body: SamplingFields, stream: ChoiceStream,
                                     and body.stream_options.continuous_usage_stats)
     response: Response
     if body.stream:
-        response = stream_response(stream, builder, body.include_usage(), send_timeout_s, stats)
+        response = stream_response(stream, builder, body.include_usage(), send_timeout_s, stats,
+                                   request.scope)
     else:
         response = await full_response(request, stream, builder)
     return echo_request_id(response, client_id)

@@ -8,7 +8,7 @@ iteration sizes from the engine's step listener.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from prometheus_client import (
@@ -26,6 +26,8 @@ from prometheus_client.registry import Collector
 from engine.io.info import EngineInfo
 from engine.io.stats import EngineStats, StepStats
 from engine.spec.counters import SpecCounters
+from server.runtime.endpoint_metrics import EndpointCollector
+from server.runtime.response_stats import ResponseStats
 from server.runtime.vllm_metrics import VllmCompatCollector
 
 PREFIX = "pagode:"
@@ -140,17 +142,16 @@ class ResponseCollector(Collector):
     """HTTP responses by status code and OpenAI error type ("none" for successes), read
     from the counts that server/middleware/response_metrics.py keeps."""
 
-    def __init__(self, model_name: str, read_counts: Callable[[], Mapping[tuple[str, str], int]]
-                 ) -> None:
+    def __init__(self, model_name: str, stats: ResponseStats) -> None:
         self.model_name = model_name
-        self.read_counts = read_counts
+        self.stats = stats
 
     def collect(self) -> Iterable[Metric]:
         family = CounterMetricFamily(
             PREFIX + "http_responses", "HTTP responses by status code and error type "
             "(errors sent inside a started SSE stream count under their own code).",
             labels=["model_name", "code", "error_type"])
-        for (code, kind), count in sorted(self.read_counts().items()):
+        for (code, kind), count in sorted(self.stats.responses.items()):
             family.add_metric([self.model_name, code, kind], float(count))
         yield family
 
@@ -161,7 +162,7 @@ class ServerMetrics:
     def __init__(self, model_name: str, max_model_len: int, max_num_batched_tokens: int,
                  read_stats: Callable[[], EngineStats | None],
                  read_queued: Callable[[], int],
-                 read_responses: Callable[[], Mapping[tuple[str, str], int]] = dict,
+                 responses: ResponseStats | None = None,
                  cache_info: EngineInfo | None = None, compat: str = "vllm") -> None:
         disable_created_metrics()  # no *_created series: dashboards do not use them
         self.model_name = model_name
@@ -169,7 +170,9 @@ class ServerMetrics:
         self.registry.register(EngineSnapshotCollector(model_name, read_stats, read_queued))
         if compat == "vllm":
             self.registry.register(VllmCompatCollector(model_name, read_stats, cache_info))
-        self.registry.register(ResponseCollector(model_name, read_responses))
+        responses = responses or ResponseStats()
+        self.registry.register(ResponseCollector(model_name, responses))
+        self.registry.register(EndpointCollector(model_name, responses))
         self.engine_failures = Counter(
             PREFIX + "request_engine_failures", "Requests that failed inside the engine "
             "(an exception while sampling or post-processing them).", ["model_name"],

@@ -86,7 +86,7 @@ class ServerState:
         self.metrics = ServerMetrics(self.served_model_name, engine.max_model_len,
                                      config.token_budget, read_stats=self.read_stats,
                                      read_queued=lambda: self.admission.queued,
-                                     read_responses=lambda: self.responses.responses,
+                                     responses=self.responses,
                                      cache_info=engine.describe(), compat=self.settings.metrics_compat)
         engine.add_step_listener(self.metrics.observe_step)
         self.sampler = StatsSampler(self.read_stats, lambda: self.admission.queued)
