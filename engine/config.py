@@ -73,6 +73,7 @@ def dtype_name(dtype: torch.dtype) -> str:
 @dataclass
 class EngineConfig:
     model: str | None = None  # None: the default SmolLM2-135M-Instruct GGUF
+    task: str = "auto"  # auto | generate | embed | score: which runner serves the model (engine/pooling/task.py)
     batching: Batching = "paged"  # paged | continuous | static (engine/core/scheduler.py)
     kv_cache_memory: str | int = "1GiB"
     block_size: int = 16

@@ -1,4 +1,5 @@
-"""How the server builds its engine: engine.async_engine.AsyncEngine, or the callable that
+"""How the server builds its engine: engine.async_engine.AsyncEngine (or, for an embedding or
+scoring checkpoint, engine.pooling's AsyncPoolingEngine), or the callable that
 `pagode serve --engine-factory MODULE:CALLABLE` names (a custom engine, or a test double
 such as tests/dying_server.py). It is called with the EngineConfig, in the loading thread,
 and must return what runtime/engine_client.py describes."""
@@ -18,9 +19,9 @@ EngineFactory = Callable[[EngineConfig], EngineClient]
 def load_engine_factory(spec: str | None) -> EngineFactory:
     """Import the factory when first needed: importing an engine loads torch."""
     if spec is None:
-        from engine.async_engine import AsyncEngine
+        from engine.pooling.engines import build_engine
 
-        return AsyncEngine
+        return cast(EngineFactory, build_engine)
     module_name, _, path = spec.partition(":")
     target: object = importlib.import_module(module_name)
     for name in path.split("."):

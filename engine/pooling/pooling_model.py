@@ -1,0 +1,124 @@
+"""A loaded pooling checkpoint and its forward: inputs in, vectors or scores out, batch by
+batch under the token budget. The synchronous core that AsyncPoolingEngine runs in its
+worker thread (and that tests and benchmarks may call directly)."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from engine.attention.selection import select_backend
+from engine.config import EngineConfig
+from engine.model.loader import ModelSource, load_model, load_tokenizer, read_config, resolve_model
+from engine.pooling import pooler
+from engine.pooling.batching import plan_batches
+from engine.pooling.checkpoint import PoolingSpec, read_json, read_spec
+from engine.pooling.decoder import DecoderPooler
+from engine.pooling.encoder import Encoder
+from engine.pooling.encoder_weights import load_encoder
+from engine.pooling.inputs import PoolingInput
+from engine.tokenizer import Tokenizer
+
+log = logging.getLogger("pagode")
+
+
+class PoolingModel:
+    def __init__(self, config: EngineConfig, task: str) -> None:
+        self.source: ModelSource = resolve_model(config.model)
+        if self.source.is_gguf:
+            raise ValueError(f"{self.source.path}: pooling models load from a Hugging Face folder "
+                             "(GGUF embedders are not supported yet)")
+        folder = self.source.path
+        self.spec: PoolingSpec = read_spec(folder, task)
+        self.tokenizer: Tokenizer = load_tokenizer(self.source)
+        self.budget = config.token_budget
+        hf = read_json(folder / "config.json") or {}
+        if self.spec.is_encoder:
+            self.encoder: Encoder | None = load_encoder(folder, num_labels=1 if task == "score" else 0)
+            self.decoder: DecoderPooler | None = None
+            self.hidden_size = int(hf["hidden_size"])
+            positions = int(hf.get("max_position_embeddings", 512)) - self.encoder.config.position_offset
+        else:
+            self.encoder, self.decoder = None, self._load_decoder(config)
+            self.hidden_size = self.decoder.cfg.hidden_size
+            positions = self.decoder.cfg.max_position_embeddings
+        self.vocab_size = min(len(self.tokenizer), int(hf.get("vocab_size") or len(self.tokenizer)))
+        self.max_model_len = min(config.max_model_len or positions, positions)
+        self.yes_no_ids = self._yes_no_ids()
+        log.info("pooling model %s: task %s, %s pooling%s, max_model_len %d, token budget %d",
+                 self.source.name, task, self.spec.pooling, ", normalized" if self.spec.normalize else "",
+                 self.max_model_len, self.budget)
+
+    def _load_decoder(self, config: EngineConfig) -> DecoderPooler:
+        device = torch.device("cpu")
+        cfg = read_config(self.source)
+        backend = select_backend(config.attention_backend, device)
+        # Embeddings are compared by cosine at 1e-3 and below: weights stay fp32 unless asked.
+        quantization = "none" if config.quantization == "auto" else config.quantization
+        model = load_model(self.source, cfg, backend, cfg.max_position_embeddings, torch.float32, device,
+                           quantization, config.token_budget)
+        return DecoderPooler(model, cfg, backend, torch.float32)
+
+    def _yes_no_ids(self) -> tuple[int, int] | None:
+        if self.spec.yes_no_tokens is None:
+            return None
+        ids = []
+        for token in self.spec.yes_no_tokens:
+            encoded = self.tokenizer.encode(token, add_special_tokens=False)
+            if len(encoded) != 1:
+                raise ValueError(f"the reranker scores by the logit of {token!r}, which its tokenizer "
+                                 f"splits into {len(encoded)} tokens")
+            ids.append(encoded[0])
+        return ids[0], ids[1]
+
+    # ---- forwards ----
+
+    def embed(self, inputs: list[PoolingInput]) -> list[torch.Tensor]:
+        """One pooled (and, if the model says so, normalized) vector per input."""
+        return self._batched(inputs, self._embed_batch)
+
+    def score(self, inputs: list[PoolingInput]) -> list[torch.Tensor]:
+        """One relevance score per (query, document) input."""
+        return self._batched(inputs, self._score_batch)
+
+    def _batched(self, inputs: list[PoolingInput], run: object) -> list[torch.Tensor]:
+        out: list[torch.Tensor | None] = [None] * len(inputs)
+        for batch in plan_batches([len(i) for i in inputs], self.budget):
+            results = run([inputs[i] for i in batch])  # type: ignore[operator]
+            for index, result in zip(batch, results, strict=True):
+                out[index] = result
+        return [o for o in out if o is not None]
+
+    @torch.inference_mode()
+    def _embed_batch(self, batch: list[PoolingInput]) -> torch.Tensor:
+        if self.decoder is not None:
+            vectors = self.decoder.last_states([i.token_ids for i in batch])
+        else:
+            hidden, lengths = self._encode(batch)
+            vectors = pooler.pool(hidden, lengths, self.spec.pooling)
+        return pooler.normalize(vectors) if self.spec.normalize else vectors
+
+    @torch.inference_mode()
+    def _score_batch(self, batch: list[PoolingInput]) -> torch.Tensor:
+        if self.decoder is not None:
+            assert self.yes_no_ids is not None
+            logits = self.decoder.yes_no_logits([i.token_ids for i in batch], *self.yes_no_ids)
+            return torch.sigmoid(logits[:, 0] - logits[:, 1])
+        assert self.encoder is not None
+        hidden, _ = self._encode(batch)
+        logits = self.encoder.classify(hidden)[:, 0]
+        return torch.sigmoid(logits) if self.spec.sigmoid else logits
+
+    def _encode(self, batch: list[PoolingInput]) -> tuple[torch.Tensor, torch.Tensor]:
+        assert self.encoder is not None
+        width = max(len(i) for i in batch)
+        pad = self.encoder.config.pad_token_id
+        ids = torch.full((len(batch), width), pad, dtype=torch.long)
+        types = torch.zeros((len(batch), width), dtype=torch.long)
+        for row, item in enumerate(batch):
+            ids[row, :len(item)] = torch.tensor(item.token_ids)
+            if item.token_types is not None:
+                types[row, :len(item)] = torch.tensor(item.token_types)
+        lengths = torch.tensor([len(i) for i in batch])
+        return self.encoder(ids, types, lengths), lengths

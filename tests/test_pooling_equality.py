@@ -1,0 +1,145 @@
+"""pagode's pooling models against the reference libraries on the same tiny random weights:
+embeddings equal sentence-transformers' `encode`, cross-encoder scores `CrossEncoder.predict`,
+and a Qwen3 yes/no reranker transformers' own logits. fp32 throughout; cosine >= 0.99999 and
+the max abs difference is asserted (measured 0 for the encoders, ~5e-7 for Qwen3)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from pooling_zoo import (
+    QUERY_PROMPT,
+    build_bert,
+    build_cross_encoder,
+    build_nomic,
+    build_qwen3_embedder,
+    build_qwen3_reranker,
+    build_xlmr,
+)
+
+from engine.config import EngineConfig
+from engine.pooling.checkpoint import detect_task
+from engine.pooling.inputs import encode_pair, encode_text
+from engine.pooling.pooling_model import PoolingModel
+
+EMBEDDERS: dict[str, Callable[[Path], Path]] = {"bert": build_bert, "xlm-roberta": build_xlmr,
+                                                "nomic-bert": build_nomic, "qwen3": build_qwen3_embedder}
+# Mixed lengths, so that a batch pads: one word to ~40 tokens (letters become word pieces).
+TEXTS = ["paris", "the cat sat on the mat", "what is the capital of france where the river is blue",
+         "dog", "a city far far on a river of blue sky and the cat ran to the dog on the mat again and again",
+         "search query passage"]
+COSINE = 0.99999
+MAX_ABS = 1e-5
+SMALL_BUDGET = 64  # forces several forwards per request: batches must not change the numbers
+
+
+@pytest.fixture(scope="module")
+def zoo(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, Callable[[Path], Path]], Path]:
+    root = tmp_path_factory.mktemp("pooling-zoo")
+    built: dict[str, Path] = {}
+
+    def folder(name: str, build: Callable[[Path], Path]) -> Path:
+        if name not in built:
+            path = root / name
+            path.mkdir()
+            built[name] = build(path)
+        return built[name]
+
+    return folder
+
+
+def pagode(folder: Path, task: str, budget: int = 512) -> PoolingModel:
+    return PoolingModel(EngineConfig(model=str(folder), quantization="none", max_num_batched_tokens=budget), task)
+
+
+def assert_close(got: torch.Tensor, want: torch.Tensor) -> None:
+    cosine = F.cosine_similarity(got, want, dim=-1)
+    diff = (got - want).abs().max().item()
+    assert cosine.min().item() >= COSINE and diff <= MAX_ABS, (cosine, diff)
+
+
+@pytest.mark.parametrize("arch", list(EMBEDDERS))
+def test_embeddings_equal_sentence_transformers(zoo: Callable[..., Path], arch: str) -> None:
+    from sentence_transformers import SentenceTransformer
+
+    folder = zoo(arch, EMBEDDERS[arch])
+    assert detect_task(folder) == "embed"
+    reference = SentenceTransformer(str(folder), device="cpu")
+    batched = torch.tensor(reference.encode(TEXTS, batch_size=len(TEXTS)))
+    for budget in (512, SMALL_BUDGET):
+        model = pagode(folder, "embed", budget)
+        got = torch.stack(model.embed([encode_text(model.tokenizer, t, None) for t in TEXTS]))
+        assert_close(got, batched)
+    single = torch.stack(model.embed([encode_text(model.tokenizer, TEXTS[2], None)]))
+    assert_close(single, torch.tensor(reference.encode([TEXTS[2]])))
+
+
+@pytest.mark.parametrize("arch", ["bert", "qwen3"])
+def test_matryoshka_dimensions_truncate_then_renormalize(zoo: Callable[..., Path], arch: str) -> None:
+    from sentence_transformers import SentenceTransformer
+
+    from engine.pooling.pooler import shorten
+
+    folder = zoo(arch, EMBEDDERS[arch])
+    reference = SentenceTransformer(str(folder), device="cpu")
+    want = torch.tensor(reference.encode(TEXTS, truncate_dim=16, normalize_embeddings=True))
+    model = pagode(folder, "embed")
+    got = torch.stack([shorten(v, 16) for v in model.embed([encode_text(model.tokenizer, t, None) for t in TEXTS])])
+    assert got.shape == (len(TEXTS), 16)
+    assert_close(got, want)
+    assert torch.allclose(got.norm(dim=-1), torch.ones(len(TEXTS)))
+
+
+def test_prompts_come_from_the_sentence_transformers_config(zoo: Callable[..., Path]) -> None:
+    from sentence_transformers import SentenceTransformer
+
+    folder = zoo("qwen3", build_qwen3_embedder)
+    model = pagode(folder, "embed")
+    assert model.spec.prompts["query"] == QUERY_PROMPT and model.spec.pooling == "last" and model.spec.normalize
+    want = torch.tensor(SentenceTransformer(str(folder), device="cpu").encode(TEXTS[:3], prompt_name="query"))
+    got = torch.stack(model.embed([encode_text(model.tokenizer, QUERY_PROMPT + t, None) for t in TEXTS[:3]]))
+    assert_close(got, want)
+
+
+@pytest.mark.parametrize("arch", ["bert", "xlm-roberta"])
+def test_cross_encoder_scores_equal_cross_encoder_predict(zoo: Callable[..., Path], arch: str) -> None:
+    from sentence_transformers import CrossEncoder
+
+    folder = zoo(f"cross-{arch}", lambda p: build_cross_encoder(p, "bert" if arch == "bert" else "xlmr"))
+    assert detect_task(folder) == "score"
+    pairs = [("what is the capital of france", t) for t in TEXTS]
+    want = torch.tensor(CrossEncoder(str(folder), device="cpu").predict(pairs))
+    model = pagode(folder, "score", SMALL_BUDGET)
+    got = torch.stack(model.score([encode_pair(model.tokenizer, model.spec, q, d, None) for q, d in pairs]))
+    assert (got - want).abs().max().item() <= MAX_ABS, (got, want)
+    assert len(set(got.tolist())) == len(pairs)  # the pairs score apart: the test can tell them apart
+
+
+def test_qwen3_reranker_scores_equal_transformers_yes_no_logits(zoo: Callable[..., Path]) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = zoo("qwen3-reranker", build_qwen3_reranker)
+    assert detect_task(folder) == "score"
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    reference = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+    yes, no = tokenizer.convert_tokens_to_ids("yes"), tokenizer.convert_tokens_to_ids("no")
+    query = "what is the capital of france"
+    want = []
+    for doc in TEXTS:
+        # Qwen3-Reranker's model card prompt, written out here rather than taken from pagode.
+        text = ("<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and "
+                "the Instruct provided. Note that the answer can only be \"yes\" or \"no\".<|im_end|>\n"
+                "<|im_start|>user\n<Instruct>: Given a web search query, retrieve relevant passages that answer "
+                f"the query\n<Query>: {query}\n<Document>: {doc}<|im_end|>\n<|im_start|>assistant\n<think>\n\n"
+                "</think>\n\n")
+        ids = torch.tensor([tokenizer(text, add_special_tokens=False)["input_ids"]])
+        with torch.no_grad():
+            last = reference(ids).logits[0, -1]
+        want.append(torch.sigmoid(last[yes] - last[no]).item())
+    model = pagode(folder, "score", SMALL_BUDGET)
+    got = torch.stack(model.score([encode_pair(model.tokenizer, model.spec, query, d, None) for d in TEXTS]))
+    assert (got - torch.tensor(want)).abs().max().item() <= MAX_ABS, (got, want)
