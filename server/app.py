@@ -16,6 +16,7 @@ from engine.config import EngineConfig
 from server.api.body import install_openapi
 from server.api.errors import install_error_handlers
 from server.api.messages_protocol import CountTokensRequest, MessagesRequest
+from server.api.pooling_protocol import EmbeddingRequest, RerankRequest, ScoreRequest
 from server.api.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -31,12 +32,15 @@ from server.middleware.response_metrics import ResponseCountMiddleware
 from server.routes import (
     chat,
     completions,
+    embeddings,
     health,
     messages,
     metrics,
     models,
     prefix_cache,
+    rerank,
     responses,
+    score,
     stats,
     tokenize,
 )
@@ -48,8 +52,8 @@ from server.ui import pages
 
 logger = logging.getLogger("pagode.server")
 
-ROUTE_MODULES = (completions, chat, messages, responses, tokenize, models, health, metrics,
-                 stats, prefix_cache)
+ROUTE_MODULES = (completions, chat, messages, responses, embeddings, rerank, score, tokenize, models, health,
+                 metrics, stats, prefix_cache)
 
 # sse-starlette would cancel every stream on SIGTERM; our drain ends them instead.
 AppStatus.disable_automatic_graceful_drain()
@@ -92,7 +96,8 @@ def create_app(settings: ServerSettings, engine: EngineClient | None = None,
     state.responses.routes = [route for router in (*(m.router for m in ROUTE_MODULES), root)
                               for route in router.routes]
     install_openapi(app, [CompletionRequest, ChatCompletionRequest, MessagesRequest,
-                          CountTokensRequest, ResponsesRequest, TokenizeRequest, DetokenizeRequest])
+                          CountTokensRequest, ResponsesRequest, TokenizeRequest, DetokenizeRequest,
+                          EmbeddingRequest, RerankRequest, ScoreRequest])
     post_paths = {route.path for module in ROUTE_MODULES for route in module.router.routes
                   if isinstance(route, APIRoute) and "POST" in (route.methods or set())}
     app.add_middleware(JSONContentTypeMiddleware, paths=post_paths)  # 415 unless the body is JSON

@@ -1,0 +1,31 @@
+"""POST /v1/embeddings (OpenAI's): parse, admit, tokenize, pool, respond."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+
+from server.api.body import openapi_body, parse_body
+from server.api.pooling_protocol import EmbeddingRequest
+from server.respond.pooling_bodies import embeddings_body
+from server.runtime.pooling_client import pooling_engine
+from server.runtime.pooling_run import run_admitted
+from server.runtime.state import State
+from server.translate.pooling_inputs import check_embedding, embedding_inputs
+from server.worker_pool import run_blocking
+
+router = APIRouter()
+
+
+@router.post("/v1/embeddings", openapi_extra=openapi_body(EmbeddingRequest))
+async def create_embeddings(request: Request, state: State) -> dict[str, Any]:
+    body = await parse_body(request, EmbeddingRequest, state.settings)
+    admitted = state.admit(body.model, lambda engine: check_embedding(
+        body, pooling_engine(engine, "/v1/embeddings")))
+    engine = pooling_engine(admitted.engine, "/v1/embeddings")
+    inputs = await run_blocking(embedding_inputs, body, engine)
+    tokens = sum(len(i) for i in inputs)
+    vectors = await run_admitted(admitted, tokens, lambda: engine.embed(inputs))
+    return await run_blocking(embeddings_body, vectors, body.dimensions, body.encoding_format,
+                              state.served_model_name, tokens)
