@@ -18,6 +18,7 @@ from engine.pooling.decoder import DecoderPooler
 from engine.pooling.encoder import Encoder
 from engine.pooling.encoder_weights import load_encoder
 from engine.pooling.inputs import PoolingInput
+from engine.quant import quantize_model
 from engine.tokenizer import Tokenizer
 
 log = logging.getLogger("pagode")
@@ -36,11 +37,13 @@ class PoolingModel:
         hf = read_json(folder / "config.json") or {}
         if self.spec.is_encoder:
             self.encoder: Encoder | None = load_encoder(folder, num_labels=1 if task == "score" else 0)
+            self.quantization = quantize_encoder(self.encoder, config)
             self.decoder: DecoderPooler | None = None
             self.hidden_size = int(hf["hidden_size"])
             positions = int(hf.get("max_position_embeddings", 512)) - self.encoder.config.position_offset
         else:
             self.encoder, self.decoder = None, self._load_decoder(config)
+            self.quantization = pooling_quantization(config)
             self.hidden_size = self.decoder.cfg.hidden_size
             positions = self.decoder.cfg.max_position_embeddings
         self.vocab_size = min(len(self.tokenizer), int(hf.get("vocab_size") or len(self.tokenizer)))
@@ -54,8 +57,7 @@ class PoolingModel:
         device = torch.device("cpu")
         cfg = read_config(self.source)
         backend = select_backend(config.attention_backend, device)
-        # Embeddings are compared by cosine at 1e-3 and below: weights stay fp32 unless asked.
-        quantization = "none" if config.quantization == "auto" else config.quantization
+        quantization = pooling_quantization(config)
         model = load_model(self.source, cfg, backend, cfg.max_position_embeddings, torch.float32, device,
                            quantization, config.token_budget)
         return DecoderPooler(model, cfg, backend, torch.float32)
@@ -122,3 +124,21 @@ class PoolingModel:
                 types[row, :len(item)] = torch.tensor(item.token_types)
         lengths = torch.tensor([len(i) for i in batch])
         return self.encoder(ids, types, lengths), lengths
+
+
+def pooling_quantization(config: EngineConfig) -> str:
+    """--quantization for a pooling model: auto keeps fp32 weights, since embeddings are compared
+    by cosine at 1e-3 and below and an int4 encoder drifts past that (docs/embeddings.md); int8
+    and int4 are applied when asked."""
+    return "none" if config.quantization == "auto" else config.quantization
+
+
+def quantize_encoder(encoder: Encoder, config: EngineConfig) -> str:
+    """The encoder's linear layers as block-quantized ones (the CPU kernels' int8 or int4),
+    when asked; the summary of what they hold, or "none"."""
+    mode = pooling_quantization(config)
+    if mode == "none":
+        return mode
+    report = quantize_model(encoder, mode, None, config.token_budget)
+    log.info("quantization: %s: %s", mode, report.summary())
+    return mode
