@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 TORCH_SPEC ?= torch==2.13.0
 ARGS ?=
 
-.PHONY: install serve test lint bench-engine bench-structured bench-attention bench-serve profile-steps bench-kernels experiment crosscheck plan-check clean bench-quant bench-fused-ops test-docker bench-vs-peers bench-real-shapes bench-spec bench-sweep experiment-cache
+.PHONY: install serve test lint bench-engine bench-structured bench-attention bench-serve profile-steps bench-kernels experiment crosscheck plan-check clean bench-quant bench-fused-ops test-docker bench-vs-peers bench-real-shapes bench-spec bench-sweep experiment-cache bench-embed
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -56,6 +56,10 @@ bench-spec: $(STAMP)
 # Decode tok/s over batch x context, and the serving request set offline beside it (docs/speed.md).
 bench-sweep: $(STAMP)
 	$(PY) -m benchmarks.bench_sweep $(ARGS)
+
+# Embeddings/s of /v1/embeddings against sentence-transformers on the same CPU (docs/embeddings.md).
+bench-embed: $(STAMP)
+	$(PY) -m benchmarks.bench_embed $(ARGS)
 
 profile-steps: $(STAMP)
 	$(PY) -m benchmarks.profile_steps $(ARGS)
