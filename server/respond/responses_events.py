@@ -4,7 +4,8 @@ holds items (reasoning, message, function_call), or its stream of events, each w
 output_item.added, its parts and deltas (content_part.added, output_text.delta / .done,
 content_part.done; reasoning_text.delta / .done; function_call_arguments.delta / .done),
 output_item.done, and at last response.completed (response.incomplete when the output hit
-max_output_tokens, response.failed when the request failed after the stream started).
+max_output_tokens, response.cancelled when a cancel stopped it, response.failed when the
+request failed after the stream started).
 
 Items follow the output: reasoning, then text, then each tool call; a change of kind
 closes the open item, as OpenAI's own streams never interleave items.
@@ -24,6 +25,8 @@ from server.api.responses_protocol import ResponsesRequest
 from server.respond.dialect_streaming import Event, HeldSpace
 
 Keep = Callable[[dict[str, Any]], None]  # stores a finished response
+# A response's status by its chat finish reason: "abort" is a cancel (POST .../cancel)
+FINAL_STATUS = {"length": "incomplete", "abort": "cancelled"}
 
 
 def item_id(prefix: str) -> str:
@@ -57,8 +60,8 @@ def echoed_fields(body: ResponsesRequest) -> dict[str, Any]:
 class ResponsesDialect:
     def __init__(self, response_id: str, model: str, body: ResponsesRequest,
                  count_tokens: Callable[[str], int], keep: Keep | None) -> None:
-        """`count_tokens` counts the reasoning's tokens; `keep` stores the finished response
-        (None when the request asks not to be stored)."""
+        """`count_tokens` counts the reasoning's tokens; `keep` is handed the finished
+        response (to store it, and to answer a cancel that waits for it)."""
         self.response_id = response_id
         self.model = model
         self.echo = echoed_fields(body)
@@ -182,13 +185,14 @@ class ResponsesDialect:
         return events
 
     def finish(self, usage: UsageInfo) -> list[Event]:
+        """The last events; a cancelled response's is response.cancelled, named after its
+        status as every other last event is (OpenAI documents none for it)."""
         events = self.close_item()
         final = self.finished(usage.model_dump(mode="json"))
-        kind = "response.incomplete" if final["status"] == "incomplete" else "response.completed"
-        return [*events, self.event(kind, response=final)]
+        return [*events, self.event(f"response.{final['status']}", response=final)]
 
     def finished(self, chat_usage: dict[str, Any]) -> dict[str, Any]:
-        status = "incomplete" if self.finish_reason == "length" else "completed"
+        status = FINAL_STATUS.get(self.finish_reason or "", "completed")
         if status == "incomplete":  # the output limit cut the last item, as OpenAI marks it
             self.output[-1:] = [{**item, "status": "incomplete"} if "status" in item else item
                                 for item in self.output[-1:]]

@@ -19,6 +19,7 @@ from server.respond.dialect_streaming import respond_in_dialect
 from server.respond.responses_events import Keep, ResponsesDialect
 from server.routes.chat_pipeline import start_chat
 from server.runtime.response_store import ResponseStore
+from server.runtime.running_responses import RunningResponses
 from server.runtime.state import State
 from server.translate.fields import log_unknown_fields
 from server.translate.responses_to_chat import chat_from_responses, input_items
@@ -50,10 +51,22 @@ def history(store: ResponseStore, body: ResponsesRequest) -> list[Item]:
     return found
 
 
-def keeper(store: ResponseStore, conversation: list[Item], wanted: bool) -> Keep | None:
-    if not wanted:
-        return None
-    return lambda final: store.save(final, conversation + final["output"])
+def running_responses(request: Request) -> RunningResponses:
+    running: RunningResponses | None = getattr(request.app.state, "running_responses", None)
+    if running is None:
+        running = request.app.state.running_responses = RunningResponses()
+    return running
+
+
+def keeper(store: ResponseStore, conversation: list[Item], wanted: bool,
+           running: RunningResponses) -> Keep:
+    """What a finished response goes to: the store (when the request asks it stored), then
+    a cancel that may be waiting for it."""
+    def keep(final: dict[str, Any]) -> None:
+        if wanted:
+            store.save(final, conversation + final["output"])
+        running.finished(final["id"], final)
+    return keep
 
 
 @router.post("/v1/responses", openapi_extra=openapi_body(ResponsesRequest))
@@ -66,10 +79,12 @@ async def create_response(request: Request, state: State) -> Response:
     log_unknown_fields(request_id, body)  # Codex sends prompt_cache_key, client_metadata
     stream, builder = await start_chat(state, chat, request_id, clamp_max_tokens=True)
     tokenizer = state.engine_for(None).tokenizer
+    response_id, running = f"resp_{uuid.uuid4().hex}", running_responses(request)
+    running.add(response_id, stream)
     dialect = ResponsesDialect(
-        f"resp_{uuid.uuid4().hex}", body.model or state.served_model_name, body,
+        response_id, body.model or state.served_model_name, body,
         lambda text: len(tokenizer.encode(text, add_special_tokens=False)),
-        keeper(store, conversation, body.store))
+        keeper(store, conversation, body.store, running))
     response = await respond_in_dialect(request, body.stream, stream, builder, dialect,
                                         state.settings.sse_send_timeout_s, state.responses)
     return echo_request_id(response, client_id)
@@ -104,9 +119,14 @@ async def list_input_items(response_id: str, request: Request, state: State) -> 
 
 @router.post("/v1/responses/{response_id}/cancel")
 async def cancel_response(response_id: str, request: Request, state: State) -> dict[str, Any]:
-    """Only background responses can be cancelled, and this server runs none (a running
-    foreground response ends when its client disconnects)."""
-    if response_store(request, state).response(response_id) is None:
+    """A running response (its id comes first in its stream, in response.created) stops:
+    its engine requests are aborted and it ends as "cancelled", stored so when it is
+    stored. One that has ended is a 400, as OpenAI answers for a finished response."""
+    cancelled = await running_responses(request).cancel(response_id)
+    if cancelled is not None:
+        return cancelled
+    stored = response_store(request, state).response(response_id)
+    if stored is None:
         raise not_found(response_id)
-    raise bad_request("Only background responses can be cancelled; this server runs none.",
-                      "response_id")
+    raise bad_request(f"Only a running response can be cancelled; this one is "
+                      f"{stored['status']}.", "response_id")

@@ -255,6 +255,14 @@ class ChoiceStream:
             self.remaining -= 1
         return event
 
+    def cancel(self) -> None:
+        """Stop the engine's work on every choice while the reader goes on: each choice
+        ends with finish_reason "abort", which the reader still receives (a client's
+        cancel of a running response, unlike its disconnect, still gets an answer)."""
+        for task in self.tasks:
+            if not task.done():
+                task.cancel()
+
     def close(self) -> None:
         """End the request, once however it ends: abort whatever still runs. Synchronous:
         it is called from cancelled scopes."""
