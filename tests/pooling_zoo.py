@@ -137,18 +137,26 @@ def build_nomic(path: Path, pooling: str = "mean", normalize: bool = True) -> Pa
     return path
 
 
-def build_qwen3_embedder(path: Path) -> Path:
+def build_qwen3_embedder(path: Path, smollm_tokenizer: bool = False) -> Path:
+    """With smollm_tokenizer, SmolLM2's real BPE (49,152 tokens), whose pre-tokenizer llama.cpp's
+    converter knows (it refuses a toy one); else the small byte-level one."""
     from chat_tokenizer import CHAT_VOCAB
     from transformers import Qwen3Config, Qwen3Model
 
     torch.manual_seed(0)
-    model = Qwen3Model(Qwen3Config(vocab_size=CHAT_VOCAB + 2, **QWEN3))
+    vocab = 49152 if smollm_tokenizer else CHAT_VOCAB + 2
+    model = Qwen3Model(Qwen3Config(vocab_size=vocab, **QWEN3))
     randomize(model)
     model.save_pretrained(path)
     config = json.loads((path / "config.json").read_text())
     config["architectures"] = ["Qwen3ForCausalLM"]  # as Qwen3-Embedding's folder declares it
     write_json(path / "config.json", config)
-    save_qwen3_tokenizer(path)
+    if smollm_tokenizer:
+        from converter_files import smollm_tokenizer as smollm
+
+        smollm().save_pretrained(path)
+    else:
+        save_qwen3_tokenizer(path)
     write_st_layout(path, "last", True, {"query": QUERY_PROMPT, "document": ""})
     return path
 

@@ -17,6 +17,7 @@ from engine.pooling.checkpoint import PoolingSpec, read_json, read_spec
 from engine.pooling.decoder import DecoderPooler
 from engine.pooling.encoder import Encoder
 from engine.pooling.encoder_weights import load_encoder
+from engine.pooling.gguf_spec import gguf_spec
 from engine.pooling.inputs import PoolingInput
 from engine.quant import quantize_model
 from engine.tokenizer import Tokenizer
@@ -27,14 +28,11 @@ log = logging.getLogger("pagode")
 class PoolingModel:
     def __init__(self, config: EngineConfig, task: str) -> None:
         self.source: ModelSource = resolve_model(config.model)
-        if self.source.is_gguf:
-            raise ValueError(f"{self.source.path}: pooling models load from a Hugging Face folder "
-                             "(GGUF embedders are not supported yet)")
         folder = self.source.path
-        self.spec: PoolingSpec = read_spec(folder, task)
+        self.spec: PoolingSpec = gguf_spec(folder, task) if self.source.is_gguf else read_spec(folder, task)
         self.tokenizer: Tokenizer = load_tokenizer(self.source)
         self.budget = config.token_budget
-        hf = read_json(folder / "config.json") or {}
+        hf = {} if self.source.is_gguf else read_json(folder / "config.json") or {}
         if self.spec.is_encoder:
             self.encoder: Encoder | None = load_encoder(folder, num_labels=1 if task == "score" else 0)
             self.quantization = quantize_encoder(self.encoder, config)

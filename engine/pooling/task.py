@@ -7,6 +7,7 @@ from __future__ import annotations
 from engine.config import EngineConfig
 from engine.model.loader import resolve_model
 from engine.pooling.checkpoint import detect_task
+from engine.pooling.gguf_spec import gguf_task
 
 TASKS = ("auto", "generate", "embed", "score")
 
@@ -18,4 +19,4 @@ def resolve_task(config: EngineConfig) -> str:
     if task != "auto":
         return task
     source = resolve_model(config.model)
-    return "generate" if source.is_gguf else detect_task(source.path)
+    return gguf_task(source.path) if source.is_gguf else detect_task(source.path)
