@@ -36,6 +36,7 @@ from engine.sampling_params import SamplingParams
 from engine.spec.cost_model import measure_step_cost
 from engine.spec.drafter import Drafter
 from engine.structured_output import StructuredOutputError, StructuredOutputManager
+from engine.thinking_budget import ThinkingTracker
 from engine.tokenizer import Tokenizer
 
 log = logging.getLogger("pagode")
@@ -111,6 +112,8 @@ class LLMEngine:
         detok = IncrementalDetokenizer(self.tokenizer, token_ids, params.stop, params.skip_special_tokens)
         state = self.requests[request_id] = RequestState(seq, detok, generator, max_tokens,
                                                          self.eos_ids, grammar)
+        if params.thinking_budget is not None:
+            state.thinking = ThinkingTracker(params.thinking_budget)
         if params.prompt_logprobs is not None:  # see engine/runner/prompt_logprobs.py
             state.prompt_logprobs, seq.skip_prefix_cache = [None], True
         self.scheduler.add(seq)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from engine.io.errors import InvalidRequestError
 from engine.structured_output.spec import StructuredOutputSpec
+from engine.thinking_budget import ThinkingBudget
 
 MAX_LOGPROBS = 20
 GREEDY_EPSILON = 1e-5  # vLLM's _SAMPLING_EPS: a smaller temperature means greedy
@@ -51,6 +52,7 @@ class SamplingParams:
     speculative: bool = True  # may draft when the server speculates (greedy only; docs/speculative.md)
     prompt_logprobs: int | None = None  # logprobs of the prompt's tokens, with N alternatives
     priority: int = 0  # --scheduling-policy priority: lower runs earlier (vLLM's request field)
+    thinking_budget: ThinkingBudget | None = None  # the thinking is closed after this many tokens
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

@@ -11,6 +11,7 @@ from engine.io.detokenizer import IncrementalDetokenizer
 from engine.io.outputs import StreamDelta, TokenLogprob
 from engine.runner.sampler import SamplingRow
 from engine.structured_output import GrammarState, StructuredOutputError
+from engine.thinking_budget import ThinkingTracker
 
 
 @dataclass
@@ -23,20 +24,25 @@ class RequestState:
     grammar: GrammarState | None = None  # set when the output is constrained
     prompt_logprobs: list[TokenLogprob | None] | None = None  # collected during prefill
     prompt_logprobs_sent: bool = False
+    thinking: ThinkingTracker | None = None  # set when the thinking has a budget
 
     def sampling_row(self) -> SamplingRow:
         p = self.seq.params
         blocked: list[int] = []
         if self.seq.num_output_tokens < p.min_tokens:
             blocked = sorted(set(p.stop_token_ids) | (set() if p.ignore_eos else set(self.eos_ids)))
+        forced = self.thinking.forced() if self.thinking is not None else None
         if not p.needs_penalties:  # the sampler reads the token lists only for penalties
-            return SamplingRow(p, [], [], self.generator, blocked)
-        return SamplingRow(p, self.seq.prompt_token_ids, self.seq.output_token_ids, self.generator, blocked)
+            return SamplingRow(p, [], [], self.generator, blocked, forced)
+        return SamplingRow(p, self.seq.prompt_token_ids, self.seq.output_token_ids, self.generator,
+                           blocked, forced)
 
     def append(self, token_id: int, max_model_len: int) -> str | None:
         """Add a generated token; return the finish reason if this token ends the request."""
         seq, p = self.seq, self.seq.params
         seq.append_token(token_id)
+        if self.thinking is not None:
+            self.thinking.observe(token_id)
         if self.grammar is not None:
             if not self.grammar.accept(token_id):
                 raise StructuredOutputError(f"token {token_id} was sampled against the grammar")

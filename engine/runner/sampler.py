@@ -28,6 +28,7 @@ class SamplingRow:
     output_ids: list[int]
     generator: torch.Generator | None
     blocked_ids: list[int]  # EOS / stop ids masked while min_tokens is not reached
+    forced_id: int | None = None  # the one token allowed (a spent thinking budget's end)
 
 
 @dataclass
@@ -63,7 +64,7 @@ def sample(logits: torch.Tensor, rows: list[SamplingRow], logprobs_mode: str = "
 
 def _needs_processing(row: SamplingRow) -> bool:
     p = row.params
-    return bool(p.needs_penalties or p.logit_bias or row.blocked_ids)
+    return bool(p.needs_penalties or p.logit_bias or row.blocked_ids or row.forced_id is not None)
 
 
 def _index(pairs: list[tuple[int, list[int]]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -75,7 +76,8 @@ def _index(pairs: list[tuple[int, list[int]]], device: torch.device) -> tuple[to
 
 
 def apply_processors(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
-    """Logit bias, repetition/presence/frequency penalties, min_tokens masks, in place."""
+    """Logit bias, repetition/presence/frequency penalties, min_tokens masks, and forced
+    tokens, in place."""
     dev = logits.device
     bias = [(i, r.params.logit_bias) for i, r in enumerate(rows) if r.params.logit_bias]
     if bias:
@@ -99,6 +101,11 @@ def apply_processors(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
         emptied = torch.isneginf(logits).all(dim=1)[ri]
         if bool(emptied.any()):
             logits[ri[emptied], ti[emptied]] = before[emptied]
+    forced = [(i, r.forced_id) for i, r in enumerate(rows) if r.forced_id is not None]
+    if forced:  # last: a forced token outranks bias, penalties and min_tokens alike
+        ri, ti = _index([(i, [token]) for i, token in forced], dev)
+        logits[ri] = float("-inf")
+        logits[ri, ti] = 0.0
 
 
 def _repetition_penalty(logits: torch.Tensor, rows: list[SamplingRow], which: list[int]) -> None:

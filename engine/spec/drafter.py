@@ -60,6 +60,7 @@ class Drafter:
     def eligible(self, seq: Sequence) -> bool:
         p = seq.params
         return (p.greedy and p.speculative and not p.needs_penalties and p.structured_outputs is None
+                and p.thinking_budget is None  # its forced tokens are chosen per step, not verified
                 and seq.num_output_tokens >= p.min_tokens)
 
     def start_step(self, tokens: int, outputs: int) -> StepLoad:

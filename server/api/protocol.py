@@ -282,6 +282,8 @@ class ChatCompletionRequest(SamplingFields, StructuredFields, ToolFields):
     # parser reads enable_thinking too.
     chat_template_kwargs: dict[str, Any] | None = None
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+    # vLLM's: after this many tokens of thinking its end tag is forced and the answer follows
+    thinking_token_budget: NonNegativeInt | None = None
 
     @field_validator("top_logprobs")
     @classmethod

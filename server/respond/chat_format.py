@@ -9,7 +9,7 @@ from functools import lru_cache
 
 from server.api.protocol import ChatCompletionRequest
 from server.respond import reasoning, tool_parsers
-from server.respond.reasoning.base import ReasoningParser
+from server.respond.reasoning.base import THINK_START, ReasoningParser
 from server.respond.tool_parsers.base import ToolParser
 
 
@@ -26,6 +26,14 @@ class ChatFormat:
 
     def reasoning(self, body: ChatCompletionRequest) -> ReasoningParser | None:
         return reasoning.get_reasoning_parser(self.reasoning_parser, None, thinking_on(body))
+
+    def thinking_markers(self, body: ChatCompletionRequest) -> tuple[str, str] | None:
+        """The tags that open and close this request's thinking; None when it does not
+        think (a thinking budget then has nothing to cut)."""
+        parser = self.reasoning(body)
+        if parser is None or not parser.active:
+            return None
+        return THINK_START, parser.end_tag
 
     def grammar_start(self, body: ChatCompletionRequest) -> str:
         """The marker after which a structured output applies: the reasoning's end tag when

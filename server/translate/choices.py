@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from engine.io.request_limits import RequestLimits, check_prompt, check_sampling
 from engine.sampling_params import SamplingParams, expand_choices
 from engine.structured_output import StructuredOutputSpec
+from engine.thinking_budget import ThinkingBudget
 from server.api.protocol import SamplingFields
 from server.translate.prompts import PromptInput
 
@@ -24,6 +25,7 @@ class Constraints:
     structured_outputs: StructuredOutputSpec | None = None
     priority: int = 0
     prompt_logprobs: int | None = None
+    thinking_budget: ThinkingBudget | None = None
 
 
 @dataclass
@@ -50,7 +52,8 @@ def sampling_params(body: SamplingFields, max_tokens: int | None, logprobs: int 
         logit_bias={int(k): v for k, v in (body.logit_bias or {}).items()},
         skip_special_tokens=body.skip_special_tokens, speculative=body.speculative,
         structured_outputs=constraints.structured_outputs, priority=constraints.priority,
-        prompt_logprobs=constraints.prompt_logprobs)
+        prompt_logprobs=constraints.prompt_logprobs,
+        thinking_budget=constraints.thinking_budget)
     check_sampling(params, limits)
     return params
 

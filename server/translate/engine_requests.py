@@ -35,6 +35,7 @@ from server.translate.prompts import (
     template_kwargs,
 )
 from server.translate.structured import spec_from_request
+from server.translate.thinking_budget import Markers, thinking_budget
 from server.translate.tool_prompt import render_chat_with_tools, tool_spec, uses_tools
 from server.translate.user_text import plain_text_encoder
 
@@ -109,14 +110,17 @@ def chat_requests(request_id: str, body: ChatCompletionRequest, tokenizer: Token
                   limits: RequestLimits, compile_grammar: CompileGrammar,
                   grammar_start: str = "", keep_special_tokens: bool = True,
                   clamp_max_tokens: bool = False,
-                  default_max_tokens: int | None = None) -> EngineRequests:
+                  default_max_tokens: int | None = None,
+                  thinking_markers: Markers | None = None) -> EngineRequests:
     """`grammar_start`: the marker after which structured outputs apply (the reasoning's end
     when this request reasons first; "" from the first token). `keep_special_tokens`: the
     tool-call format's markers are special tokens, which the output must keep when it is
     parsed for calls (as vLLM's parsers ask for). `clamp_max_tokens`: max_tokens is a
     ceiling that may exceed what the context leaves (Anthropic's and the Responses API's
     agents send their model's whole output budget), so it is cut to fit instead of refused.
-    `default_max_tokens`: the limit of a request that sets none (--default-max-tokens)."""
+    `default_max_tokens`: the limit of a request that sets none (--default-max-tokens).
+    `thinking_markers`: the tags of this request's thinking (None when it does not think),
+    which its thinking budget forces the end of."""
     prompt = render_chat_prompt(body, tokenizer, limits)
     spec = tool_spec(body) or spec_from_request(body)
     if spec is not None and grammar_start:
@@ -132,6 +136,7 @@ def chat_requests(request_id: str, body: ChatCompletionRequest, tokenizer: Token
         room = limits.max_model_len - len(prompt.token_ids)
         max_tokens = min(max_tokens, room) if room > 0 else max_tokens
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
+    budget = thinking_budget(body.thinking_token_budget, thinking_markers, tokenizer, prompt.text)
     subs = fan_out(request_id, [prompt], body, max_tokens, logprobs,
-                   Constraints(spec, body.priority), limits)
+                   Constraints(spec, body.priority, thinking_budget=budget), limits)
     return EngineRequests([prompt], subs)

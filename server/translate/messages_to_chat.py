@@ -32,6 +32,8 @@ def chat_from_messages(body: MessagesInput) -> ChatCompletionRequest:
     chat: dict[str, Any] = {"model": body.model, "messages": chat_messages(body)}
     chat.update(tool_fields(body))
     chat["chat_template_kwargs"] = {"enable_thinking": thinking_on(body)}
+    if thinking_on(body) and body.thinking is not None and body.thinking.budget_tokens:
+        chat["thinking_token_budget"] = body.thinking.budget_tokens
     if isinstance(body, MessagesRequest):
         chat.update(sampling_fields(body))
     return validated_chat(chat)
