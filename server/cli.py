@@ -15,10 +15,12 @@ import uvicorn
 
 from engine.arg_utils import add_engine_flags, engine_config
 from engine.config import EngineConfig
+from engine.model.hub import HubError
 from planner import batch_cap
 from planner.cli import add_plan_flags, run_plan
 from server import settings as server_settings
 from server.app import create_app
+from server.hub_command import NAME_HELP, add_pull_command, add_revision_flag, fetch_served_model, run_pull
 from server.middleware.cors import add_cors_flags, cors_settings
 from server.middleware.http_limits import timed_h11_protocol
 from server.runtime.shutdown import DrainingServer
@@ -60,11 +62,14 @@ def build_parser() -> argparse.ArgumentParser:
         description="Serve one model with the OpenAI-compatible API (/v1/completions, "
         "/v1/chat/completions, /v1/models, /tokenize, /detokenize, /health, /metrics).",
         formatter_class=HelpFormatter)
+    serve.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
+                       help=f"the model, as --model: a local path or {NAME_HELP}")
     add_server_flags(serve)
-    add_engine_flags(serve)
+    add_revision_flag(add_engine_flags(serve))
     add_plan_flags(commands.add_parser(
         "plan", help="capacity planning: KV memory, step-time fit, predicted latencies",
         formatter_class=HelpFormatter))
+    add_pull_command(commands)
     return parser
 
 
@@ -74,6 +79,15 @@ def setup_logging(level: str) -> None:
 
 def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     setup_logging(args.log_level)
+    if args.model_tag is not None:
+        if args.model is not None:
+            parser.error(f"the model is given twice: {args.model_tag} and --model {args.model}")
+        args.model = args.model_tag
+    try:
+        fetch_served_model(args)
+    except HubError as exc:
+        log.error("%s", exc)
+        return 1
     try:
         config = engine_config(args)
         settings = server_settings.from_args(args, url=f"http://{args.host}:{args.port}",
@@ -121,11 +135,13 @@ def size_batch(config: EngineConfig, args: argparse.Namespace) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`pagode`: `serve` or `plan`."""
+    """`pagode`: `serve`, `plan` or `pull`."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "plan":
         return run_plan(args)
+    if args.command == "pull":
+        return run_pull(args)
     if args.command != "serve":
         parser.print_help()
         return 2

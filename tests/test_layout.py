@@ -66,7 +66,8 @@ SERVER_PARTS_ALLOWED: dict[str, set[str]] = {
     "routes": {"api", "translate", "runtime", "respond", "worker_pool"},  # the stages composed
     "ui": {"api"},  # the web page: static files and the routes that serve them
     "app": {"api", "middleware", "routes", "runtime", "settings", "translate", "ui"},
-    "cli": {"app", "middleware", "runtime", "settings"},
+    "hub_command": set(),  # `pagode pull` and the hub names `pagode serve` fetches first
+    "cli": {"app", "hub_command", "middleware", "runtime", "settings"},
     "__main__": {"cli"},
     # Ray Serve's deployments: each replica builds the whole app, as `pagode serve` does.
     "fleet": {"api", "app", "cli", "middleware", "settings"},

@@ -18,6 +18,7 @@ import torch
 from engine.model.config import ModelConfig
 from engine.model.family import Family
 from engine.model.gguf_reader import GGUFHeader
+from engine.model.gguf_split import read_parts
 
 _LAYER_NAMES = {
     "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
@@ -135,15 +136,17 @@ class GGUFModel:
 
 
 def read_header(path: Path) -> GGUFHeader:
-    """The file's parsed header, read once however many times a load opens the file
-    (config, weights, quantization): keyed by the file's identity, so a rewrite is read anew."""
+    """The file's parsed header (with the tensors of all its parts when it is split), read once
+    however many times a load opens the file (config, weights, quantization): keyed by the
+    file's identity, so a rewrite is read anew. The path keeps its symlinks: in the hub
+    cache a part's name, which says where the other parts are, is a link to a hashed blob."""
     stat = path.stat()
-    return _read_header(path.resolve(), stat.st_size, stat.st_mtime_ns)
+    return _read_header(path.absolute(), stat.st_size, stat.st_mtime_ns)
 
 
 @functools.lru_cache(maxsize=4)
 def _read_header(path: Path, size: int, mtime_ns: int) -> GGUFHeader:
-    return GGUFHeader(path)
+    return read_parts(path)
 
 
 def _permuted_heads(family: Family, name: str, cfg: ModelConfig) -> int | None:
