@@ -82,6 +82,10 @@ class AsyncPoolingEngine:
         self._stopping = True
         self._wakeup.set()
         await asyncio.to_thread(self._executor.shutdown, True)
+        with self._lock:
+            jobs, self._inbox = self._inbox, []
+        for job in jobs:  # arrived after the worker's last turn: their callers must not wait forever
+            _fail(job.future, EngineDeadError("the pooling engine was stopped"))
 
     @property
     def is_running(self) -> bool:

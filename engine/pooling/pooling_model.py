@@ -20,6 +20,7 @@ from engine.pooling.encoder_weights import load_encoder
 from engine.pooling.gguf_spec import gguf_spec
 from engine.pooling.inputs import PoolingInput
 from engine.quant import quantize_model
+from engine.quant.dense_linear import speed_up_fp32_linears
 from engine.tokenizer import Tokenizer
 
 log = logging.getLogger("pagode")
@@ -136,6 +137,7 @@ def quantize_encoder(encoder: Encoder, config: EngineConfig) -> str:
     when asked; the summary of what they hold, or "none"."""
     mode = pooling_quantization(config)
     if mode == "none":
+        speed_up_fp32_linears(encoder)  # fp32 still: oneDNN's GEMM where the race says it wins
         return mode
     report = quantize_model(encoder, mode, None, config.token_budget)
     log.info("quantization: %s: %s", mode, report.summary())
