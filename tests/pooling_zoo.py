@@ -137,6 +137,30 @@ def build_nomic(path: Path, pooling: str = "mean", normalize: bool = True) -> Pa
     return path
 
 
+def modernbert_config(num_labels: int = 0) -> Any:
+    """Three layers (global, local, local) with a window of 4 on each side, so that the local
+    layers cut the longer test inputs."""
+    from transformers import ModernBertConfig
+
+    return ModernBertConfig(vocab_size=len(wordpiece_vocab(BERT_SPECIALS)), hidden_size=64, num_hidden_layers=3,
+                            num_attention_heads=4, intermediate_size=96, max_position_embeddings=128,
+                            local_attention=8, pad_token_id=0, cls_token_id=2, sep_token_id=3, bos_token_id=2,
+                            eos_token_id=3, initializer_range=0.2, norm_bias=True, classifier_pooling="mean",
+                            num_labels=num_labels or 2)
+
+
+def build_modernbert(path: Path, pooling: str = "mean", normalize: bool = True) -> Path:
+    from transformers import ModernBertModel
+
+    torch.manual_seed(0)
+    model = ModernBertModel(modernbert_config())
+    randomize(model)
+    model.save_pretrained(path)
+    save_bert_tokenizer(path)
+    write_st_layout(path, pooling, normalize)
+    return path
+
+
 def build_qwen3_embedder(path: Path, smollm_tokenizer: bool = False) -> Path:
     """With smollm_tokenizer, SmolLM2's real BPE (49,152 tokens), whose pre-tokenizer llama.cpp's
     converter knows (it refuses a toy one); else the small byte-level one."""
@@ -173,6 +197,10 @@ def build_cross_encoder(path: Path, arch: str = "bert") -> Path:
     if arch == "bert":
         cfg = BertConfig(vocab_size=len(wordpiece_vocab(BERT_SPECIALS)), num_labels=1, **ENCODER)
         model: torch.nn.Module = BertForSequenceClassification(cfg)
+    elif arch == "modernbert":
+        from transformers import ModernBertForSequenceClassification
+
+        model = ModernBertForSequenceClassification(modernbert_config(num_labels=1))
     else:
         cfg = XLMRobertaConfig(vocab_size=len(ROBERTA_SPECIALS) + len(WORDS) + 2 * len(LETTERS), type_vocab_size=1,
                                pad_token_id=1, bos_token_id=0, eos_token_id=2, num_labels=1,
@@ -180,7 +208,7 @@ def build_cross_encoder(path: Path, arch: str = "bert") -> Path:
         model = XLMRobertaForSequenceClassification(cfg)
     randomize(model)
     model.save_pretrained(path)  # type: ignore[operator]
-    (save_bert_tokenizer if arch == "bert" else save_xlmr_tokenizer)(path)
+    (save_xlmr_tokenizer if arch == "xlmr" else save_bert_tokenizer)(path)
     config = json.loads((path / "config.json").read_text())
     config["sentence_transformers"] = {"activation_fn": "torch.nn.modules.activation.Sigmoid"}
     write_json(path / "config.json", config)

@@ -15,6 +15,7 @@ from pooling_zoo import (
     QUERY_PROMPT,
     build_bert,
     build_cross_encoder,
+    build_modernbert,
     build_nomic,
     build_qwen3_embedder,
     build_qwen3_reranker,
@@ -27,7 +28,8 @@ from engine.pooling.inputs import encode_pair, encode_text
 from engine.pooling.pooling_model import PoolingModel
 
 EMBEDDERS: dict[str, Callable[[Path], Path]] = {"bert": build_bert, "xlm-roberta": build_xlmr,
-                                                "nomic-bert": build_nomic, "qwen3": build_qwen3_embedder}
+                                                "nomic-bert": build_nomic, "modernbert": build_modernbert,
+                                                "qwen3": build_qwen3_embedder}
 # Mixed lengths, so that a batch pads: one word to ~40 tokens (letters become word pieces).
 TEXTS = ["paris", "the cat sat on the mat", "what is the capital of france where the river is blue",
          "dog", "a city far far on a river of blue sky and the cat ran to the dog on the mat again and again",
@@ -105,11 +107,11 @@ def test_prompts_come_from_the_sentence_transformers_config(zoo: Callable[..., P
     assert_close(got, want)
 
 
-@pytest.mark.parametrize("arch", ["bert", "xlm-roberta"])
+@pytest.mark.parametrize("arch", ["bert", "xlmr", "modernbert"])
 def test_cross_encoder_scores_equal_cross_encoder_predict(zoo: Callable[..., Path], arch: str) -> None:
     from sentence_transformers import CrossEncoder
 
-    folder = zoo(f"cross-{arch}", lambda p: build_cross_encoder(p, "bert" if arch == "bert" else "xlmr"))
+    folder = zoo(f"cross-{arch}", lambda p: build_cross_encoder(p, arch))
     assert detect_task(folder) == "score"
     pairs = [("what is the capital of france", t) for t in TEXTS]
     want = torch.tensor(CrossEncoder(str(folder), device="cpu").predict(pairs))

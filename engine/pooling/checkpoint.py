@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ENCODER_TYPES = ("bert", "xlm-roberta", "nomic_bert")
+ENCODER_TYPES = ("bert", "xlm-roberta", "nomic_bert", "modernbert")
 # The pooling modes of sentence-transformers' Pooling module that pagode computes.
 POOLING_KEYS = {"pooling_mode_cls_token": "cls", "pooling_mode_mean_tokens": "mean",
                 "pooling_mode_lasttoken": "last"}

@@ -232,8 +232,8 @@ class Encoder(nn.Module):
             x = layer(x, keep, rope)
         return x
 
-    def classify(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The cross-encoder's logits [B, num_labels] from its token states."""
+    def classify(self, hidden: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """The cross-encoder's logits [B, num_labels] from its token states (CLS: lengths unused)."""
         assert self.head is not None
         return self.head(hidden[:, 0])
 

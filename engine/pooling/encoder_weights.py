@@ -11,7 +11,9 @@ import torch
 from engine.model.weights import iter_safetensors
 from engine.pooling.checkpoint import read_json
 from engine.pooling.encoder import Encoder, encoder_config
+from engine.pooling.modernbert import ModernBert, modernbert_config
 
+Named = tuple[str, torch.Tensor]
 MODEL_PREFIXES = ("bert.", "roberta.", "nomic_bert.", "model.")
 # Buffers some checkpoints carry; the encoder computes them.
 SKIPPED_SUFFIXES = ("position_ids", "token_type_ids", "inv_freq")
@@ -23,11 +25,17 @@ HEAD_NAMES = {"pooler.dense.": "head.dense.", "classifier.dense.": "head.dense."
               "classifier.out_proj.": "head.out_proj.", "classifier.": "head.out_proj."}
 
 
-def load_encoder(folder: Path, num_labels: int = 0) -> Encoder:
+def load_encoder(folder: Path, num_labels: int = 0) -> Encoder | ModernBert:
     """The encoder of `folder` in fp32, in eval mode; with num_labels, its classifier too."""
-    model = Encoder(encoder_config(read_json(folder / "config.json"), num_labels))
+    hf = read_json(folder / "config.json")
+    model: Encoder | ModernBert
+    if hf["model_type"] == "modernbert":
+        model = ModernBert(modernbert_config(hf, num_labels))
+        found = dict(modernbert_names(iter_safetensors(folder), keep_head=num_labels > 0))
+    else:
+        model = Encoder(encoder_config(hf, num_labels))
+        found = dict(renamed(iter_safetensors(folder), keep_head=num_labels > 0))
     wanted = model.state_dict()
-    found = dict(renamed(iter_safetensors(folder), keep_head=num_labels > 0))
     missing = sorted(set(wanted) - set(found))
     if missing:
         raise ValueError(f"{folder}: the checkpoint lacks {missing[:4]} (and {max(0, len(missing) - 4)} more)")
@@ -35,7 +43,7 @@ def load_encoder(folder: Path, num_labels: int = 0) -> Encoder:
     return model.eval()
 
 
-def renamed(tensors: Iterable[tuple[str, torch.Tensor]], keep_head: bool) -> Iterator[tuple[str, torch.Tensor]]:
+def renamed(tensors: Iterable[Named], keep_head: bool) -> Iterator[Named]:
     for name, tensor in tensors:
         if name.endswith(SKIPPED_SUFFIXES):
             continue
@@ -64,3 +72,13 @@ def pagode_name(name: str) -> str:
         if name.startswith(old):
             return new + name[len(old):]
     return name
+
+
+def modernbert_names(tensors: Iterable[Named], keep_head: bool) -> Iterator[Named]:
+    """ModernBERT's names are the modules' own: only the model prefix goes, and without a
+    classifier the head and the masked-LM decoder are dropped."""
+    for name, tensor in tensors:
+        name = name.removeprefix("model.")
+        if name.startswith(("head.", "classifier.")) and not keep_head or name.startswith("decoder."):
+            continue
+        yield name, tensor

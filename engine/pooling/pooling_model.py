@@ -19,6 +19,7 @@ from engine.pooling.encoder import Encoder
 from engine.pooling.encoder_weights import load_encoder
 from engine.pooling.gguf_spec import gguf_spec
 from engine.pooling.inputs import PoolingInput
+from engine.pooling.modernbert import ModernBert
 from engine.quant import quantize_model
 from engine.quant.dense_linear import speed_up_fp32_linears
 from engine.tokenizer import Tokenizer
@@ -35,11 +36,12 @@ class PoolingModel:
         self.budget = config.token_budget
         hf = {} if self.source.is_gguf else read_json(folder / "config.json") or {}
         if self.spec.is_encoder:
-            self.encoder: Encoder | None = load_encoder(folder, num_labels=1 if task == "score" else 0)
-            self.quantization = quantize_encoder(self.encoder, config)
+            encoder = load_encoder(folder, num_labels=1 if task == "score" else 0)
+            self.encoder: Encoder | ModernBert | None = encoder
+            self.quantization = quantize_encoder(encoder, config)
             self.decoder: DecoderPooler | None = None
             self.hidden_size = int(hf["hidden_size"])
-            positions = int(hf.get("max_position_embeddings", 512)) - self.encoder.config.position_offset
+            positions = int(hf.get("max_position_embeddings", 512)) - encoder.config.position_offset
         else:
             self.encoder, self.decoder = None, self._load_decoder(config)
             self.quantization = pooling_quantization(config)
@@ -107,8 +109,8 @@ class PoolingModel:
             logits = self.decoder.yes_no_logits([i.token_ids for i in batch], *self.yes_no_ids)
             return torch.sigmoid(logits[:, 0] - logits[:, 1])
         assert self.encoder is not None
-        hidden, _ = self._encode(batch)
-        logits = self.encoder.classify(hidden)[:, 0]
+        hidden, lengths = self._encode(batch)
+        logits = self.encoder.classify(hidden, lengths)[:, 0]
         return torch.sigmoid(logits) if self.spec.sigmoid else logits
 
     def _encode(self, batch: list[PoolingInput]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -132,7 +134,7 @@ def pooling_quantization(config: EngineConfig) -> str:
     return "none" if config.quantization == "auto" else config.quantization
 
 
-def quantize_encoder(encoder: Encoder, config: EngineConfig) -> str:
+def quantize_encoder(encoder: Encoder | ModernBert, config: EngineConfig) -> str:
     """The encoder's linear layers as block-quantized ones (the CPU kernels' int8 or int4),
     when asked; the summary of what they hold, or "none"."""
     mode = pooling_quantization(config)
