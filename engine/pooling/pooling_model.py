@@ -47,7 +47,9 @@ class PoolingModel:
             self.quantization = pooling_quantization(config)
             self.hidden_size = self.decoder.cfg.hidden_size
             positions = self.decoder.cfg.max_position_embeddings
-        self.vocab_size = min(len(self.tokenizer), int(hf.get("vocab_size") or len(self.tokenizer)))
+        # Token ids must index the embedding table and decode with the tokenizer: the smaller.
+        embeddings = self.decoder.cfg.vocab_size if self.decoder is not None else int(hf["vocab_size"])
+        self.vocab_size = min(len(self.tokenizer), embeddings)
         self.max_model_len = min(config.max_model_len or positions, positions)
         self.yes_no_ids = self._yes_no_ids()
         log.info("pooling model %s: task %s, %s pooling%s, max_model_len %d, token budget %d",
