@@ -208,3 +208,10 @@ def test_scoring_server_refuses_embeddings_and_mismatched_pairs(score_server: tu
     assert reply.status_code == 400 and json_error(reply)
     reply = httpx.post(f"{server.api_url}/rerank", json={"query": "paris", "documents": []}, timeout=30)
     assert reply.status_code == 400 and json_error(reply)["param"] == "documents"
+
+
+def test_request_id_is_echoed_and_logged(embed_server: ServerProcess) -> None:
+    reply = httpx.post(f"{embed_server.api_url}/embeddings", json={"input": ["paris", "dog"]},
+                       headers={"X-Request-Id": "rag-42"}, timeout=30)
+    assert reply.status_code == 200 and reply.headers["X-Request-Id"] == "rag-42"
+    assert "request finished id=embd-rag-42 inputs=2 prompt_tokens=" in embed_server.log()
