@@ -16,6 +16,7 @@ from engine.config import EngineConfig
 from server.api.body import install_openapi
 from server.api.errors import install_error_handlers
 from server.api.messages_protocol import CountTokensRequest, MessagesRequest
+from server.api.ollama_protocol import OllamaEmbedRequest
 from server.api.pooling_protocol import EmbeddingRequest, RerankRequest, ScoreRequest
 from server.api.protocol import (
     ChatCompletionRequest,
@@ -37,6 +38,7 @@ from server.routes import (
     messages,
     metrics,
     models,
+    ollama_embed,
     prefix_cache,
     rerank,
     responses,
@@ -53,7 +55,7 @@ from server.ui import pages
 logger = logging.getLogger("pagode.server")
 
 ROUTE_MODULES = (completions, chat, messages, responses, embeddings, rerank, score, tokenize, models, health,
-                 metrics, stats, prefix_cache)
+                 metrics, stats, ollama_embed, prefix_cache)
 
 # sse-starlette would cancel every stream on SIGTERM; our drain ends them instead.
 AppStatus.disable_automatic_graceful_drain()
@@ -97,7 +99,7 @@ def create_app(settings: ServerSettings, engine: EngineClient | None = None,
                               for route in router.routes]
     install_openapi(app, [CompletionRequest, ChatCompletionRequest, MessagesRequest,
                           CountTokensRequest, ResponsesRequest, TokenizeRequest, DetokenizeRequest,
-                          EmbeddingRequest, RerankRequest, ScoreRequest])
+                          EmbeddingRequest, RerankRequest, ScoreRequest, OllamaEmbedRequest])
     post_paths = {route.path for module in ROUTE_MODULES for route in module.router.routes
                   if isinstance(route, APIRoute) and "POST" in (route.methods or set())}
     app.add_middleware(JSONContentTypeMiddleware, paths=post_paths)  # 415 unless the body is JSON

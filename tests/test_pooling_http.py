@@ -215,3 +215,20 @@ def test_request_id_is_echoed_and_logged(embed_server: ServerProcess) -> None:
                        headers={"X-Request-Id": "rag-42"}, timeout=30)
     assert reply.status_code == 200 and reply.headers["X-Request-Id"] == "rag-42"
     assert "request finished id=embd-rag-42 inputs=2 prompt_tokens=" in embed_server.log()
+
+
+def test_ollama_embed(embed_server: ServerProcess, embed_folder: Path) -> None:
+    reply = httpx.post(f"{embed_server.base_url}/api/embed", json={"model": "mini-embed", "input": TEXTS}, timeout=30)
+    assert reply.status_code == 200, reply.text
+    body = reply.json()
+    assert body["model"] == "mini-embed" and body["prompt_eval_count"] > 0 and body["total_duration"] > 0
+    assert_same_vectors(body["embeddings"], reference(embed_folder, TEXTS))
+    # Ollama truncates an over-long input by default, and refuses it with truncate false, in its shape.
+    cut = httpx.post(f"{embed_server.base_url}/api/embed", json={"model": "mini-embed", "input": LONG}, timeout=30)
+    assert cut.status_code == 200 and cut.json()["prompt_eval_count"] == 128
+    refused = httpx.post(f"{embed_server.base_url}/api/embed",
+                         json={"model": "mini-embed", "input": LONG, "truncate": False}, timeout=30)
+    assert refused.status_code == 400 and set(refused.json()) == {"error"}
+    assert "maximum context length" in refused.json()["error"]
+    unknown = httpx.post(f"{embed_server.base_url}/api/embed", json={"model": "nope", "input": "a"}, timeout=30)
+    assert unknown.status_code == 404 and isinstance(unknown.json()["error"], str)

@@ -21,6 +21,7 @@ from starlette.types import Scope
 
 from engine.io.errors import EngineDeadError, InvalidRequestError, RequestFailedError
 from server.api.anthropic_errors import anthropic_error_body, anthropic_status, speaks_anthropic
+from server.api.ollama_protocol import ollama_error_body, speaks_ollama
 
 logger = logging.getLogger("pagode.server")
 
@@ -81,6 +82,8 @@ def error_response(status: int, message: str, param: str | None = None,
     if speaks_anthropic(path):
         return JSONResponse(anthropic_error_body(status, message),
                             status_code=anthropic_status(status), headers=headers)
+    if speaks_ollama(path):
+        return JSONResponse(ollama_error_body(message), status_code=status, headers=headers)
     return JSONResponse(error_body(status, message, param), status_code=status, headers=headers)
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from engine.pooling.pooler import shorten
+from engine.pooling.pooler import normalize, shorten
 
 
 def usage(num_tokens: int) -> dict[str, int]:
@@ -49,3 +49,12 @@ def score_body(request_id: str, model: str, scores: list[float], num_tokens: int
     data = [{"index": i, "object": "score", "score": s} for i, s in enumerate(scores)]
     return {"id": request_id, "object": "list", "created": int(time.time()), "model": model, "data": data,
             "usage": usage(num_tokens)}
+
+
+def ollama_embed_body(vectors: list[torch.Tensor], dimensions: int | None, model: str, num_tokens: int,
+                      elapsed_ns: int) -> dict[str, Any]:
+    """Ollama's answer: unit vectors whatever the model's own normalization, and its timings
+    in nanoseconds (nothing is loaded per request: load_duration is 0)."""
+    unit = [normalize(v) if dimensions is None else shorten(v, dimensions) for v in vectors]
+    return {"model": model, "embeddings": [encode_vector(v, "float") for v in unit],
+            "total_duration": elapsed_ns, "load_duration": 0, "prompt_eval_count": num_tokens}
