@@ -131,31 +131,36 @@ class AsyncPoolingEngine:
             raise
 
     def _run_jobs(self, jobs: list[_Job], kind: str) -> None:
-        """Every input of every job in batches of the token budget; each job gets its own."""
+        """Every input of every job in batches of the token budget; each job gets its own
+        vectors, or the error of a batch that held one of its inputs: a forward that fails
+        fails only the requests in it, and the others' batches still run."""
         if not jobs:
             return
         inputs = [(job, i) for job in jobs for i in range(len(job.inputs))]
         flat = [job.inputs[i] for job, i in inputs]
         results: dict[int, list[torch.Tensor | None]] = {id(job): [None] * len(job.inputs) for job in jobs}
+        errors: dict[int, BaseException] = {}
         run = self.model.embed if kind == "embed" else self.model.score
-        failed: BaseException | None = None
         for batch in plan_batches([len(x) for x in flat], self.config.token_budget):
+            if all(id(inputs[i][0]) in errors for i in batch):
+                continue
             start = time.perf_counter()
             try:
                 outputs = run([flat[i] for i in batch])
             except Exception as err:  # noqa: BLE001 - the requests get the error, the loop goes on
-                failed = err
-                break
+                log.exception("a pooling forward failed")
+                errors.update({id(inputs[i][0]): err for i in batch})
+                continue
             for index, output in zip(batch, outputs, strict=True):
                 job, row = inputs[index]
                 results[id(job)][row] = output
             self._report(sum(len(flat[i]) for i in batch), len(batch), time.perf_counter() - start)
         for job in jobs:
-            outcome = results[id(job)]
-            if failed is not None:
-                job.loop.call_soon_threadsafe(_fail, job.future, failed)
+            if id(job) in errors:
+                job.loop.call_soon_threadsafe(_fail, job.future, errors[id(job)])
             else:
-                job.loop.call_soon_threadsafe(_resolve, job.future, [o for o in outcome if o is not None])
+                outcome = [o for o in results[id(job)] if o is not None]
+                job.loop.call_soon_threadsafe(_resolve, job.future, outcome)
 
     def _report(self, tokens: int, rows: int, seconds: float) -> None:
         s = self._stats
