@@ -24,6 +24,12 @@ def _set(value: Any) -> bool:
     return value not in (None, False, "", [], {})
 
 
+# vLLM's sampling extensions that pagode's sampler does not run: accepting them would print
+# the banned words and the disallowed tokens anyway. Refused on every generation endpoint,
+# the agents' APIs included (a client written for vLLM may send them there too).
+VLLM_EXTENSIONS = ("bad_words", "allowed_token_ids", "include_stop_str_in_output",
+                   "logits_processors", "return_tokens_as_token_ids")
+
 # Undeclared fields whose meaning pagode does not implement, and when a value asks for it.
 # Only undeclared fields reach this check: `tools` and `tool_choice` are declared by chat
 # alone, `prompt_logprobs` by completions alone, so each is refused on the other endpoint.
@@ -40,13 +46,7 @@ UNSUPPORTED_FIELDS: dict[str, Callable[[Any], bool]] = {
     "audio": _set,
     "modalities": lambda v: v not in (None, ["text"]),
     "prediction": _set,
-    # vLLM's sampling extensions that pagode's sampler does not run: accepting them would
-    # print the banned words and the disallowed tokens anyway.
-    "bad_words": _set,
-    "allowed_token_ids": _set,
-    "include_stop_str_in_output": _set,
-    "logits_processors": _set,
-    "return_tokens_as_token_ids": _set,
+    **{name: _set for name in VLLM_EXTENSIONS},
     "echo": _set,  # chat's (vLLM: the last message repeated); completions declare their own
     "web_search_options": _set,
 }
@@ -61,6 +61,13 @@ def check_fields(request_id: str, body: SamplingFields) -> None:
         if name in extra and asks_for_it(extra[name]):
             raise bad_request(f"{name} is not supported by this server", name)
     log_unknown_fields(request_id, body)
+
+
+def refuse_vllm_extensions(body: OpenAIModel) -> None:
+    extra = body.model_extra or {}
+    for name in VLLM_EXTENSIONS:
+        if _set(extra.get(name)):
+            raise bad_request(f"{name} is not supported by this server", name)
 
 
 def check_best_of(best_of: Any, n: int) -> None:

@@ -20,6 +20,7 @@ from server.api.body import describe
 from server.api.errors import APIError, bad_request
 from server.api.messages_protocol import AnthropicMessage, Block, MessagesInput, MessagesRequest
 from server.api.protocol import ChatCompletionRequest
+from server.translate.fields import refuse_vllm_extensions
 
 # Fields Anthropic defines whose meaning pagode does not implement, when a value asks for it.
 REFUSED_FIELDS = ("mcp_servers", "container")
@@ -48,6 +49,7 @@ def validated_chat(chat: dict[str, Any]) -> ChatCompletionRequest:
 
 
 def refuse_unsupported(body: MessagesInput) -> None:
+    refuse_vllm_extensions(body)
     extra = body.model_extra or {}
     for name in REFUSED_FIELDS:
         if extra.get(name):

@@ -16,6 +16,7 @@ from typing import Any
 from server.api.errors import bad_request
 from server.api.protocol import ChatCompletionRequest
 from server.api.responses_protocol import Item, ResponsesRequest
+from server.translate.fields import refuse_vllm_extensions
 from server.translate.messages_to_chat import validated_chat
 
 TEXT_PARTS = ("input_text", "output_text", "text", "refusal")
@@ -37,6 +38,7 @@ def chat_from_responses(body: ResponsesRequest, conversation: list[Item]) -> Cha
     request's input) is `conversation`."""
     if body.background:
         raise bad_request("background responses are not supported by this server", "background")
+    refuse_vllm_extensions(body)
     extra = body.model_extra or {}
     for name in REFUSED_FIELDS:
         if extra.get(name):

@@ -48,7 +48,9 @@ def spec_from_structured_outputs(params: StructuredOutputsParams) -> StructuredO
         raise bad_request("structured_outputs needs exactly one of json, regex, choice, grammar, "
                           f"json_object, structural_tag; got {sorted(given) or 'none'}",
                           "structured_outputs")
-    any_ws = params.disable_any_whitespace is False or params.whitespace_pattern is not None
+    if params.whitespace_pattern is not None:
+        raise whitespace_pattern_refused("structured_outputs")
+    any_ws = params.disable_any_whitespace is False
     (kind, value), = given.items()
     if kind == "json":
         schema = load_schema(value, "structured_outputs")
@@ -60,7 +62,16 @@ def spec_from_structured_outputs(params: StructuredOutputsParams) -> StructuredO
     return build_simple(kind, value)
 
 
+def whitespace_pattern_refused(param: str) -> Exception:
+    """xgrammar compiles a JSON schema with any whitespace or none, never a pattern of it;
+    accepting one would promise a whitespace the output does not keep to."""
+    return bad_request("whitespace_pattern is not supported by this server; "
+                       "disable_any_whitespace: false allows any whitespace", param)
+
+
 def spec_from_guided(body: StructuredFields) -> StructuredOutputSpec | None:
+    if body.guided_whitespace_pattern is not None:
+        raise whitespace_pattern_refused("guided_whitespace_pattern")
     given = {name: value for name, value in (
         ("json", body.guided_json), ("regex", body.guided_regex),
         ("choice", body.guided_choice), ("grammar", body.guided_grammar)) if value is not None}
@@ -71,8 +82,7 @@ def spec_from_guided(body: StructuredFields) -> StructuredOutputSpec | None:
                           "guided_" + sorted(given)[0])
     (kind, value), = given.items()
     if kind == "json":
-        return StructuredOutputSpec.json_schema(load_schema(value, "guided_json"),
-                                                body.guided_whitespace_pattern is not None)
+        return StructuredOutputSpec.json_schema(load_schema(value, "guided_json"))
     return build_simple(kind, value)
 
 
