@@ -135,6 +135,8 @@ def test_over_long_input_is_a_400_unless_truncated(embed_server: ServerProcess, 
     ({"input": "paris", "prompt_name": "nope"}, "prompt_name"),
     ({"input": "paris", "truncate_prompt_tokens": 4096}, "truncate_prompt_tokens"),
     ({"input": "paris", "model": "another"}, "model"),
+    ({"input": "paris", "priority": 1}, "priority"),  # the server runs fcfs
+    ({"input": "paris", "normalize": False}, "normalize"),
 ])
 def test_bad_embedding_requests_are_refused_in_openai_shape(embed_server: ServerProcess,
                                                               body: dict[str, object], param: str) -> None:

@@ -44,6 +44,7 @@ class _Job:
     inputs: list[PoolingInput]
     future: asyncio.Future[list[torch.Tensor]]
     loop: asyncio.AbstractEventLoop
+    priority: int = 0
     arrival: float = field(default_factory=time.monotonic)
 
 
@@ -94,19 +95,19 @@ class AsyncPoolingEngine:
 
     # ---- pooling ----
 
-    async def embed(self, inputs: list[PoolingInput]) -> list[torch.Tensor]:
+    async def embed(self, inputs: list[PoolingInput], priority: int = 0) -> list[torch.Tensor]:
         """One vector per input (pooled, and normalized where the model says so)."""
-        return await self._submit("embed", inputs)
+        return await self._submit("embed", inputs, priority)
 
-    async def score(self, inputs: list[PoolingInput]) -> list[torch.Tensor]:
+    async def score(self, inputs: list[PoolingInput], priority: int = 0) -> list[torch.Tensor]:
         """One relevance score per (query, document) input."""
-        return await self._submit("score", inputs)
+        return await self._submit("score", inputs, priority)
 
-    async def _submit(self, kind: str, inputs: list[PoolingInput]) -> list[torch.Tensor]:
+    async def _submit(self, kind: str, inputs: list[PoolingInput], priority: int) -> list[torch.Tensor]:
         if not self.is_running:
             raise EngineDeadError(f"the pooling engine is not running: {self.dead_error!r}")
         loop = asyncio.get_running_loop()
-        job = _Job(kind, inputs, loop.create_future(), loop)
+        job = _Job(kind, inputs, loop.create_future(), loop, priority)
         with self._lock:
             self._inbox.append(job)
             self._stats.num_waiting += 1
@@ -123,8 +124,9 @@ class AsyncPoolingEngine:
                 with self._lock:
                     jobs, self._inbox = self._inbox, []
                     self._stats.num_waiting = 0
-                for kind in ("embed", "score"):
-                    self._run_jobs([j for j in jobs if j.kind == kind], kind)
+                for group in priority_groups(jobs):
+                    for kind in ("embed", "score"):
+                        self._run_jobs([j for j in group if j.kind == kind], kind)
         except BaseException as err:
             log.exception("the pooling loop died")
             self.dead_error = err
@@ -205,6 +207,13 @@ class AsyncPoolingEngine:
 
     def compile_grammar(self, spec: StructuredOutputSpec) -> None:
         raise InvalidRequestError("a pooling model takes no structured outputs", "structured_outputs")
+
+
+def priority_groups(jobs: list[_Job]) -> list[list[_Job]]:
+    """The waiting jobs by priority, lower first (vLLM's order; all 0 under fcfs): a group's
+    inputs share forwards, and a later group waits for the one before."""
+    levels = sorted({job.priority for job in jobs})
+    return [[job for job in jobs if job.priority == level] for level in levels]
 
 
 def _resolve(future: asyncio.Future[list[torch.Tensor]], value: list[torch.Tensor]) -> None:

@@ -28,6 +28,7 @@ class EmbeddingRequest(OpenAIModel):
     truncate_prompt_tokens: Truncate | None = None
     # pagode's: one of the model's sentence-transformers prompts, put before each text
     prompt_name: str | None = None
+    priority: StrictInt = 0  # vLLM's: lower first, under --scheduling-policy priority
 
     def texts_or_tokens(self) -> list[str] | list[list[int]]:
         """The inputs as a list: of texts, or of token-id lists."""
@@ -54,6 +55,7 @@ class RerankRequest(OpenAIModel):
     return_documents: bool = True
     truncate_prompt_tokens: Truncate | None = None
     instruction: str | None = None  # pagode's: a yes/no reranker's <Instruct> line
+    priority: StrictInt = 0
 
     def document_texts(self) -> list[str]:
         return [d if isinstance(d, str) else d.text for d in self.documents]
@@ -70,6 +72,7 @@ class ScoreRequest(OpenAIModel):
     documents: TextOrTexts | None = None
     truncate_prompt_tokens: Truncate | None = None
     instruction: str | None = None
+    priority: StrictInt = 0
 
     @model_validator(mode="after")
     def check_pairs(self) -> ScoreRequest:

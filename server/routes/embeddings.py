@@ -24,11 +24,11 @@ async def create_embeddings(request: Request, response: Response, state: State) 
     body = await parse_body(request, EmbeddingRequest, state.settings)
     request_id, client_id = request_id_for(request, "embd")
     admitted = state.admit(body.model, lambda engine: check_embedding(
-        body, pooling_engine(engine, "/v1/embeddings")))
+        request_id, body, pooling_engine(engine, "/v1/embeddings")))
     engine = pooling_engine(admitted.engine, "/v1/embeddings")
     inputs = await run_blocking(embedding_inputs, body, engine)
     tokens = sum(len(i) for i in inputs)
-    vectors = await run_admitted(admitted, request_id, len(inputs), tokens, lambda: engine.embed(inputs))
+    vectors = await run_admitted(admitted, request_id, len(inputs), tokens, lambda: engine.embed(inputs, body.priority))
     echo_request_id(response, client_id)
     return await run_blocking(embeddings_body, vectors, body.dimensions, body.encoding_format,
                               state.served_model_name, tokens)

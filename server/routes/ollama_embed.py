@@ -30,7 +30,8 @@ async def ollama_embed(request: Request, state: State) -> dict[str, Any]:
     body = EmbeddingRequest(model=ollama.model, input=ollama.input, dimensions=ollama.dimensions,
                             truncate_prompt_tokens=-1 if ollama.truncate else None)
     request_id, _ = request_id_for(request, "embd")
-    admitted = state.admit(body.model, lambda engine: check_embedding(body, pooling_engine(engine, "/api/embed")))
+    admitted = state.admit(body.model, lambda engine: check_embedding(request_id, body,
+                                                                      pooling_engine(engine, "/api/embed")))
     engine = pooling_engine(admitted.engine, "/api/embed")
     inputs = await run_blocking(embedding_inputs, body, engine)
     tokens = sum(len(i) for i in inputs)

@@ -10,12 +10,12 @@ from server.runtime.pooling_client import PoolingClient
 from server.translate.pooling_inputs import PairInputs
 
 
-async def pair_scores(engine: PoolingClient, inputs: PairInputs) -> list[float]:
+async def pair_scores(engine: PoolingClient, inputs: PairInputs, priority: int = 0) -> list[float]:
     """One score per pair: the scorer's own for a cross-encoder or reranker, else the cosine
     of the pair's query and document embeddings (each distinct query embedded once)."""
     if inputs.pairs is not None:
-        return [float(s) for s in await engine.score(inputs.pairs)]
-    vectors = await engine.embed(inputs.queries + inputs.documents)
+        return [float(s) for s in await engine.score(inputs.pairs, priority)]
+    vectors = await engine.embed(inputs.queries + inputs.documents, priority)
     queries = torch.stack(vectors[:len(inputs.queries)])[inputs.query_of]
     documents = torch.stack(vectors[len(inputs.queries):])
     return F.cosine_similarity(queries, documents, dim=-1).tolist()

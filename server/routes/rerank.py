@@ -29,12 +29,12 @@ async def rerank(request: Request, response: Response, state: State) -> dict[str
     request_id, client_id = request_id_for(request, "rerank")
     documents = body.document_texts()
     admitted = state.admit(body.model, lambda engine: check_pairs(
-        [body.query, *documents], body.truncate_prompt_tokens, pooling_engine(engine, "/v1/rerank"), "documents"))
+        request_id, body, [body.query, *documents], pooling_engine(engine, "/v1/rerank"), "documents"))
     engine = pooling_engine(admitted.engine, "/v1/rerank")
     inputs = await run_blocking(pair_inputs, [(body.query, d) for d in documents], body.truncate_prompt_tokens,
                                 body.instruction, engine, "documents")
     scores = await run_admitted(admitted, request_id, len(documents), inputs.num_tokens,
-                                lambda: pair_scores(engine, inputs))
+                                lambda: pair_scores(engine, inputs, body.priority))
     echo_request_id(response, client_id)
     return rerank_body(request_id, state.served_model_name, documents, scores, body.top_n,
                        body.return_documents, inputs.num_tokens)

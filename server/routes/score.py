@@ -28,10 +28,10 @@ async def score(request: Request, response: Response, state: State) -> dict[str,
     pairs = body.pairs()
     texts = [t for pair in pairs for t in pair]
     admitted = state.admit(body.model, lambda engine: check_pairs(
-        texts, body.truncate_prompt_tokens, pooling_engine(engine, "/v1/score"), "text_2"))
+        request_id, body, texts, pooling_engine(engine, "/v1/score"), "text_2"))
     engine = pooling_engine(admitted.engine, "/v1/score")
     inputs = await run_blocking(pair_inputs, pairs, body.truncate_prompt_tokens, body.instruction, engine, "text_2")
     scores = await run_admitted(admitted, request_id, len(pairs), inputs.num_tokens,
-                                lambda: pair_scores(engine, inputs))
+                                lambda: pair_scores(engine, inputs, body.priority))
     echo_request_id(response, client_id)
     return score_body(request_id, state.served_model_name, scores, inputs.num_tokens)

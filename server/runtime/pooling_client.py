@@ -8,6 +8,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from engine.config import EngineConfig
 from engine.io.request_limits import RequestLimits
 from engine.pooling.checkpoint import PoolingSpec
 from engine.pooling.inputs import PoolingInput
@@ -18,6 +19,7 @@ from server.runtime.engine_client import EngineClient
 
 @runtime_checkable
 class PoolingClient(Protocol):
+    config: EngineConfig
     task: str
     spec: PoolingSpec
     hidden_size: int
@@ -25,9 +27,9 @@ class PoolingClient(Protocol):
     tokenizer: Tokenizer
     limits: RequestLimits
 
-    async def embed(self, inputs: list[PoolingInput]) -> list[torch.Tensor]: ...
+    async def embed(self, inputs: list[PoolingInput], priority: int = 0) -> list[torch.Tensor]: ...
 
-    async def score(self, inputs: list[PoolingInput]) -> list[torch.Tensor]: ...
+    async def score(self, inputs: list[PoolingInput], priority: int = 0) -> list[torch.Tensor]: ...
 
 
 def pooling_engine(engine: EngineClient, endpoint: str) -> PoolingClient:

@@ -7,17 +7,26 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from engine.config import EngineConfig
 from engine.io.request_limits import RequestLimits, check_prompt_chars, check_token_ids, clip
 from engine.pooling.checkpoint import PoolingSpec
 from engine.pooling.inputs import PoolingInput, encode_pair, encode_text
 from engine.tokenizer import Tokenizer
 from server.api.errors import APIError
-from server.api.pooling_protocol import EmbeddingRequest
+from server.api.pooling_protocol import EmbeddingRequest, RerankRequest, ScoreRequest
+from server.api.protocol import OpenAIModel
+from server.translate.fields import check_priority, log_unknown_fields
+
+# vLLM's pooling parameters that pagode does not apply: the model's own normalization and
+# activation, and its tokenizer's special tokens, always hold. Refused when they ask otherwise.
+UNSUPPORTED_POOLING_FIELDS = ("normalize", "use_activation", "activation", "softmax", "add_special_tokens",
+                              "mm_processor_kwargs", "embed_dtype")
 
 
 class PoolingClient(Protocol):
     """What translating reads of the pooling engine (server/runtime/pooling_client.py has the rest)."""
 
+    config: EngineConfig
     task: str
     spec: PoolingSpec
     hidden_size: int
@@ -33,7 +42,20 @@ class PoolingPlan:
     num_seqs: int = 1
 
 
-def check_embedding(body: EmbeddingRequest, engine: PoolingClient) -> PoolingPlan:
+def check_fields(request_id: str, body: OpenAIModel, priority: int, engine: PoolingClient) -> None:
+    """Undeclared fields that ask for what pagode does not do are a 400 naming them; other
+    unknown ones are logged once; a priority needs the priority policy, as on generation."""
+    extra = body.model_extra or {}
+    for name in UNSUPPORTED_POOLING_FIELDS:
+        if extra.get(name) is not None:
+            raise APIError(400, f"{name} is not supported on this endpoint: the model's own pooling, "
+                                "normalization and special tokens apply", name)
+    log_unknown_fields(request_id, body)
+    check_priority(priority, engine.config.scheduling_policy)
+
+
+def check_embedding(request_id: str, body: EmbeddingRequest, engine: PoolingClient) -> PoolingPlan:
+    check_fields(request_id, body, body.priority, engine)
     if engine.task != "embed":
         raise APIError(400, "this model scores (query, document) pairs: it serves /v1/rerank and /v1/score, "
                             "not /v1/embeddings", "model")
@@ -53,8 +75,10 @@ def check_embedding(body: EmbeddingRequest, engine: PoolingClient) -> PoolingPla
     return PoolingPlan()
 
 
-def check_pairs(texts: list[str], truncate: int | None, engine: PoolingClient, param: str) -> PoolingPlan:
-    check_truncation(truncate, engine)
+def check_pairs(request_id: str, body: RerankRequest | ScoreRequest, texts: list[str], engine: PoolingClient,
+                param: str) -> PoolingPlan:
+    check_fields(request_id, body, body.priority, engine)
+    check_truncation(body.truncate_prompt_tokens, engine)
     for text in texts:
         check_text(text, engine, param)
     return PoolingPlan()
