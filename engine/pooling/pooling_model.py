@@ -31,6 +31,10 @@ class PoolingModel:
     def __init__(self, config: EngineConfig, task: str) -> None:
         self.source: ModelSource = resolve_model(config.model)
         folder = self.source.path
+        if config.torch_device.type != "cpu":
+            # Only the CPU path is built and proved for pooling so far: say so rather than
+            # let a GPU machine believe its embeddings run on the GPU.
+            log.warning("pooling models run on the CPU; device %s is not used for them", config.torch_device)
         self.spec: PoolingSpec = gguf_spec(folder, task) if self.source.is_gguf else read_spec(folder, task)
         self.tokenizer: Tokenizer = load_tokenizer(self.source)
         self.budget = config.token_budget
