@@ -28,6 +28,10 @@ log = logging.getLogger("pagode")
 
 
 class PoolingModel:
+    """The checkpoint's spec, tokenizer and network: an encoder (BERT-like or ModernBERT), or
+    pagode's decoder read at its last token. Everything runs in fp32 on the CPU unless
+    --quantization asks for int8 or int4 blocks."""
+
     def __init__(self, config: EngineConfig, task: str) -> None:
         self.source: ModelSource = resolve_model(config.model)
         folder = self.source.path
@@ -38,36 +42,39 @@ class PoolingModel:
         self.spec: PoolingSpec = gguf_spec(folder, task) if self.source.is_gguf else read_spec(folder, task)
         self.tokenizer: Tokenizer = load_tokenizer(self.source)
         self.budget = config.token_budget
-        hf = {} if self.source.is_gguf else read_json(folder / "config.json") or {}
+        self.quantization = pooling_quantization(config)
+        self.encoder: Encoder | ModernBert | None = None
+        self.decoder: DecoderPooler | None = None
         if self.spec.is_encoder:
-            encoder = load_encoder(folder, num_labels=1 if task == "score" else 0)
-            self.encoder: Encoder | ModernBert | None = encoder
-            self.quantization = quantize_encoder(encoder, config)
-            self.decoder: DecoderPooler | None = None
-            self.hidden_size = int(hf["hidden_size"])
-            positions = int(hf.get("max_position_embeddings", 512)) - encoder.config.position_offset
+            hidden, positions, vocab = self._load_encoder(config, task)
         else:
-            self.encoder, self.decoder = None, self._load_decoder(config)
-            self.quantization = pooling_quantization(config)
-            self.hidden_size = self.decoder.cfg.hidden_size
-            positions = self.decoder.cfg.max_position_embeddings
+            hidden, positions, vocab = self._load_decoder(config)
+        self.hidden_size = hidden
         # Token ids must index the embedding table and decode with the tokenizer: the smaller.
-        embeddings = self.decoder.cfg.vocab_size if self.decoder is not None else int(hf["vocab_size"])
-        self.vocab_size = min(len(self.tokenizer), embeddings)
+        self.vocab_size = min(len(self.tokenizer), vocab)
         self.max_model_len = min(config.max_model_len or positions, positions)
         self.yes_no_ids = self._yes_no_ids()
         log.info("pooling model %s: task %s, %s pooling%s, max_model_len %d, token budget %d",
                  self.source.name, task, self.spec.pooling, ", normalized" if self.spec.normalize else "",
                  self.max_model_len, self.budget)
 
-    def _load_decoder(self, config: EngineConfig) -> DecoderPooler:
+    def _load_encoder(self, config: EngineConfig, task: str) -> tuple[int, int, int]:
+        """(hidden size, positions, vocabulary) of the encoder, loaded and quantized as asked."""
+        hf = read_json(self.source.path / "config.json") or {}
+        encoder = self.encoder = load_encoder(self.source.path, num_labels=1 if task == "score" else 0)
+        quantize_encoder(encoder, config)
+        positions = int(hf.get("max_position_embeddings", 512)) - encoder.config.position_offset
+        return int(hf["hidden_size"]), positions, int(hf["vocab_size"])
+
+    def _load_decoder(self, config: EngineConfig) -> tuple[int, int, int]:
+        """(hidden size, positions, vocabulary) of pagode's own decoder for the checkpoint."""
         device = torch.device("cpu")
         cfg = read_config(self.source)
         backend = select_backend(config.attention_backend, device)
-        quantization = pooling_quantization(config)
         model = load_model(self.source, cfg, backend, cfg.max_position_embeddings, torch.float32, device,
-                           quantization, config.token_budget)
-        return DecoderPooler(model, cfg, backend, torch.float32)
+                           self.quantization, config.token_budget)
+        self.decoder = DecoderPooler(model, cfg, backend, torch.float32)
+        return cfg.hidden_size, cfg.max_position_embeddings, cfg.vocab_size
 
     def _yes_no_ids(self) -> tuple[int, int] | None:
         if self.spec.yes_no_tokens is None:
