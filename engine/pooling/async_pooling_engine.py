@@ -124,9 +124,13 @@ class AsyncPoolingEngine:
                 with self._lock:
                     jobs, self._inbox = self._inbox, []
                     self._stats.num_waiting = 0
+                # A request whose caller went away (a closed connection cancels its future) is not computed.
+                jobs = [job for job in jobs if not job.future.cancelled()]
+                self._stats.num_running = len(jobs)
                 for group in priority_groups(jobs):
                     for kind in ("embed", "score"):
                         self._run_jobs([j for j in group if j.kind == kind], kind)
+                self._stats.num_running = 0
         except BaseException as err:
             log.exception("the pooling loop died")
             self.dead_error = err
