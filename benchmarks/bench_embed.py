@@ -67,6 +67,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=32, help="inputs per request and per encode batch")
     parser.add_argument("--concurrency", type=int, default=4, help="requests in flight")
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
+    parser.add_argument("--plot", type=Path, default=None, help="a bar chart of embeddings/s, as PNG")
     args = parser.parse_args()
     folder = args.model or build_minilm(Path(tempfile.gettempdir()) / "pagode-bench-minilm")
     inputs = texts(args.inputs, args.min_tokens, args.max_tokens)
@@ -86,6 +87,27 @@ def main() -> None:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2) + "\n")
+    if args.plot:
+        plot(result, args.plot)
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = ["pagode\n/v1/embeddings", "sentence-transformers\nencode"]
+    rates = [result["pagode_per_s"], result["sentence_transformers_per_s"]]
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    ax.bar(names, rates, color=["#2a6f97", "#999999"])
+    ax.set_ylabel("embeddings / s")
+    ax.set_title(f"{result['inputs']} inputs of {result['tokens'][0]}-{result['tokens'][1]} tokens")
+    for x, rate in enumerate(rates):
+        ax.text(x, rate, f"{rate:.0f}", ha="center", va="bottom")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
 
 
 if __name__ == "__main__":
