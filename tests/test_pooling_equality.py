@@ -164,3 +164,8 @@ def test_quantized_weights_keep_the_embeddings(zoo: Callable[..., Path], arch: s
         cosines[mode] = F.cosine_similarity(torch.stack(model.embed(inputs)), fp32).min().item()
     print(f"{arch}: min cosine to fp32 {cosines}")
     assert 0.999 <= cosines["int8"] < 1.0 and 0.9 <= cosines["int4"] < cosines["int8"], cosines
+
+
+def test_task_score_on_an_embedder_says_it_has_no_head(zoo: Callable[..., Path]) -> None:
+    with pytest.raises(ValueError, match="no classifier head to score with; serve it with --task embed"):
+        pagode(zoo("bert", build_bert), "score")

@@ -37,6 +37,8 @@ def load_encoder(folder: Path, num_labels: int = 0) -> Encoder | ModernBert:
         found = dict(renamed(iter_safetensors(folder), keep_head=num_labels > 0))
     wanted = model.state_dict()
     missing = sorted(set(wanted) - set(found))
+    if missing and all(name.startswith(("head.", "classifier.")) for name in missing):
+        raise ValueError(f"{folder}: the checkpoint has no classifier head to score with; serve it with --task embed")
     if missing:
         raise ValueError(f"{folder}: the checkpoint lacks {missing[:4]} (and {max(0, len(missing) - 4)} more)")
     model.load_state_dict({name: found[name].float() for name in wanted}, strict=True)
