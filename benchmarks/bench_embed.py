@@ -8,7 +8,8 @@ other.
 Without --model it builds a random BERT at all-MiniLM-L6-v2's shape (benchmarks/embed_model.py).
 pagode gets the inputs as `--batch` inputs a request, `--concurrency` requests in flight, so its
 engine packs them across requests; sentence-transformers encodes with the same batch size.
-llama.cpp's `llama-server --embedding` is not measured: pagode reads no GGUF embedder yet.
+llama.cpp's `llama-server --embedding` is not measured: it needs a GGUF of the same model, and
+pagode reads GGUF decoder embedders only, not the BERT this benchmark serves by default.
 """
 
 from __future__ import annotations
