@@ -31,6 +31,7 @@ from engine.io.outputs import StreamDelta
 from engine.io.stats import EngineStats, StepStats
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
+from engine.step_turns import STEPS
 from engine.structured_output import StructuredOutputSpec
 
 log = logging.getLogger("pagode")
@@ -248,7 +249,8 @@ class AsyncEngine:
                 deltas.append(delta)
         step_failed = False
         try:
-            step_deltas = self.engine.step()
+            with STEPS.turn():  # one step at a time across the process's engines
+                step_deltas = self.engine.step()
             # A request at fault (error_param set) is no sign of a broken engine.
             step_failed = bool(step_deltas) and all(d.error and d.error_param is None for d in step_deltas)
             deltas.extend(step_deltas)

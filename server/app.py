@@ -37,6 +37,7 @@ from server.routes import (
     health,
     messages,
     metrics,
+    model_admin,
     models,
     ollama_embed,
     prefix_cache,
@@ -47,6 +48,9 @@ from server.routes import (
     tokenize,
 )
 from server.runtime.engine_client import EngineClient
+from server.runtime.model_registry import LoadLimits
+from server.runtime.model_router import ModelRouter
+from server.runtime.served_model import ModelSpec
 from server.runtime.state import ServerState
 from server.settings import ServerSettings
 from server.translate.user_text import plain_text_encoder
@@ -55,7 +59,7 @@ from server.ui import pages
 logger = logging.getLogger("pagode.server")
 
 ROUTE_MODULES = (completions, chat, messages, responses, embeddings, rerank, score, tokenize, models, health,
-                 metrics, stats, ollama_embed, prefix_cache)
+                 metrics, stats, ollama_embed, prefix_cache, model_admin)
 
 # sse-starlette would cancel every stream on SIGTERM; our drain ends them instead.
 AppStatus.disable_automatic_graceful_drain()
@@ -71,11 +75,13 @@ def prepare_serving(engine: EngineClient, settings: ServerSettings) -> None:
 
 
 def create_app(settings: ServerSettings, engine: EngineClient | None = None,
-               engine_config: EngineConfig | None = None) -> FastAPI:
+               engine_config: EngineConfig | None = None, models: list[ModelSpec] | None = None,
+               limits: LoadLimits | None = None) -> FastAPI:
     """Serve `engine` (started here if it is not running), or build one from `engine_config`
-    once the server is up (with settings.engine_factory; AsyncEngine by default)."""
+    once the server is up (with settings.engine_factory; AsyncEngine by default); or serve
+    several `models`, the first loaded at start and the others when a request names them."""
     state = ServerState(settings, engine, engine_config,
-                        prepare=lambda loaded: prepare_serving(loaded, settings))
+                        prepare=lambda loaded: prepare_serving(loaded, settings), models=models, limits=limits)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -102,6 +108,9 @@ def create_app(settings: ServerSettings, engine: EngineClient | None = None,
                           EmbeddingRequest, RerankRequest, ScoreRequest, OllamaEmbedRequest])
     post_paths = {route.path for module in ROUTE_MODULES for route in module.router.routes
                   if isinstance(route, APIRoute) and "POST" in (route.methods or set())}
+    if state.registry.several:  # innermost: the model a body names is loaded once the request is let in
+        app.add_middleware(ModelRouter, registry=state.registry, max_body_bytes=settings.max_body_bytes,
+                           body_timeout_s=settings.body_timeout_s)
     app.add_middleware(JSONContentTypeMiddleware, paths=post_paths)  # 415 unless the body is JSON
     if settings.api_key:
         app.add_middleware(APIKeyMiddleware, api_key=settings.api_key)

@@ -20,10 +20,12 @@ from planner import batch_cap
 from planner.cli import add_plan_flags, run_plan
 from server import settings as server_settings
 from server.app import create_app
-from server.hub_command import NAME_HELP, add_pull_command, add_revision_flag, fetch_served_model, run_pull
+from server.hub_command import NAME_HELP, add_pull_command, add_revision_flag, run_pull
 from server.middleware.cors import add_cors_flags, cors_settings
 from server.middleware.http_limits import timed_h11_protocol
+from server.runtime.served_model import ModelSpec
 from server.runtime.shutdown import DrainingServer
+from server.serve_models import add_model_flags, load_limits, model_entries
 
 log = logging.getLogger("pagode.server")
 
@@ -59,13 +61,15 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     serve = commands.add_parser(
         "serve", help="serve a model over HTTP",
-        description="Serve one model with the OpenAI-compatible API (/v1/completions, "
+        description="Serve a model, or several, with the OpenAI-compatible API (/v1/completions, "
         "/v1/chat/completions, /v1/models, /tokenize, /detokenize, /health, /metrics).",
-        formatter_class=HelpFormatter)
+        formatter_class=HelpFormatter, conflict_handler="resolve")
     serve.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
                        help=f"the model, as --model: a local path or {NAME_HELP}")
     add_server_flags(serve)
-    add_revision_flag(add_engine_flags(serve))
+    engine_group = add_engine_flags(serve)
+    add_revision_flag(engine_group)
+    add_model_flags(serve, engine_group)  # --model and --served-model-name, repeatable
     add_plan_flags(commands.add_parser(
         "plan", help="capacity planning: KV memory, step-time fit, predicted latencies",
         formatter_class=HelpFormatter))
@@ -79,23 +83,25 @@ def setup_logging(level: str) -> None:
 
 def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     setup_logging(args.log_level)
-    if args.model_tag is not None:
-        if args.model is not None:
-            parser.error(f"the model is given twice: {args.model_tag} and --model {args.model}")
-        args.model = args.model_tag
     try:
-        fetch_served_model(args)
+        entries = model_entries(args)
     except HubError as exc:
         log.error("%s", exc)
         return 1
-    try:
-        config = engine_config(args)
-        settings = server_settings.from_args(args, url=f"http://{args.host}:{args.port}",
-                                             cors=cors_settings(args))
     except ValueError as exc:
         parser.error(str(exc))
-    size_batch(config, args)
-    app = create_app(settings, engine_config=config)
+    try:
+        configs = [engine_config(argparse.Namespace(**{**vars(args), "model": entry.model})) for entry in entries]
+        settings = server_settings.from_args(argparse.Namespace(**{**vars(args), "served_model_name": entries[0].name}),
+                                             url=f"http://{args.host}:{args.port}", cors=cors_settings(args))
+        limits = load_limits(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+    for config in configs:
+        size_batch(config, args)
+    several = [ModelSpec(entry.name, config) for entry, config in zip(entries, configs, strict=True)]
+    app = create_app(settings, engine_config=configs[0], models=several if len(several) > 1 else None,
+                     limits=limits)
     state = app.state.server
     uv_config = uvicorn.Config(app, host=args.host, port=args.port, log_config=None,
                                log_level=args.log_level, access_log=not args.disable_access_log,

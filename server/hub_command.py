@@ -1,9 +1,8 @@
-"""Hub names on the command line: `pagode pull NAME` fetches a model into the hub cache, and
-`pagode serve NAME` fetches it (or finds it cached) before the server starts, so a name that
-cannot be had stops the command with one sentence and no server half up.
-
-The download runs before the port is bound, as vLLM's does: a failure is the command's exit
-status, not a /health that never turns ready.
+"""Hub names on the command line: `pagode pull NAME` fetches a model into the hub cache;
+`pagode serve NAME` fetches it (or finds it cached) the same way before the server starts
+(server/serve_models.py), so a name that cannot be had stops the command with one sentence
+and no server half up: a failure is the command's exit status, as vLLM's is, not a /health
+that never turns ready.
 """
 
 from __future__ import annotations
@@ -11,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from engine.model.hub import HubError, fetch, is_hub_name
+from engine.model.hub import HubError, fetch
 
 NAME_HELP = ("a Hugging Face hub name: ORG/REPO (a safetensors folder) or ORG/REPO:QUANT (that GGUF of "
              "the repo, as llama-server -hf picks it); HF_ENDPOINT, HF_TOKEN, HF_HOME and "
@@ -39,14 +38,3 @@ def run_pull(args: argparse.Namespace) -> int:
         return 1
     print(path)
     return 0
-
-
-def fetch_served_model(args: argparse.Namespace) -> None:
-    """Put the local path of a hub `--model` in its place, and serve it under the name typed
-    unless --served-model-name says otherwise. Raises HubError."""
-    if not is_hub_name(args.model):
-        return
-    name = args.model
-    args.model = str(fetch(name, args.revision))
-    if args.served_model_name is None:
-        args.served_model_name = name

@@ -66,11 +66,12 @@ SERVER_PARTS_ALLOWED: dict[str, set[str]] = {
     "routes": {"api", "translate", "runtime", "respond", "worker_pool"},  # the stages composed
     "ui": {"api"},  # the web page: static files and the routes that serve them
     "app": {"api", "middleware", "routes", "runtime", "settings", "translate", "ui"},
-    "hub_command": set(),  # `pagode pull` and the hub names `pagode serve` fetches first
-    "cli": {"app", "hub_command", "middleware", "runtime", "settings"},
+    "hub_command": set(),  # `pagode pull`
+    "serve_models": {"runtime"},  # which models `pagode serve` serves, hub names fetched first
+    "cli": {"app", "hub_command", "middleware", "runtime", "serve_models", "settings"},
     "__main__": {"cli"},
     # Ray Serve's deployments: each replica builds the whole app, as `pagode serve` does.
-    "fleet": {"api", "app", "cli", "middleware", "settings"},
+    "fleet": {"api", "app", "cli", "middleware", "serve_models", "settings"},
 }
 
 

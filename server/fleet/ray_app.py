@@ -89,8 +89,9 @@ class FleetConfig:
 
 def parse_pagode_args(pagode_args: list[str]) -> argparse.Namespace:
     from server.cli import build_parser
+    from server.serve_models import single_model
 
-    return build_parser().parse_args(["serve", *pagode_args])
+    return single_model(build_parser().parse_args(["serve", *pagode_args]))
 
 
 @serve.deployment(name=REPLICA_DEPLOYMENT, health_check_period_s=5, health_check_timeout_s=30,

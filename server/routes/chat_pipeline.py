@@ -26,7 +26,7 @@ async def start_chat(state: ServerState, body: ChatCompletionRequest, request_id
                                   engine.limits, engine.compile_grammar, fmt.grammar_start(body),
                                   fmt.tools().keeps_special_tokens, clamp_max_tokens,
                                   state.settings.default_max_tokens, fmt.thinking_markers(body))
-    builder = ChatBuilder(request_id, state.served_model_name, requests.prompts[0], body, fmt)
+    builder = ChatBuilder(request_id, state.name_for(body.model), requests.prompts[0], body, fmt)
     return admitted.start_choices(requests.subs), builder
 
 

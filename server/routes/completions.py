@@ -26,7 +26,7 @@ async def create_completion(request: Request, state: State) -> Response:
     engine = admitted.engine
     requests = await run_blocking(completion_requests, request_id, body, admitted.plan,
                                   engine.tokenizer, engine.limits, engine.compile_grammar)
-    builder = CompletionBuilder(request_id, state.served_model_name, requests.prompts, body,
+    builder = CompletionBuilder(request_id, state.name_for(body.model), requests.prompts, body,
                                 lambda token: str(engine.tokenizer.decode([token])))
     stream = admitted.start_choices(requests.subs)
     return await respond(request, body, stream, builder, client_id,

@@ -1,4 +1,5 @@
-"""GET /v1/models: the one model served, under the name clients send (vLLM's card)."""
+"""GET /v1/models: every model served, under the name clients send (vLLM's card), with
+whether it is loaded now (a server of several loads the others when a request names them)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Any
 from fastapi import APIRouter
 
 from server.api.protocol import now
+from server.runtime.served_model import ServedModel
 from server.runtime.state import State
 
 router = APIRouter()
@@ -14,8 +16,19 @@ router = APIRouter()
 
 @router.get("/v1/models")
 async def list_models(state: State) -> dict[str, Any]:
-    engine = state.require_engine()
-    card = {"id": state.served_model_name, "object": "model", "created": now(),
-            "owned_by": "pagode", "root": str(engine.model_name), "parent": None,
-            "max_model_len": engine.max_model_len}
-    return {"object": "list", "data": [card]}
+    if state.registry.several:
+        state.require_healthy()  # the others are listed whether loaded or not
+    else:
+        state.require_engine()
+    return {"object": "list", "data": [card(model) for model in state.registry.models]}
+
+
+def card(model: ServedModel) -> dict[str, Any]:
+    engine = model.engine
+    config = model.spec.config
+    root = str(engine.model_name) if engine is not None else str(config.model if config else model.name)
+    card: dict[str, Any] = {"id": model.name, "object": "model", "created": now(), "owned_by": "pagode",
+                            "root": root, "parent": None, "loaded": model.loaded}
+    if engine is not None:
+        card["max_model_len"] = engine.max_model_len
+    return card

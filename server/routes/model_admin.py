@@ -1,0 +1,34 @@
+"""POST /models/load and /models/unload {"model": NAME}: load or unload one of the models a
+server of several serves, as llama.cpp's router takes them. Loading makes room as a request
+naming the model would (least recently used idle model first); unloading a model with
+requests running is a 409."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+from pydantic import BaseModel, ConfigDict
+
+from server.runtime.state import State
+
+router = APIRouter()
+
+
+class ModelAction(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model: str
+
+
+@router.post("/models/load")
+async def load_model(body: ModelAction, state: State) -> dict[str, Any]:
+    model = state.registry.get(body.model)
+    await state.registry.ensure_loaded(model)
+    return {"success": True, "model": model.name, "loaded": True}
+
+
+@router.post("/models/unload")
+async def unload_model(body: ModelAction, state: State) -> dict[str, Any]:
+    model = state.registry.get(body.model)
+    await state.registry.unload(model)
+    return {"success": True, "model": model.name, "loaded": False}
