@@ -144,3 +144,18 @@ def test_an_unknown_model_is_openais_404(server: ServerProcess) -> None:
     with pytest.raises(openai.NotFoundError) as raised:
         client.completions.create(model="gpt-4", prompt="w1", max_tokens=2)
     assert raised.value.body["message"] == "The model `gpt-4` does not exist."  # type: ignore[index]
+
+
+def test_the_memory_budget_unloads_to_make_room(folders: dict[str, Path], tmp_path: Path) -> None:
+    """A budget that holds one model's KV cache and weights, not two: asking for the second
+    unloads the first (idle), and asking for the first again brings it back."""
+    args = ["--model", str(folders["qwen2"]), "--served-model-name", "qwen2", "--model", str(folders["llama-tied"]),
+            "--served-model-name", "llama-tied", "--models-memory", "48MiB", "--kv-cache-memory", "32MiB",
+            "--quantization", "none", "--kv-cache-dtype", "fp32", "--max-model-len", "256", "--max-num-seqs", "4"]
+    with running_server(args, tmp_path) as budgeted, httpx.Client(base_url=budgeted.base_url, timeout=300) as http:
+        client = openai.OpenAI(base_url=budgeted.api_url, api_key="none", timeout=300)
+        assert complete(client, "llama-tied") == reference(folders["llama-tied"], NEW_TOKENS)
+        assert loaded(http) == {"qwen2": False, "llama-tied": True}
+        assert complete(client, "qwen2") == reference(folders["qwen2"], NEW_TOKENS)
+        assert loaded(http) == {"qwen2": True, "llama-tied": False}
+        assert "unloading 'qwen2' (least recently used) to load 'llama-tied'" in budgeted.log()
