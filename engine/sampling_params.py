@@ -53,6 +53,8 @@ class SamplingParams:
     prompt_logprobs: int | None = None  # logprobs of the prompt's tokens, with N alternatives
     priority: int = 0  # --scheduling-policy priority: lower runs earlier (vLLM's request field)
     thinking_budget: ThinkingBudget | None = None  # the thinking is closed after this many tokens
+    allowed_token_ids: list[int] | None = None  # vLLM's: only these may be sampled
+    bad_words_token_ids: list[list[int]] = field(default_factory=list)  # vLLM's bad_words, encoded
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -105,6 +107,10 @@ class SamplingParams:
                                       f"got {self.repetition_penalty}", "repetition_penalty")
         if self.seed is not None and not -(2**63) <= self.seed < 2**64:
             raise InvalidRequestError("seed must be in [-2**63, 2**64)", "seed")
+        if self.allowed_token_ids is not None and not self.allowed_token_ids:
+            raise InvalidRequestError("allowed_token_ids must not be empty", "allowed_token_ids")
+        if any(not word for word in self.bad_words_token_ids):
+            raise InvalidRequestError("bad_words must not be empty", "bad_words")
 
     def _check_finite(self) -> None:
         for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
@@ -117,6 +123,11 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def restricts_tokens(self) -> bool:
+        """Whether some tokens are ruled out by the request itself (not by a grammar)."""
+        return self.allowed_token_ids is not None or bool(self.bad_words_token_ids)
 
     @property
     def needs_penalties(self) -> bool:

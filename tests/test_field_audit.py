@@ -58,6 +58,8 @@ SHARED = {
     "user": AUDIT + "test_fields_that_change_no_output_are_taken",
     "skip_special_tokens": SAMPLING + "test_streamed_text_equals_decoded_tokens",
     "speculative": "test_spec_switch.py::test_only_plain_greedy_requests_draft",
+    "allowed_token_ids": "test_token_restrictions.py::test_only_the_allowed_tokens_are_written",
+    "bad_words": "test_token_restrictions.py::test_a_bad_word_is_never_written",
     "response_format": "test_server_constraints.py::test_precedence_of_the_constraint_fields",
     "structured_outputs": "test_server_constraints.py::test_grammar_output_is_in_its_language",
     "guided_json": "test_server_constraints.py::test_guided_aliases_constrain_chat",

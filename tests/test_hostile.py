@@ -75,10 +75,12 @@ HOSTILE: list[tuple[str, str, Any, int, str | None]] = [
     ("suffix-unsupported", COMPLETIONS, {"prompt": "Hi", "suffix": "end"}, 400, "suffix"),
     ("beam-search-unsupported", COMPLETIONS, {"prompt": "Hi", "use_beam_search": True}, 400,
      "use_beam_search"),
-    # accepted but ignored would be worse than refused: a banned word printed all the same
-    ("bad-words-unsupported", COMPLETIONS, {"prompt": "Hi", "bad_words": ["1"]}, 400, "bad_words"),
-    ("allowed-token-ids-unsupported", CHAT, {"messages": MESSAGES, "allowed_token_ids": [5]}, 400,
-     "allowed_token_ids"),
+    # accepted but ignored would be worse than refused: a stop string returned all the same
+    ("include-stop-str-unsupported", COMPLETIONS,
+     {"prompt": "Hi", "include_stop_str_in_output": True}, 400, "include_stop_str_in_output"),
+    ("allowed-token-ids-out-of-vocab", CHAT, {"messages": MESSAGES, "allowed_token_ids": [10**9]},
+     400, "allowed_token_ids"),
+    ("bad-words-empty-word", COMPLETIONS, {"prompt": "Hi", "bad_words": [""]}, 400, "bad_words"),
     ("chat-echo-unsupported", CHAT, {"messages": MESSAGES, "echo": True}, 400, "echo"),
     ("prompt-chars", COMPLETIONS, {"prompt": "ab " * 20000}, 400, "prompt"),
     ("chat-chars", CHAT, {"messages": [{"role": "user", "content": "ab " * 20000}]}, 400,

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.bad_words import banned_now
 from engine.core.sequence import Sequence
 from engine.io.detokenizer import IncrementalDetokenizer
 from engine.io.outputs import StreamDelta, TokenLogprob
@@ -32,10 +33,12 @@ class RequestState:
         if self.seq.num_output_tokens < p.min_tokens:
             blocked = sorted(set(p.stop_token_ids) | (set() if p.ignore_eos else set(self.eos_ids)))
         forced = self.thinking.forced() if self.thinking is not None else None
+        banned = banned_now(p.bad_words_token_ids, self.seq.output_token_ids) \
+            if p.bad_words_token_ids else []
         if not p.needs_penalties:  # the sampler reads the token lists only for penalties
-            return SamplingRow(p, [], [], self.generator, blocked, forced)
+            return SamplingRow(p, [], [], self.generator, blocked, forced, banned)
         return SamplingRow(p, self.seq.prompt_token_ids, self.seq.output_token_ids, self.generator,
-                           blocked, forced)
+                           blocked, forced, banned)
 
     def append(self, token_id: int, max_model_len: int) -> str | None:
         """Add a generated token; return the finish reason if this token ends the request."""

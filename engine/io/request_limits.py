@@ -100,6 +100,7 @@ def check_sampling(params: SamplingParams, limits: RequestLimits) -> None:
         raise too_many("logit_bias entries", len(params.logit_bias), caps.max_logit_bias,
                        "max-logit-bias", "logit_bias")
     check_token_ids(list(params.logit_bias), limits, "logit_bias")
+    check_token_ids(params.allowed_token_ids or [], limits, "allowed_token_ids")
 
 
 def check_prompt(token_ids: list[int], max_tokens: int | None, limits: RequestLimits) -> int:

@@ -10,7 +10,7 @@ what else is in the batch; unseeded rows share one draw from the global generato
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -29,6 +29,7 @@ class SamplingRow:
     generator: torch.Generator | None
     blocked_ids: list[int]  # EOS / stop ids masked while min_tokens is not reached
     forced_id: int | None = None  # the one token allowed (a spent thinking budget's end)
+    banned_ids: list[int] = field(default_factory=list)  # bad_words' last tokens at this step
 
 
 @dataclass
@@ -64,7 +65,8 @@ def sample(logits: torch.Tensor, rows: list[SamplingRow], logprobs_mode: str = "
 
 def _needs_processing(row: SamplingRow) -> bool:
     p = row.params
-    return bool(p.needs_penalties or p.logit_bias or row.blocked_ids or row.forced_id is not None)
+    return bool(p.needs_penalties or p.logit_bias or row.blocked_ids or row.forced_id is not None
+                or p.allowed_token_ids is not None or row.banned_ids)
 
 
 def _index(pairs: list[tuple[int, list[int]]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -76,8 +78,8 @@ def _index(pairs: list[tuple[int, list[int]]], device: torch.device) -> tuple[to
 
 
 def apply_processors(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
-    """Logit bias, repetition/presence/frequency penalties, min_tokens masks, and forced
-    tokens, in place."""
+    """Logit bias, repetition/presence/frequency penalties, min_tokens masks, allowed and
+    banned tokens, and forced tokens, in place."""
     dev = logits.device
     bias = [(i, r.params.logit_bias) for i, r in enumerate(rows) if r.params.logit_bias]
     if bias:
@@ -101,11 +103,28 @@ def apply_processors(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
         emptied = torch.isneginf(logits).all(dim=1)[ri]
         if bool(emptied.any()):
             logits[ri[emptied], ti[emptied]] = before[emptied]
+    _restrict_tokens(logits, rows)
     forced = [(i, r.forced_id) for i, r in enumerate(rows) if r.forced_id is not None]
     if forced:  # last: a forced token outranks bias, penalties and min_tokens alike
         ri, ti = _index([(i, [token]) for i, token in forced], dev)
         logits[ri] = float("-inf")
         logits[ri, ti] = 0.0
+
+
+def _restrict_tokens(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
+    """vLLM's allowed_token_ids (every other token out) and bad_words (the tokens that
+    would complete one out), after bias and penalties so that neither brings one back."""
+    dev = logits.device
+    for i, row in enumerate(rows):
+        allowed = row.params.allowed_token_ids
+        if allowed is not None:
+            keep = torch.full((logits.shape[1],), float("-inf"), dtype=logits.dtype, device=dev)
+            keep[torch.tensor(allowed, dtype=torch.long, device=dev)] = 0.0
+            logits[i] += keep
+    banned = [(i, r.banned_ids) for i, r in enumerate(rows) if r.banned_ids]
+    if banned:
+        ri, ti = _index(banned, dev)
+        logits.index_put_((ri, ti), torch.tensor(float("-inf"), device=dev))
 
 
 def _repetition_penalty(logits: torch.Tensor, rows: list[SamplingRow], which: list[int]) -> None:

@@ -61,6 +61,7 @@ class Drafter:
         p = seq.params
         return (p.greedy and p.speculative and not p.needs_penalties and p.structured_outputs is None
                 and p.thinking_budget is None  # its forced tokens are chosen per step, not verified
+                and not p.restricts_tokens  # bad_words' bans follow each token drafted
                 and seq.num_output_tokens >= p.min_tokens)
 
     def start_step(self, tokens: int, outputs: int) -> StepLoad:

@@ -32,6 +32,7 @@ Temperature = Annotated[float, Field(ge=0.0, le=2.0)]
 TopP = Annotated[float, Field(gt=0.0, le=1.0)]
 Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
 TokenIds = Annotated[list[StrictInt], Field(fail_fast=True)]
+MAX_BAD_WORDS, MAX_BAD_WORD_CHARS = 1024, 256  # each word is encoded, and checked every step
 
 
 class OpenAIModel(BaseModel):
@@ -71,6 +72,10 @@ class SamplingFields(OpenAIModel):
     # pagode's own: false keeps this request from drafting when the server runs with
     # --speculative-config (docs/speculative.md); true is a permission, not a demand.
     speculative: StrictBool = True
+    # vLLM's: only these token ids may be sampled; these words are never written whole
+    allowed_token_ids: Annotated[list[StrictInt], Field(min_length=1, fail_fast=True)] | None = None
+    bad_words: Annotated[list[Annotated[str, Field(min_length=1, max_length=MAX_BAD_WORD_CHARS)]],
+                         Field(max_length=MAX_BAD_WORDS, fail_fast=True)] | None = None
 
     @field_validator("stop")
     @classmethod

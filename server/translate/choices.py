@@ -8,7 +8,7 @@ one seed rule. Every check is the engine's own and raises its InvalidRequestErro
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from engine.io.request_limits import RequestLimits, check_prompt, check_sampling
 from engine.sampling_params import SamplingParams, expand_choices
@@ -26,6 +26,7 @@ class Constraints:
     priority: int = 0
     prompt_logprobs: int | None = None
     thinking_budget: ThinkingBudget | None = None
+    bad_words: list[list[int]] = field(default_factory=list)  # bad_words' token sequences
 
 
 @dataclass
@@ -53,7 +54,8 @@ def sampling_params(body: SamplingFields, max_tokens: int | None, logprobs: int 
         skip_special_tokens=body.skip_special_tokens, speculative=body.speculative,
         structured_outputs=constraints.structured_outputs, priority=constraints.priority,
         prompt_logprobs=constraints.prompt_logprobs,
-        thinking_budget=constraints.thinking_budget)
+        thinking_budget=constraints.thinking_budget,
+        allowed_token_ids=body.allowed_token_ids, bad_words_token_ids=constraints.bad_words)
     check_sampling(params, limits)
     return params
 

@@ -23,6 +23,7 @@ from engine.io.request_limits import RequestLimits
 from engine.structured_output import StructuredOutputSpec
 from engine.tokenizer import Tokenizer
 from server.api.protocol import ChatCompletionRequest, CompletionRequest
+from server.translate.bad_words import bad_words_token_ids
 from server.translate.choices import Constraints, SubRequest, fan_out
 from server.translate.fields import check_fields, check_priority
 from server.translate.prompts import (
@@ -87,7 +88,8 @@ def completion_requests(request_id: str, body: CompletionRequest, plan: Plan,
     # An explicit null means "up to the context" (check_prompt resolves it); 0 (echo): one
     # token is computed, none is returned.
     max_tokens = None if body.max_tokens is None else body.max_tokens or 1
-    constraints = Constraints(spec, body.priority, body.wanted_prompt_logprobs())
+    constraints = Constraints(spec, body.priority, body.wanted_prompt_logprobs(),
+                              bad_words=bad_words_token_ids(body.bad_words, tokenizer))
     subs = fan_out(request_id, prompts, body, max_tokens, body.logprobs, constraints, limits)
     return EngineRequests(prompts, subs)
 
@@ -138,5 +140,6 @@ def chat_requests(request_id: str, body: ChatCompletionRequest, tokenizer: Token
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     budget = thinking_budget(body.thinking_token_budget, thinking_markers, tokenizer, prompt.text)
     subs = fan_out(request_id, [prompt], body, max_tokens, logprobs,
-                   Constraints(spec, body.priority, thinking_budget=budget), limits)
+                   Constraints(spec, body.priority, thinking_budget=budget,
+                               bad_words=bad_words_token_ids(body.bad_words, tokenizer)), limits)
     return EngineRequests([prompt], subs)

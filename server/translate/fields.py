@@ -24,9 +24,10 @@ def _set(value: Any) -> bool:
     return value not in (None, False, "", [], {})
 
 
-# vLLM's sampling extensions that pagode's sampler does not run: accepting them would print
-# the banned words and the disallowed tokens anyway. Refused on every generation endpoint,
-# the agents' APIs included (a client written for vLLM may send them there too).
+# vLLM's sampling extensions. Chat and completions declare bad_words and allowed_token_ids
+# and run them; the rest, which pagode's sampler does not run, they refuse (accepting them
+# would print what they rule out anyway). The agents' APIs refuse them all, as their
+# translations carry no sampling extension (a client written for vLLM may send them there).
 VLLM_EXTENSIONS = ("bad_words", "allowed_token_ids", "include_stop_str_in_output",
                    "logits_processors", "return_tokens_as_token_ids")
 
