@@ -18,7 +18,7 @@ CHAT = [{"role": "user", "content": "Hi"}]
 ENDPOINTS = {
     "/v1/completions": ({"prompt": "Hi", "max_tokens": 2}, {"prompt": "Hi", "n": 0}),
     "/v1/chat/completions": ({"messages": CHAT, "max_tokens": 2},
-                             {"messages": CHAT, "bad_words": ["x"]}),
+                             {"messages": CHAT, "logits_processors": ["x"]}),
     "/v1/messages": ({"model": "SmolLM2-135M-Instruct", "max_tokens": 2, "messages": CHAT},
                      {"model": "SmolLM2-135M-Instruct", "messages": CHAT}),
     "/v1/responses": ({"input": "Hi", "max_output_tokens": 2, "store": False},
