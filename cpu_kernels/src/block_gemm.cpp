@@ -11,11 +11,17 @@
 // cover 16 inputs, so its products are 16 deep), and each product is scaled into fp32
 // accumulators:
 //     acc[row][token] += scale[row] * product[row][token] + minimum[row] * sum(token's inputs)
-// The tokens enter as two bf16 operands, x = hi + lo with lo = bf16(x - hi): 16 significant
-// bits, more than the integer body's int16 activations. With exact weights the tile body
-// computes what the integer body computes, to fp32 rounding, so a step gives the same
-// tokens whichever body its size picks. The weights cross memory and are unpacked once per
-// call whatever the number of tokens.
+// Up to 8 tokens enter as x = hi + lo with lo = bf16(x - hi), both in one operand: 16
+// significant bits, more than the integer body's int16 activations, so a decode step of a
+// few tokens computes what the integer body computes, to fp32 rounding, whichever body its
+// size picks. Past 8 tokens the lo half would cost a second product per block, and the
+// tile unit is what bounds a step of many tokens, so the tokens enter as bf16 (the
+// precision of the big-step GEMM's bf16 activations, on weights that stay exact). From
+// DEQUANTIZE_FROM tokens (a prefill chunk), scaling each block's product for each token
+// tile costs more than the products: each panel of rows is then dequantized to bf16 once
+// (the big-step GEMM's copy, made on the fly) and the products accumulate across all of K
+// in the tiles. The weights cross memory and are unpacked once per call whatever the
+// number of tokens.
 //
 // Only the amx build has a tile body: without tiles, the products and their scaling cost
 // about what the integer body costs.
@@ -41,6 +47,11 @@ constexpr int64_t TILE_TOKENS = 16;  // the widest token tile
 constexpr int64_t CHUNK_BLOCKS = 8;  // blocks of 32 unpacked at a time: one K-quant super-block
 constexpr int64_t STREAM_AHEAD = 2048;  // bytes ahead of the unpacking that a row's stream is fetched
 constexpr int64_t MAX_STEPS = 16;    // products of a chunk (16 for Q6_K's 16-deep ones)
+constexpr int64_t PANEL = 32;        // rows of a dequantized panel: two row tiles
+// From this many tokens on, unpacking a panel to bf16 weights once costs less than scaling
+// every block's product for every token tile (measured on Q4_K and Q6_K at 2048-6144 inputs).
+constexpr int64_t DEQUANTIZE_FROM = 64;
+constexpr int64_t PANEL_STRIDE = PANEL * QK;  // bf16 between two blocks of 32 in a dequantized panel
 
 inline __m512 iota(float first) {
     return _mm512_add_ps(_mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_ps(first));
@@ -50,6 +61,13 @@ inline __m512 iota(float first) {
 // 32 lookups an instruction, where converting each level through fp32 costs several).
 inline __m512i int_table(float first) {
     return (__m512i)_mm512_cvtne2ps_pbh(iota(first + 16.f), iota(first));
+}
+
+// bf16 of scale * level + minimum for the 32 levels from `first` on: a block's weights, one
+// VPERMW away from its levels (the rounding of the big-step GEMM's bf16 copy).
+inline __m512i level_table(float scale, float minimum, float first) {
+    const __m512 s = _mm512_set1_ps(scale), m = _mm512_set1_ps(minimum);
+    return (__m512i)_mm512_cvtne2ps_pbh(_mm512_fmadd_ps(iota(first + 16.f), s, m), _mm512_fmadd_ps(iota(first), s, m));
 }
 
 // Per format: DEPTH, the inputs one scale covers (a product's depth); MINS, whether blocks
@@ -73,6 +91,16 @@ struct Q4_1Ints {
             minimum[t] = half_to_float(wm[b]);
         }
     }
+    // One row's nb blocks as bf16 weights, block b at dst + b * PANEL_STRIDE.
+    static void dequant(const uint8_t* row, const uint16_t* wd, const uint16_t* wm, int64_t nb, uint16_t* dst) {
+        const __m128i mask = _mm_set1_epi8(0x0f);
+        for (int64_t b = 0; b < nb; ++b) {
+            const __m128i raw = _mm_loadu_si128((const __m128i*)(row + b * (QK / 2)));
+            const __m256i q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), mask), _mm_and_si128(raw, mask));
+            const __m512i table = level_table(half_to_float(wd[b]), half_to_float(wm[b]), 0.f);
+            _mm512_storeu_si512(dst + b * PANEL_STRIDE, _mm512_permutexvar_epi16(_mm512_cvtepu8_epi16(q), table));
+        }
+    }
 };
 
 struct Q8_0Ints {
@@ -86,6 +114,15 @@ struct Q8_0Ints {
             const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(p + 16))));
             _mm512_storeu_si512(dst + t * ROWS * DEPTH, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
             scale[t] = half_to_float(wd[b0 + t]);
+        }
+    }
+    static void dequant(const uint8_t* row, const uint16_t* wd, const uint16_t*, int64_t nb, uint16_t* dst) {
+        for (int64_t b = 0; b < nb; ++b) {
+            const int8_t* p = (const int8_t*)row + b * QK;
+            const __m512 d = _mm512_set1_ps(half_to_float(wd[b]));
+            const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p)));
+            const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(p + 16))));
+            _mm512_storeu_si512(dst + b * PANEL_STRIDE, (__m512i)_mm512_cvtne2ps_pbh(_mm512_mul_ps(hi, d), _mm512_mul_ps(lo, d)));
         }
     }
 };
@@ -120,6 +157,29 @@ template <typename KQ> struct KInts {
             dst += products * ROWS * DEPTH;
             scale += products;
             minimum += products;
+        }
+    }
+    // Q6_K's two halves of a sub-block have their own scales: a table each, blended.
+    static void dequant(const uint8_t* row, const uint16_t*, const uint16_t*, int64_t nb, uint16_t* dst) {
+        for (int64_t s = 0; s < nb / SUBS; ++s) {
+            const uint8_t* blk = row + s * KQ::BYTES;
+            float sc[SUBS], mn[SUBS];
+            if constexpr (KQ::MINS) KQ::scales(blk, sc, mn);
+            const float d = KQ::MINS ? 0.f : half_to_float(load_u16(blk + 208));
+            for (int j = 0; j < SUBS; ++j) {
+                const __m512i q = _mm512_cvtepu8_epi16(KQ::bytes(blk, j));
+                __m512i v;
+                if constexpr (KQ::MINS) {
+                    v = _mm512_permutexvar_epi16(q, level_table(sc[j], mn[j], 0.f));
+                } else {
+                    const int8_t* s8 = (const int8_t*)(blk + 192) + 2 * j;
+                    const float first = d * (float)s8[0], second = d * (float)s8[1];
+                    const __m512i a = _mm512_permutex2var_epi16(level_table(first, 0.f, -32.f), q, level_table(first, 0.f, 0.f));
+                    const __m512i b = _mm512_permutex2var_epi16(level_table(second, 0.f, -32.f), q, level_table(second, 0.f, 0.f));
+                    v = _mm512_mask_blend_epi16((__mmask32)0xffff0000u, a, b);
+                }
+                _mm512_storeu_si512(dst + (s * SUBS + j) * PANEL_STRIDE, v);
+            }
         }
     }
 };
@@ -170,16 +230,16 @@ inline float from_bf16(uint16_t h) {
     return f;
 }
 
-// The tokens as B operands, hi and lo: tile c holds `width` tokens (16, or M when fewer) as
+// The tokens as B operands: tile c holds `width` tokens (16, or M when fewer) as
 // [K/2][width][2], so a product's B tile is DEPTH/2 rows of width * 4 contiguous bytes (a
 // narrow tile for a few tokens loads only their bytes). `sums` [K/32][tiles * 16] holds each
 // token's exact sum over each block of 32 inputs, for the minima.
 //
 // Up to 8 tokens are `paired`: hi and lo share one operand of 2M columns (hi in the first M,
-// lo in the next), so a product is one tile load and one TDPBF16PS instead of two each; the
-// two halves of the result are added when it is written out.
+// lo in the next), so a product is one tile load and one TDPBF16PS; the two halves of the
+// result are added when it is written out. More tokens enter as hi alone (bf16).
 struct Tokens {
-    std::vector<uint16_t> hi, lo;
+    std::vector<uint16_t> hi;
     std::vector<float> sums;
     int64_t width = 0, tiles = 0, cols = 0;  // cols: a token tile's columns (2 * width when paired)
     bool paired = false;
@@ -193,19 +253,19 @@ void lay_out_tokens(const float* x, int64_t M, int64_t K, Tokens& t) {
     t.tiles = (M + t.width - 1) / t.width;
     t.cols = t.paired ? 2 * t.width : t.width;
     t.hi.assign(t.tiles * t.cols * K, 0);
-    t.lo.assign(t.paired ? 0 : t.tiles * t.cols * K, 0);
     t.sums.assign(K / QK * t.tiles * TILE_TOKENS, 0.f);
     for (int64_t m = 0; m < M; ++m) {
         const int64_t tile = m / t.width, col = m % t.width;
         const int64_t base = tile * t.cols * K;
         for (int64_t k = 0; k < K; ++k) {
             const float v = x[m * K + k];
-            const uint16_t h = to_bf16(v), l = to_bf16(v - from_bf16(h));
+            const uint16_t h = to_bf16(v);
             const int64_t at = base + ((k / 2) * t.cols + col) * 2 + (k & 1);
             t.hi[at] = h;
-            if (t.paired) t.hi[at + 2 * t.width] = l;
-            else t.lo[at] = l;
-            t.sums[(k / QK) * t.tiles * TILE_TOKENS + tile * TILE_TOKENS + col] += v;
+            if (t.paired) t.hi[at + 2 * t.width] = to_bf16(v - from_bf16(h));
+            // The minima multiply the same token values as the integers do: exact when paired,
+            // bf16 otherwise, so that each weight meets one rounding of the token, not two.
+            t.sums[(k / QK) * t.tiles * TILE_TOKENS + tile * TILE_TOKENS + col] += t.paired ? v : from_bf16(h);
         }
     }
 }
@@ -216,11 +276,11 @@ struct TileConfig {
     uint8_t rows[16] = {};
 };
 
-// Tiles 0, 1: products (16 rows x cols, fp32); 2, 3: integers (16 rows x depth); 4..7: the
-// tokens' hi and lo (depth / 2 input pairs x cols).
+// Tiles 0, 1: products (16 rows x cols, fp32); 2, 3: integers (16 rows x depth); 4, 5: the
+// tokens (depth / 2 input pairs x cols).
 void configure_tiles(int64_t depth, int64_t cols) {
     TileConfig cfg;
-    for (int t = 0; t < 8; ++t) {
+    for (int t = 0; t < 6; ++t) {
         cfg.rows[t] = (uint8_t)(t >= 4 ? depth / 2 : ROWS);
         cfg.colsb[t] = (uint16_t)(t == 2 || t == 3 ? depth * 2 : cols * 4);
     }
@@ -228,28 +288,24 @@ void configure_tiles(int64_t depth, int64_t cols) {
 }
 
 // Product s of the chunk for token tile g into result tile i (0 or 1), each with its own
-// operand tiles (2 + i: the integers, 4 + i and 6 + i: the tokens' hi and lo), so that two
-// products run in the tile unit without one's loads waiting on the other's reads.
-#define PRODUCT(TC, TA, THI, TLO, s)                                                     \
-    do {                                                                                \
-        const int64_t at = g * t.cols * K + (first + (s) * depth) * t.cols;             \
-        _tile_loadd(TA, c.ints + (s) * ROWS * depth, depth * 2);                        \
-        _tile_zero(TC);                                                                 \
-        _tile_loadd(THI, t.hi.data() + at, t.cols * 4);                                 \
-        _tile_dpbf16ps(TC, TA, THI);                                                    \
-        if (!t.paired) {                                                                \
-            _tile_loadd(TLO, t.lo.data() + at, t.cols * 4);                             \
-            _tile_dpbf16ps(TC, TA, TLO);                                                \
-        }                                                                               \
+// operand tiles (2 + i: the integers, 4 + i: the tokens), so that two products run in the
+// tile unit without one's loads waiting on the other's reads.
+#define PRODUCT(TC, TA, TB, s)                                                \
+    do {                                                                      \
+        const int64_t at = g * t.cols * K + (first + (s) * depth) * t.cols;   \
+        _tile_loadd(TA, c.ints + (s) * ROWS * depth, depth * 2);              \
+        _tile_zero(TC);                                                       \
+        _tile_loadd(TB, t.hi.data() + at, t.cols * 4);                        \
+        _tile_dpbf16ps(TC, TA, TB);                                           \
     } while (0)
 
 constexpr int64_t GROUP = 2;  // products in flight at a time
 
 // Products s0 and, if n is 2, s0 + 1 into result tiles 0 and 1.
-#define ISSUE(s0, n)                        \
-    do {                                    \
-        PRODUCT(0, 2, 4, 6, (s0));                  \
-        if ((n) > 1) PRODUCT(1, 3, 5, 7, (s0) + 1); \
+#define ISSUE(s0, n)                             \
+    do {                                         \
+        PRODUCT(0, 2, 4, (s0));                  \
+        if ((n) > 1) PRODUCT(1, 3, 5, (s0) + 1); \
     } while (0)
 
 inline void store_results(int64_t n, float (*out)[ROWS][TILE_TOKENS]) {
@@ -317,6 +373,76 @@ void panel_product(const Weight& w, const Tokens& t, int64_t n0, int64_t rows, i
     }
 }
 
+// From DEQUANTIZE_FROM tokens: a panel of 32 rows dequantized to bf16 whole (every block of every row),
+// then each pair of token tiles multiplied against it with the products accumulating in the
+// tiles across all of K: four products per four tile loads, no scaling between them.
+template <typename Fmt>
+void dequant_panel(const Weight& w, int64_t n0, int64_t rows, uint16_t* panel) {
+    const int64_t nb = w.K / QK;
+    for (int64_t r = 0; r < rows; ++r)
+        Fmt::dequant(w.qs + (n0 + r) * w.row_bytes, w.wd ? w.wd + (n0 + r) * nb : nullptr,
+                     w.wm ? w.wm + (n0 + r) * nb : nullptr, nb, panel + r * QK);
+    for (int64_t r = rows; r < PANEL; ++r)
+        for (int64_t b = 0; b < nb; ++b) std::fill_n(panel + b * PANEL_STRIDE + r * QK, QK, (uint16_t)0);
+}
+
+// Tiles 0..3: results (row tile h, token tile g) at 2g + h; 4, 5: the panel's two row tiles;
+// 6, 7: two token tiles (16 input pairs x cols).
+void configure_panel_tiles(int64_t cols) {
+    TileConfig cfg;
+    for (int t = 0; t < 8; ++t) {
+        cfg.rows[t] = ROWS;
+        cfg.colsb[t] = (uint16_t)(t == 4 || t == 5 ? QK * 2 : cols * 4);
+    }
+    _tile_loadconfig(&cfg);
+}
+
+// One result tile into y: its 16 rows (those below `rows`) by its token tile's tokens.
+inline void write_result(const float (*out)[TILE_TOKENS], int64_t row0, int64_t rows, int64_t tok0, int64_t toks,
+                         const float* bias, float* y, int64_t ldy) {
+    for (int64_t c = 0; c < toks; ++c)
+        for (int64_t r = 0; r < std::min(ROWS, rows - row0); ++r)
+            y[(tok0 + c) * ldy + row0 + r] = out[r][c] + (bias ? bias[row0 + r] : 0.f);
+}
+
+void multiply_panel(const uint16_t* panel, const Tokens& t, int64_t K, int64_t rows, int64_t M, const float* bias,
+                    float* y, int64_t ldy, float (*out)[TILE_TOKENS]) {
+    const int64_t steps = K / QK, b_stride = t.cols * 4;
+    for (int64_t g = 0; g < t.tiles; g += 2) {
+        const bool two = g + 1 < t.tiles;
+        const uint16_t* b0 = t.hi.data() + g * t.cols * K;
+        const uint16_t* b1 = b0 + t.cols * K;
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+        for (int64_t s = 0; s < steps; ++s) {
+            _tile_loadd(4, panel + s * PANEL_STRIDE, QK * 2);
+            _tile_loadd(5, panel + s * PANEL_STRIDE + ROWS * QK, QK * 2);
+            _tile_loadd(6, b0 + s * QK * t.cols, b_stride);
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_dpbf16ps(1, 5, 6);
+            if (two) {
+                _tile_loadd(7, b1 + s * QK * t.cols, b_stride);
+                _tile_dpbf16ps(2, 4, 7);
+                _tile_dpbf16ps(3, 5, 7);
+            }
+        }
+        const int64_t tok0 = g * t.width;
+        _tile_stored(0, out, 64);
+        write_result(out, 0, rows, tok0, std::min(t.width, M - tok0), bias, y, ldy);
+        _tile_stored(1, out, 64);
+        write_result(out, ROWS, rows, tok0, std::min(t.width, M - tok0), bias, y, ldy);
+        if (two) {
+            const int64_t tok1 = tok0 + t.width;
+            _tile_stored(2, out, 64);
+            write_result(out, 0, rows, tok1, std::min(t.width, M - tok1), bias, y, ldy);
+            _tile_stored(3, out, 64);
+            write_result(out, ROWS, rows, tok1, std::min(t.width, M - tok1), bias, y, ldy);
+        }
+    }
+}
+
 void request_tiles() {  // Linux hands out the tile state on request, once per process
     static const bool granted = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
     (void)granted;
@@ -328,19 +454,33 @@ void gemm(const float* x, const Weight& w, const float* bias, float* y, int64_t 
     static thread_local Tokens tokens;
     lay_out_tokens(x, M, w.K, tokens);
     const Tokens* t = &tokens;  // the workers read the calling thread's layout
-    const int64_t panels = (w.N + ROWS - 1) / ROWS;
+    const bool dequantized = M >= DEQUANTIZE_FROM;
+    const int64_t height = dequantized ? PANEL : ROWS;
+    const int64_t panels = (w.N + height - 1) / height;
     request_tiles();
 #pragma omp parallel num_threads(nthreads)
     {
-        static thread_local Chunk chunk;
-        static thread_local std::vector<float> acc;
         alignas(64) float out[GROUP][ROWS][TILE_TOKENS] = {};  // columns past the tile's width stay zero
-        acc.resize(t->tiles * ROWS * TILE_TOKENS);
-        configure_tiles(Fmt::DEPTH, t->cols);
+        if (dequantized) {
+            static thread_local std::vector<uint16_t> panel;
+            panel.resize(w.K / QK * PANEL_STRIDE);
+            configure_panel_tiles(t->cols);
 #pragma omp for schedule(static)
-        for (int64_t p = 0; p < panels; ++p) {
-            const int64_t n0 = p * ROWS, rows = std::min(ROWS, w.N - n0);
-            panel_product<Fmt>(w, *t, n0, rows, M, bias ? bias + n0 : nullptr, y + n0, ldy, chunk, acc.data(), out);
+            for (int64_t p = 0; p < panels; ++p) {
+                const int64_t n0 = p * PANEL, rows = std::min(PANEL, w.N - n0);
+                dequant_panel<Fmt>(w, n0, rows, panel.data());
+                multiply_panel(panel.data(), *t, w.K, rows, M, bias ? bias + n0 : nullptr, y + n0, ldy, out[0]);
+            }
+        } else {
+            static thread_local Chunk chunk;
+            static thread_local std::vector<float> acc;
+            acc.resize(t->tiles * ROWS * TILE_TOKENS);
+            configure_tiles(Fmt::DEPTH, t->cols);
+#pragma omp for schedule(static)
+            for (int64_t p = 0; p < panels; ++p) {
+                const int64_t n0 = p * ROWS, rows = std::min(ROWS, w.N - n0);
+                panel_product<Fmt>(w, *t, n0, rows, M, bias ? bias + n0 : nullptr, y + n0, ldy, chunk, acc.data(), out);
+            }
         }
         _tile_release();
     }
