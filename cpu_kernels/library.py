@@ -18,6 +18,7 @@ from pathlib import Path
 
 from cpu_kernels import build, isa
 from cpu_kernels.decode_step_kernel import DecodeStepKernel
+from cpu_kernels.dequantize import Dequantizer
 from cpu_kernels.fused_ops_kernel import FusedOpsKernel
 from cpu_kernels.paged_attention import PagedAttentionKernel
 from cpu_kernels.prefill_attention import PrefillAttentionKernel
@@ -47,6 +48,7 @@ class Library:
         self.decode_step = DecodeStepKernel(lib) if _has(lib, DecodeStepKernel.SYMBOLS) else None
         self.prefill_attention = (PrefillAttentionKernel(lib) if _has(lib, PrefillAttentionKernel.SYMBOLS)
                                   else None)
+        self.dequantize = Dequantizer(lib) if _has(lib, Dequantizer.SYMBOLS) else None
 
 
 def _has(lib: ctypes.CDLL, symbols: tuple[str, ...]) -> bool:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from cpu_kernels import Level, Library, Settings, load
 from cpu_kernels.decode_step_kernel import DecodeStepKernel
+from cpu_kernels.dequantize import Dequantizer
 from cpu_kernels.fused_ops_kernel import FusedOpsKernel
 from cpu_kernels.isa import detect, target_level
 from cpu_kernels.paged_attention import PagedAttentionKernel
@@ -80,3 +81,8 @@ def fused_ops() -> FusedOpsKernel | None:
 def decode_step() -> DecodeStepKernel | None:
     lib = library()
     return None if lib is None else lib.decode_step
+
+
+def dequantizer() -> Dequantizer | None:
+    lib = library()
+    return None if lib is None else lib.dequantize

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from engine import native
 from engine.model.config import ModelConfig
 from engine.model.family import Family
 from engine.model.gguf_reader import GGUFHeader
@@ -89,13 +90,10 @@ class GGUFModel:
         return tensors
 
     def weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        from gguf.quants import dequantize
-
         cfg = self.config()
         for t in self.weight_tensors():
-            array = dequantize(t.data, t.tensor_type)
             shape = tuple(int(x) for x in reversed(t.shape))  # GGUF lists dims fastest-first
-            tensor = torch.from_numpy(np.array(array, dtype=np.float32).reshape(shape))  # a writable copy
+            tensor = dequantized(t).reshape(shape)
             name = hf_name(t.name, self.family)
             heads = _permuted_heads(self.family, name, cfg)
             if heads is not None:
@@ -133,6 +131,18 @@ class GGUFModel:
                 data = data[unpermute(torch.arange(data.shape[0]), heads).numpy()]
             out[name] = (t.tensor_type.name.lower(), data)
         return out
+
+
+def dequantized(t: Any) -> torch.Tensor:
+    """A GGUF tensor's values as a flat, writable fp32 tensor: the CPU kernels' dequantizer
+    where it decodes the type (gguf-py's values, on every thread), gguf-py otherwise."""
+    kernel = native.dequantizer()
+    fast = None if kernel is None else kernel(t.data, int(t.tensor_type))
+    if fast is not None:
+        return fast
+    from gguf.quants import dequantize
+
+    return torch.from_numpy(np.array(dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(-1))
 
 
 def read_header(path: Path) -> GGUFHeader:
