@@ -81,6 +81,7 @@ class LLMEngine:
                  self.num_blocks, self.block_size, self.num_blocks * self.block_size,
                  config.kv_cache_memory, dtype_name(self.runner.kv_dtype), self.kv_tokens_per_gib,
                  self.runner.dtype, self.runner.device, config.batching, self.max_model_len)
+        self.runner.write_packs()
 
     def _fit_max_model_len(self, requested: int | None) -> int:
         capacity = self.num_blocks * self.block_size

@@ -11,7 +11,7 @@ import json
 import logging
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
@@ -88,9 +88,12 @@ def read_config(source: ModelSource) -> ModelConfig:
 
 def load_model(source: ModelSource, cfg: ModelConfig, backend: AttentionBackend,
                max_positions: int, dtype: torch.dtype, device: torch.device,
-               quantization: str = "none", max_tokens: int = 512) -> LlamaForCausalLM:
+               quantization: str = "none", max_tokens: int = 512,
+               pack_later: list[Callable[[], None]] | None = None) -> LlamaForCausalLM:
     """The model, ready to run: read back from an earlier start's pack where there is one
-    (engine/model/prepack.py), else loaded, quantized and packed for the next start."""
+    (engine/model/prepack.py), else loaded, quantized and packed for the next start. With
+    `pack_later`, the pack's writing is appended there instead of done now, so that the
+    caller can write it once it serves (a first start then waits for no disk)."""
     mode, why = resolve_mode(quantization, device, dtype)
     if not prepack.applies(mode, dtype, device):
         return build_model(source, cfg, backend, max_positions, dtype, device, quantization, max_tokens)[0]
@@ -103,7 +106,11 @@ def load_model(source: ModelSource, cfg: ModelConfig, backend: AttentionBackend,
         return model
     start = time.perf_counter()
     model, summary = build_model(source, cfg, backend, max_positions, dtype, device, quantization, max_tokens)
-    prepack.write(model, path, key, summary, time.perf_counter() - start)
+    write = functools.partial(prepack.write, model, path, key, summary, time.perf_counter() - start)
+    if pack_later is None:
+        write()
+    else:
+        pack_later.append(write)
     return model
 
 

@@ -4,7 +4,8 @@ Why: a start spends most of its time before serving in turning the model file in
 weights the kernels run on (GGUF blocks dequantized to fp32, Q/K rows unpermuted, shards
 fused into qkv and gate-up blocks, bf16 copies for the big-step GEMM), and that work gives
 the same bytes every time. After the first start the result is saved under
-PAGODE_CACHE_DIR/prepacked/, and later starts map that file (torch.load(mmap=True)) instead:
+PAGODE_CACHE_DIR/prepacked/ (by a thread, once the engine serves: ModelRunner.write_packs),
+and later starts map that file (torch.load(mmap=True)) instead:
 no copy is made, the pages come from the OS page cache, and servers started side by side
 share them.
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -47,9 +47,12 @@ class ModelRunner:
         self.model_config = model_config
         self.quantization = config.quantization  # as asked ("auto" resolves alike on one machine)
         self.backend = select_backend(config.attention_backend, self.device)
+        # A first start's pack of the weights, written once the engine serves (write_packs).
+        self.pending_packs: list[Callable[[], None]] = []
         self.model: LlamaForCausalLM = load_model(source, model_config, self.backend,
                                                   max(max_model_len, 1), self.dtype, self.device,
-                                                  config.quantization, config.token_budget)
+                                                  config.quantization, config.token_budget,
+                                                  pack_later=self.pending_packs)
         self.kv_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, self.dtype, self.device)
         self.num_blocks = num_blocks_for(config.kv_cache_bytes, model_config, self.block_size, self.kv_dtype)
         self.kv_caches = allocate_kv_cache(model_config, self.num_blocks, self.block_size,
@@ -62,6 +65,14 @@ class ModelRunner:
                                                config.fused_decode_limit)
                             if self.device.type == "cpu" else None)
         self._loading_thread: int | None = threading.get_ident()  # None once warned
+
+    def write_packs(self) -> None:
+        """Write a first start's pack in a thread of its own: the load-time races are over (a
+        write beside them would skew them), and the server need not wait for the disk. The
+        thread is not a daemon, so a server that stops meanwhile finishes the file first."""
+        pending, self.pending_packs = self.pending_packs, []
+        for write in pending:
+            threading.Thread(target=write, name="pagode-pack-writer").start()
 
     def timed_modules(self) -> Iterator[tuple[str, nn.Module]]:
         """Every module a step may run, by name: the model's, and the fused decode step."""
