@@ -203,6 +203,27 @@ def test_without_bf16_dot_products_only_fp32_gemms_race(monkeypatch: pytest.Monk
         assert gemm_choice.winners() == {}  # a single candidate is not timed
 
 
+def test_a_tall_weight_is_raced_on_its_first_rows_and_built_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PAGODE_QUANT_GEMM", "auto")
+    monkeypatch.setenv("PAGODE_RACE_CACHE", "0")
+    monkeypatch.setattr(gemm_choice, "_winners", {})
+    monkeypatch.setattr(gemm_choice, "RACE_ROWS", 32)
+    raced: list[int] = []
+
+    def first_one(built: dict[str, gemm_choice.Gemm], in_features: int) -> str:
+        raced.extend(g.out_features for g in built.values())
+        return next(iter(built))
+
+    monkeypatch.setattr(gemm_choice, "race", first_one)
+    w, bias = torch.randn(100, 64), torch.randn(100)
+    chosen = gemm_choice.choose_gemm(w, bias)
+    if len(gemm_choice.candidates()) > 1:
+        assert raced and set(raced) == {32}  # every candidate timed on the first 32 rows only
+    x = torch.randn(5, 64)
+    assert chosen.out_features == 100
+    torch.testing.assert_close(chosen(x), F.linear(x, w, bias), rtol=1e-2, atol=1e-2)
+
+
 def test_modes_resolve_per_device() -> None:
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert resolve_mode("auto", cpu, torch.float32)[0] == "int4"

@@ -33,6 +33,9 @@ log = logging.getLogger("pagode")
 
 Gemm = DenseGemm | OnednnGemm | Bf16Gemm | Int8Gemm
 RACE_TOKENS = 64  # a serving step's size, where big-step GEMMs take over from the block kernel
+# A taller weight (an lm_head of 150k rows) is raced on its first rows: every row costs the
+# same, and building three candidates of the whole matrix to time them cost seconds a start.
+RACE_ROWS = 8192
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 
 FP32_ONLY = ("fp32", "onednn")  # what an unquantized (--quantization none) layer may run
@@ -80,11 +83,14 @@ def choose_gemm(weight: torch.Tensor, bias: torch.Tensor | None, shared: bool = 
                  ", ".join(names))
     if key in _winners:
         return build(_winners[key], weight, bias, shared)
-    built = {name: build(name, weight, bias, shared) for name in names}
+    sliced = weight.shape[0] > RACE_ROWS
+    rows = weight[:RACE_ROWS] if sliced else weight
+    built = {name: build(name, rows, None if bias is None else bias[:RACE_ROWS], shared) for name in names}
     _winners[key] = race(built, weight.shape[1])  # type: ignore[arg-type]
     race_memory.keep("big-step-gemm", ":".join(map(str, [*key[:2], *names])), _winners[key])
-    log.info("big-step GEMM %dx%d: %s (of %s)", key[0], key[1], _winners[key], ", ".join(names))
-    return built[_winners[key]]
+    log.info("big-step GEMM %dx%d: %s (of %s%s)", key[0], key[1], _winners[key], ", ".join(names),
+             f"; raced on its first {RACE_ROWS} rows" if sliced else "")
+    return build(_winners[key], weight, bias, shared) if sliced else built[_winners[key]]
 
 
 def race(candidates: dict[str, Callable[[torch.Tensor], torch.Tensor]], in_features: int) -> str:
