@@ -41,6 +41,7 @@ class ThinkingTracker:
         self.thinking = budget.open_in_prompt
         self.done = False
         self.count = 0  # tokens since the thinking opened, forced ones included
+        self.closing = 0  # how many of the end marker's tokens have been written since the budget ran out
         self.tail: list[int] = []  # the last few tokens, to see a marker arrive
 
     def observe(self, token_id: int) -> None:
@@ -55,6 +56,11 @@ class ThinkingTracker:
         self.count += 1
         if self.ends_with(self.budget.end_ids):
             self.done = True
+        elif self.count > self.budget.max_tokens:
+            # A token other than the one forced (a grammar or allowed_token_ids ruled the end
+            # marker out, and outranks the budget) starts the marker over at the next step.
+            wanted = self.budget.end_ids[self.closing]
+            self.closing = self.closing + 1 if token_id == wanted else 0
 
     def ends_with(self, marker: tuple[int, ...]) -> bool:
         return bool(marker) and tuple(self.tail[-len(marker):]) == marker
@@ -63,5 +69,4 @@ class ThinkingTracker:
         """The token the next step must take, or None while the budget lasts."""
         if not self.thinking or self.done or self.count < self.budget.max_tokens:
             return None
-        step = self.count - self.budget.max_tokens
-        return self.budget.end_ids[step] if step < len(self.budget.end_ids) else None
+        return self.budget.end_ids[self.closing]

@@ -126,3 +126,15 @@ def test_a_thinking_the_model_opens_itself_is_counted_from_its_start_tag() -> No
         tracker.observe(token)
     assert forced == [None, None, None, None, 8, 9, None, None]
     assert tracker.done
+
+
+def test_an_end_marker_ruled_out_is_forced_again_from_its_start() -> None:
+    """A grammar or allowed_token_ids that rules the forced token out outranks the budget
+    for that step; the marker is asked for again, from its first token, at the next."""
+    tracker, forced = ThinkingTracker(ThinkingBudget(1, start_ids=(), end_ids=(8, 9),
+                                                     open_in_prompt=True)), []
+    for token in (1, 8, 3, 8, 9, 4):  # one token, the marker begun then broken, then whole
+        forced.append(tracker.forced())
+        tracker.observe(token)
+    assert forced == [None, 8, 9, 8, 9, None]
+    assert tracker.done

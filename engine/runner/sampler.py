@@ -105,8 +105,11 @@ def apply_processors(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
             logits[ri[emptied], ti[emptied]] = before[emptied]
     _restrict_tokens(logits, rows)
     forced = [(i, r.forced_id) for i, r in enumerate(rows) if r.forced_id is not None]
-    if forced:  # last: a forced token outranks bias, penalties and min_tokens alike
+    if forced:  # last: a forced token outranks bias, penalties and min_tokens alike, but not a
+        # grammar or allowed_token_ids that rule it out (the row keeps their choice then)
         ri, ti = _index([(i, [token]) for i, token in forced], dev)
+        possible = ~torch.isneginf(logits[ri, ti])
+        ri, ti = ri[possible], ti[possible]
         logits[ri] = float("-inf")
         logits[ri, ti] = 0.0
 
