@@ -209,7 +209,7 @@ def test_full_disk_refused_before_any_byte(hub: LocalHub, tmp_path: Path) -> Non
 
 def test_unknown_repo(hub: LocalHub, tmp_path: Path) -> None:
     done = pagode("pull", "org/nothing-here", env=hub_env(hub.url, tmp_path))
-    assert done.returncode == 1 and "org/nothing-here is not on the hub" in done.stderr
+    assert done.returncode == 1 and "org/nothing-here is no local path, and no repo on the hub" in done.stderr
 
 
 def test_a_killed_download_resumes(hub: LocalHub, tmp_path: Path, models: dict[str, Path]) -> None:
@@ -246,3 +246,16 @@ def wait_for_partial(hf_home: Path, at_least: int, proc: subprocess.Popen[bytes]
                 return found
         time.sleep(0.05)
     raise TimeoutError("no partial download appeared")
+
+
+def test_several_hub_models_in_one_server(hub: LocalHub, hf_home: Path, tmp_path: Path) -> None:
+    """Each --model's hub name is fetched before the server starts and served under the
+    name typed; the second loads when a request names it."""
+    args = ["--model", "org/tiny-llama", "--model", "org/tiny-llama-GGUF:Q4_K_M", *SERVE_ARGS]
+    with running_server(args, tmp_path, env=hub_env(hub.url, hf_home)) as server:
+        client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="none")
+        cards = {m.id: m.model_extra["loaded"] for m in client.models.list().data}  # type: ignore[index]
+        assert cards == {"org/tiny-llama": True, "org/tiny-llama-GGUF:Q4_K_M": False}
+        for name in cards:
+            done = client.completions.create(model=name, prompt="one two", max_tokens=4, temperature=0)
+            assert done.model == name and done.usage is not None and done.usage.completion_tokens > 0

@@ -146,8 +146,8 @@ def _explained(name: HubName, revision: str | None) -> Iterator[None]:
     except RevisionNotFoundError as err:
         raise HubError(f"{name.repo} has no revision {revision!r} (a branch, tag or commit)") from err
     except RepositoryNotFoundError as err:
-        raise HubError(f"{name.repo} is not on the hub at {constants.ENDPOINT} (or it is private: set "
-                       f"HF_TOKEN to a token with access)") from err
+        raise HubError(f"{name.repo} is no local path, and no repo on the hub at {constants.ENDPOINT} (if it is "
+                       f"private, set HF_TOKEN to a token with access)") from err
     except MissingQuant as err:
         raise HubError(f"{name.repo}{at}: {err}") from err
     except LocalEntryNotFoundError as err:
