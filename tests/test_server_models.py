@@ -159,3 +159,14 @@ def test_the_memory_budget_unloads_to_make_room(folders: dict[str, Path], tmp_pa
         assert complete(client, "qwen2") == reference(folders["qwen2"], NEW_TOKENS)
         assert loaded(http) == {"qwen2": True, "llama-tied": False}
         assert "unloading 'qwen2' (least recently used) to load 'llama-tied'" in budgeted.log()
+
+
+def test_a_one_model_server_keeps_its_model(folders: dict[str, Path], tmp_path: Path) -> None:
+    """One model: nothing routes requests to load it again, so unloading it is refused."""
+    args = ["--model", str(folders["qwen2"]), "--served-model-name", "qwen2", "--max-model-len", "256",
+            "--kv-cache-memory", "32MiB", "--max-num-seqs", "4"]
+    with running_server(args, tmp_path) as one, httpx.Client(base_url=one.base_url, timeout=60) as http:
+        refused = http.post("/models/unload", json={"model": "qwen2"})
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "model"
+        assert http.post("/models/load", json={"model": "qwen2"}).json()["loaded"] is True
+        assert loaded(http) == {"qwen2": True}
