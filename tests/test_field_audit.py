@@ -5,10 +5,12 @@ it is worse off than one told no. So each declared field of CompletionRequest,
 ChatCompletionRequest, ResponsesRequest and MessagesRequest is listed here, with the test
 that proves it works (the test must exist and send the field), or with a value that asks for
 what pagode does not do, which must get a 400 naming the field in its API's error shape. A
-field added to a model without a line here fails the first test. Fields that by their API's
-own definition change no output (an end user's id, metadata) are listed with the test below
-that shows they are taken as their API takes them. The undeclared names pagode refuses
-(vLLM's sampling extensions that its sampler does not run) are refused on every endpoint.
+field added to a model without a line here fails the first test; so does one of the nested
+settings objects listed (stream options, thinking, reasoning, text, Anthropic's tool choice).
+HINTS are the few fields that by their API's own definition change no output (an end user's
+id) or hint at the vendor's own models (text.verbosity, reasoning.summary), each with why it
+is taken rather than refused. The undeclared names pagode refuses (vLLM's sampling
+extensions that its sampler does not run) are refused on every endpoint.
 """
 
 from __future__ import annotations
@@ -25,9 +27,9 @@ import pytest
 from pydantic import BaseModel
 from server_fixtures import json_error
 
-from server.api.messages_protocol import MessagesRequest
-from server.api.protocol import ChatCompletionRequest, CompletionRequest
-from server.api.responses_protocol import ResponsesRequest
+from server.api.messages_protocol import AnthropicToolChoice, MessagesRequest, ThinkingConfig
+from server.api.protocol import ChatCompletionRequest, CompletionRequest, StreamOptions
+from server.api.responses_protocol import ReasoningConfig, ResponsesRequest, TextConfig
 from server.translate.fields import UNSUPPORTED_FIELDS, VLLM_EXTENSIONS
 
 TESTS = Path(__file__).parent
@@ -55,7 +57,6 @@ SHARED = {
     "logit_bias": SAMPLING + "test_penalties_and_bias_follow_their_definitions",
     "ignore_eos": SAMPLING + "test_min_tokens_and_ignore_eos",
     "min_tokens": SAMPLING + "test_min_tokens_and_ignore_eos",
-    "user": AUDIT + "test_fields_that_change_no_output_are_taken",
     "skip_special_tokens": SAMPLING + "test_streamed_text_equals_decoded_tokens",
     "speculative": "test_spec_switch.py::test_only_plain_greedy_requests_draft",
     "allowed_token_ids": "test_token_restrictions.py::test_only_the_allowed_tokens_are_written",
@@ -111,7 +112,6 @@ WORKS: dict[type[BaseModel], dict[str, str]] = {
         "reasoning": "test_agent_api_families.py::test_responses_items",
         "structured_outputs": "test_agent_api_families.py::test_responses_items",
         "seed": AUDIT + "test_the_agents_apis_take_a_seed",
-        "user": AUDIT + "test_fields_that_change_no_output_are_taken",
         "include": AUDIT + "test_fields_that_change_no_output_are_taken",
         "truncation": AUDIT + "test_fields_that_change_no_output_are_taken",
         "background": AUDIT + "test_fields_that_change_no_output_are_taken",
@@ -131,8 +131,35 @@ WORKS: dict[type[BaseModel], dict[str, str]] = {
         "top_k": AUDIT + "test_messages_top_k_and_top_p_narrow_the_sampling",
         "top_p": AUDIT + "test_messages_top_k_and_top_p_narrow_the_sampling",
         "seed": AUDIT + "test_the_agents_apis_take_a_seed",
-        "metadata": AUDIT + "test_fields_that_change_no_output_are_taken",
     },
+    StreamOptions: {
+        "include_usage": "test_server.py::test_completion_stream_matches_non_stream",
+        "continuous_usage_stats": "test_server_surface.py::test_cached_tokens_and_continuous_usage",
+    },
+    ThinkingConfig: {
+        "type": "test_thinking_budget.py::test_streamed_thinking_keeps_the_budget",
+        "budget_tokens": "test_thinking_budget.py::test_streamed_thinking_keeps_the_budget",
+    },
+    ReasoningConfig: {"effort": "test_agent_api_families.py::test_responses_items"},
+    TextConfig: {"format": "test_responses_api.py::test_json_object_format"},
+    AnthropicToolChoice: {
+        "type": "test_messages_api.py::test_tool_use_round_trip",
+        "name": "test_messages_api.py::test_tool_use_round_trip",
+        "disable_parallel_tool_use":
+            "test_messages_api.py::test_streamed_tool_use_arrives_as_input_json",
+    },
+}
+# Fields that ask nothing of a server's output by their API's own definition, or hints to
+# the vendor's own models that a local model has no switch for: taken as vLLM takes them
+# (Codex and the SDKs send them on every request), each with why, and sent by the test below.
+HINTS: dict[type[BaseModel], dict[str, str]] = {
+    CompletionRequest: {"user": "an end user's id, for the provider's abuse monitoring"},
+    ChatCompletionRequest: {"user": "an end user's id, for the provider's abuse monitoring"},
+    ResponsesRequest: {"user": "an end user's id, echoed in the response"},
+    MessagesRequest: {"metadata": "user_id, an end user's id, for the provider's abuse monitoring"},
+    ReasoningConfig: {"summary": "a summary of the reasoning; the reasoning item carries it whole",
+                      "generate_summary": "summary's older name"},
+    TextConfig: {"verbosity": "a length hint to OpenAI's models; max_output_tokens bounds it here"},
 }
 ENDPOINTS = {CompletionRequest: "/v1/completions", ChatCompletionRequest: "/v1/chat/completions",
              ResponsesRequest: "/v1/responses", MessagesRequest: "/v1/messages"}
@@ -174,14 +201,16 @@ def sources_of_tests(file: str) -> dict[str, str]:
 
 @pytest.mark.parametrize("model", list(WORKS), ids=lambda m: m.__name__)
 def test_every_declared_field_is_listed(model: type[BaseModel]) -> None:
-    listed = set(WORKS[model]) | set(REFUSED[model])
+    listed = set(WORKS[model]) | set(REFUSED.get(model, {})) | set(HINTS.get(model, {}))
     assert field_names(model) - listed == set(), "a field that works or is refused: say which"
     assert listed - field_names(model) == set(), "a listed field the model no longer has"
 
 
 @pytest.mark.parametrize("model", list(WORKS), ids=lambda m: m.__name__)
 def test_each_working_field_names_a_test_that_sends_it(model: type[BaseModel]) -> None:
-    for field, where in WORKS[model].items():
+    hints = {field: AUDIT + "test_fields_that_change_no_output_are_taken"
+             for field in HINTS.get(model, {})}
+    for field, where in {**WORKS[model], **hints}.items():
         file, _, name = where.partition("::")
         source = sources_of_tests(file).get(name)
         assert source is not None, f"{model.__name__}.{field}: no test {where}"
@@ -237,9 +266,9 @@ async def test_vllms_extensions_are_refused_on_every_endpoint(http: httpx.AsyncC
 
 @pytest.mark.slow
 async def test_fields_that_change_no_output_are_taken(http: httpx.AsyncClient) -> None:
-    """An end user's id, metadata, and the Responses API's settings that ask for what this
-    server does anyway (no truncation, no background, no encrypted reasoning to include):
-    taken as their APIs take them, echoed where the API echoes them."""
+    """HINTS, and the Responses API's settings that ask for what this server does anyway
+    (no truncation, no background, no encrypted reasoning to include): taken as their APIs
+    take them, echoed where the API echoes them."""
     for path, body in [
         ("/v1/completions", {"prompt": "Hi", "max_tokens": 2, "user": "u-1"}),
         ("/v1/chat/completions", {"messages": CHAT, "max_tokens": 2, "user": "u-1"}),
@@ -249,7 +278,9 @@ async def test_fields_that_change_no_output_are_taken(http: httpx.AsyncClient) -
         assert (await http.post(path, json=body)).status_code == 200, path
     response = await http.post("/v1/responses", json={
         "input": "Hi", "max_output_tokens": 2, "user": "u-1", "background": False,
-        "truncation": "disabled", "include": ["reasoning.encrypted_content"], "store": False})
+        "truncation": "disabled", "include": ["reasoning.encrypted_content"], "store": False,
+        "reasoning": {"summary": "auto", "generate_summary": "auto"},
+        "text": {"verbosity": "low"}})
     assert response.status_code == 200, response.text
     echoed = response.json()
     assert echoed["user"] == "u-1" and echoed["truncation"] == "disabled"
