@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 from typing import Any
 
 from engine.attention.selection import BACKENDS, DEPRECATED_ALIASES
@@ -31,7 +32,7 @@ FLAG_FIELDS = ("model", "task", "batching", "kv_cache_memory", "block_size", "ma
                "max_num_batched_tokens", "watermark", "enable_prefix_caching", "dtype", "device",
                "attention_backend", "seed", "enforce_eager", "kv_cache_dtype", "quantization",
                "fused_decode_limit", "scheduling_policy", "logprobs_mode", "warmup", "max_itl_ms",
-               "speculative_config", "kv_events_config")
+               "speculative_config", "kv_events_config", "enable_lora", "max_loras", "max_lora_rank")
 
 
 def default_of(cls: type, name: str) -> object:
@@ -145,8 +146,37 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup
                        help="race the kernels again at load and keep the new winners (by default a "
                             "race measured at an earlier start on this machine is read back; "
                             "PAGODE_RACE_CACHE=0 keeps nothing)")
+    add_lora_flags(group)
     add_request_cap_flags(parser)
     return group
+
+
+def add_lora_flags(group: argparse._ArgumentGroup) -> None:
+    """vLLM's LoRA flags, with vLLM's names and defaults (docs/models.md#adapters)."""
+    group.add_argument("--enable-lora", action="store_true",
+                       help="serve LoRA adapters (implied by --lora-modules)")
+    group.add_argument("--lora-modules", type=lora_module_flag, action="append", default=None,
+                       metavar="NAME=PATH",
+                       help="a PEFT adapter folder served as the model NAME (repeatable; vLLM's JSON "
+                            '\'{"name": ..., "path": ...}\' is taken too)')
+    group.add_argument("--max-loras", type=int, default=engine_default("max_loras"),
+                       help="most adapters loaded at once (each may run in the same batch)")
+    group.add_argument("--max-lora-rank", type=int, default=engine_default("max_lora_rank"),
+                       help="highest adapter rank taken; a higher one is refused at load")
+
+
+def lora_module_flag(text: str) -> tuple[str, str]:
+    """argparse type: NAME=PATH, or vLLM's JSON object with name and path."""
+    if text.lstrip().startswith("{"):
+        try:
+            item = json.loads(text)
+            return str(item["name"]), str(item["path"])
+        except (ValueError, KeyError, TypeError) as err:
+            raise argparse.ArgumentTypeError(f"--lora-modules JSON needs name and path: {err}") from err
+    name, sep, path = text.partition("=")
+    if not sep or not name or not path:
+        raise argparse.ArgumentTypeError(f"--lora-modules takes NAME=PATH, not {text!r}")
+    return name, path
 
 
 def speculative_flag(text: str) -> SpeculativeConfig | None:
@@ -178,4 +208,7 @@ def engine_config(args: argparse.Namespace, **fields: Any) -> EngineConfig:
     if given["max_num_seqs"] is None:  # not given: the engine's default (pagode serve may size it)
         given["max_num_seqs"] = engine_default("max_num_seqs")
     caps = RequestCaps(**{name: getattr(args, name) for name in REQUEST_CAP_HELP})
-    return EngineConfig(**given, request_caps=caps, **fields)
+    modules = dict(getattr(args, "lora_modules", None) or [])
+    if modules:
+        given["enable_lora"] = True
+    return EngineConfig(**given, request_caps=caps, lora_modules=modules or None, **fields)

@@ -100,6 +100,12 @@ class EngineConfig:
     # (engine/core/batch_cap.py); pagode serve sets it when neither a flag nor a calibration sizes the batch.
     size_batch: bool = False
     max_itl_ms: float | None = None  # also cap the batch so that a decode step fits this many ms
+    # LoRA adapters (docs/models.md#adapters): served at all, how many loaded at once, the
+    # highest rank taken, and the ones loaded at start (name -> PEFT folder).
+    enable_lora: bool = False
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    lora_modules: dict[str, str] | None = None
 
     def __post_init__(self) -> None:
         if self.batching not in BATCHING_MODES:
@@ -113,6 +119,8 @@ class EngineConfig:
         if self.max_num_batched_tokens is None:
             # A CPU step of 2048 prefill tokens takes seconds and stalls every decode.
             self.max_num_batched_tokens = 2048 if self.torch_device.type == "cuda" else 512
+        if self.max_loras < 1 or self.max_lora_rank < 1:
+            raise ValueError("max_loras and max_lora_rank must be positive")
         if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be positive")
         parse_bytes(self.kv_cache_memory)

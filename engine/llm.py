@@ -23,19 +23,21 @@ class LLM:
         self._ids = itertools.count()
 
     def generate(self, prompts: Prompt | Seq[Prompt], params: SamplingParams | Seq[SamplingParams] | None = None,
-                 use_tqdm: bool = False) -> list[RequestOutput]:
-        """One RequestOutput per prompt, in order; n > 1 fans out into n choices."""
+                 use_tqdm: bool = False, lora_name: str | Seq[str | None] | None = None) -> list[RequestOutput]:
+        """One RequestOutput per prompt, in order; n > 1 fans out into n choices. `lora_name`:
+        the adapter every prompt runs on, or one per prompt (None: the base model)."""
         prompt_list = _as_prompt_list(prompts)
         param_list = _as_param_list(params, len(prompt_list))
+        loras = [lora_name] * len(prompt_list) if lora_name is None or isinstance(lora_name, str) else list(lora_name)
         groups: list[list[str]] = []
-        for prompt, p in zip(prompt_list, param_list, strict=True):
-            groups.append([self._add(prompt, choice) for choice in expand_choices(p)])
+        for prompt, p, lora in zip(prompt_list, param_list, loras, strict=True):
+            groups.append([self._add(prompt, choice, lora) for choice in expand_choices(p)])
         done = self._run_to_completion(sum(p.n for p in param_list), use_tqdm)
         return [self._collect(prompt, ids, done) for prompt, ids in zip(prompt_list, groups, strict=True)]
 
-    def _add(self, prompt: Prompt, params: SamplingParams) -> str:
+    def _add(self, prompt: Prompt, params: SamplingParams, lora_name: str | None = None) -> str:
         request_id = str(next(self._ids))
-        self.engine.add_request(request_id, prompt, params)
+        self.engine.add_request(request_id, prompt, params, lora_name=lora_name)
         return request_id
 
     def _run_to_completion(self, total: int, show: bool) -> dict[str, RequestOutput]:

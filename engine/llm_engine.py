@@ -24,6 +24,7 @@ from engine.io.profiler import StepProfiler
 from engine.io.request_limits import RequestLimits, check_request
 from engine.io.stats import EngineStats, FinishedRequestStats, StepStats
 from engine.io.stats_recorder import StatsRecorder, finished_request_stats
+from engine.lora import LoraError, LoraRegistry, read_peft_adapter
 from engine.model.layers import kv_window
 from engine.model.loader import load_tokenizer, read_config, resolve_model
 from engine.runner import prompt_logprobs, row_sampling
@@ -58,6 +59,8 @@ class LLMEngine:
         requested_len = config.max_model_len or self.model_config.max_position_embeddings
         self.runner = ModelRunner(config, self.source, self.model_config, requested_len)
         self.num_blocks = self.runner.num_blocks
+        for name, path in (config.lora_modules or {}).items():
+            self.load_lora_adapter(name, path)
         self.block_size = config.block_size
         self.max_model_len = self._fit_max_model_len(config.max_model_len)
         if config.size_batch or config.max_itl_ms is not None:
@@ -100,12 +103,15 @@ class LLMEngine:
         return list(prompt)
 
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
-                    arrival_time: float | None = None) -> Sequence:
+                    arrival_time: float | None = None, lora_name: str | None = None) -> Sequence:
+        """`lora_name`: the loaded adapter the request runs on (None: the base model)."""
         if request_id in self.requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use", "request_id")
+        cache_root = self._lora_cache_root(lora_name)
         token_ids = self.tokenize(prompt)
         max_tokens = self.validate(token_ids, params)
         seq = Sequence(request_id, token_ids, params, RequestTimes(arrival_time or time.monotonic()))
+        seq.lora_name, seq.cache_root = lora_name, cache_root
         generator = None
         if params.seed is not None and not params.greedy:
             generator = torch.Generator(device=self.runner.device).manual_seed(params.seed)
@@ -119,6 +125,48 @@ class LLMEngine:
             state.prompt_logprobs, seq.skip_prefix_cache = [None], True
         self.scheduler.add(seq)
         return seq
+
+    # ---- LoRA adapters ---------------------------------------------------
+    def _lora_registry(self) -> LoraRegistry:
+        if self.runner.lora is None:
+            raise LoraError("this engine serves no adapters (start it with enable_lora / --enable-lora)")
+        return self.runner.lora
+
+    def _lora_cache_root(self, lora_name: str | None) -> int | None:
+        """The root of the request's block hashes: its adapter's load id (None on the base)."""
+        if lora_name is None:
+            return None
+        ids = self.runner.lora.cache_ids if self.runner.lora is not None else {}
+        if lora_name not in ids:
+            raise InvalidRequestError(f"The model `{lora_name}` does not exist.", "model")
+        return ids[lora_name]
+
+    def lora_adapters(self) -> dict[str, str]:
+        """The loaded adapters: name -> folder."""
+        lora = self.runner.lora
+        return {} if lora is None else {name: a.path for name, a in lora.adapters.items()}
+
+    def load_lora_adapter(self, name: str, path: str) -> None:
+        """Read a PEFT adapter and attach it; LoraError (nothing attached) when it cannot be served."""
+        registry = self._lora_registry()
+        if name in registry.adapters:
+            raise LoraError(f"the adapter `{name}` is already loaded")
+        registry.add(read_peft_adapter(name, path, registry.max_lora_rank))
+
+    def unload_lora_adapter(self, name: str) -> None:
+        """Detach an adapter; refused while a request runs or waits on it."""
+        registry = self._lora_registry()
+        if name not in registry.adapters:
+            raise LoraError(f"the adapter `{name}` is not loaded")
+        if any(state.seq.lora_name == name for state in self.requests.values()):
+            raise LoraError(f"the adapter `{name}` has requests running; unload it when they end")
+        registry.remove(name)
+
+    def lora_requests(self) -> tuple[list[str], list[str]]:
+        """(adapters of running requests, adapters of waiting ones): vLLM's lora_requests_info."""
+        running = {s.lora_name for s in self.scheduler.running if s.lora_name is not None}
+        waiting = {s.lora_name for s in self.scheduler.waiting if s.lora_name is not None}
+        return sorted(running), sorted(waiting)
 
     def _build_limits(self) -> RequestLimits:
         """The one source of the limits that the server and add_request check."""

@@ -101,7 +101,7 @@ class BlockManager:
         bs = self.block_size
         while len(seq.block_hashes) < num_full_blocks:
             i = len(seq.block_hashes)
-            parent = seq.block_hashes[-1] if i else None
+            parent = seq.block_hashes[-1] if i else seq.cache_root
             seq.block_hashes.append(chain_hash(parent, tuple(seq.token_ids[i * bs:(i + 1) * bs])))
         return seq.block_hashes[:num_full_blocks]
 

@@ -32,6 +32,10 @@ class Sequence:
     error: str | None = None
     error_param: str | None = None  # set when the failure is the request's own fault (a 400)
     skip_prefix_cache: bool = False  # reads its whole prompt (prompt logprobs)
+    # The LoRA adapter it runs on (None: the base model), and the root its block hashes chain
+    # from, so that KV computed under one adapter is never found by another's prompt.
+    lora_name: str | None = None
+    cache_root: int | None = None
     # Speculative decoding: draft tokens appended to token_ids for this step only, until
     # verified (engine/spec/); the recent acceptance average and the steps left to back off.
     draft: list[int] = field(default_factory=list)

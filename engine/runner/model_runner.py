@@ -15,6 +15,7 @@ from torch import nn
 from engine.attention import AttentionMetadata, select_backend
 from engine.config import EngineConfig, parse_dtype
 from engine.core.scheduler import ScheduledSeq
+from engine.lora import LoraRegistry, LoraRows
 from engine.model import decode_step
 from engine.model.config import ModelConfig
 from engine.model.llama import LlamaForCausalLM
@@ -35,6 +36,7 @@ class StepInputs:
     # (a drafted sequence has 1 + its draft's length rows, in order: engine/spec/)
     seq_starts: list[int]  # [len(scheduled) + 1] each scheduled sequence's first packed row (meta's
     # sequences are attention rows, which a drafted sequence may split into one per token)
+    lora: LoraRows | None = None  # which rows run on which adapter; None: every row on the base
 
 
 class ModelRunner:
@@ -64,6 +66,8 @@ class ModelRunner:
         self.decode_step = (decode_step.build(self.model, self.kv_caches, self.backend, config.max_num_seqs,
                                                config.fused_decode_limit)
                             if self.device.type == "cpu" else None)
+        self.lora = (LoraRegistry(self.model, config.max_loras, config.max_lora_rank)
+                     if config.enable_lora else None)
         self._loading_thread: int | None = threading.get_ident()  # None once warned
 
     def write_packs(self) -> None:
@@ -154,7 +158,16 @@ class ModelRunner:
             query_start_loc_cpu=seq_starts if not drafted else starts.tolist(),
             seq_lens_cpu=seq_lens_list,
         )
-        return StepInputs(self._tensor(ids), self._tensor(positions), meta, sample_indices, seq_starts)
+        return StepInputs(self._tensor(ids), self._tensor(positions), meta, sample_indices, seq_starts,
+                          self._lora_rows(scheduled, counts))
+
+    def _lora_rows(self, scheduled: list[ScheduledSeq], counts: np.ndarray) -> LoraRows | None:
+        """Each packed row's adapter slot, grouped; None when every row runs on the base."""
+        if self.lora is None or all(s.seq.lora_name is None for s in scheduled):
+            return None
+        lora = self.lora
+        slots = np.fromiter((lora.slot_of(s.seq.lora_name) for s in scheduled), np.int64, len(scheduled))
+        return LoraRows.from_slots(np.repeat(slots, counts))
 
     def _drafted_prefix(self, scheduled: list[ScheduledSeq]) -> int:
         """How many leading sequences (the decodes, drafted or not: the scheduler puts them
@@ -177,7 +190,12 @@ class ModelRunner:
     def forward(self, inputs: StepInputs) -> torch.Tensor:
         """Logits [len(sample_indices), vocab] of the tokens that complete their sequence."""
         self._check_thread()
-        if self.graphs is not None and self.graphs.can_run(inputs.meta):
+        if inputs.lora is not None and self.lora is not None:
+            # Adapter rows: the layer-by-layer path, whose projections add the deltas (the
+            # captured graphs and the fused C++ step read the base weights only).
+            with self.lora.applied(inputs.lora):
+                hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta, self.kv_caches)
+        elif self.graphs is not None and self.graphs.can_run(inputs.meta):
             hidden = self.graphs.run(inputs.input_ids, inputs.positions, inputs.meta)
         elif self.decode_step is not None and self.decode_step.applies(inputs.meta, len(inputs.input_ids)):
             hidden = self.decode_step(inputs.input_ids, inputs.positions, inputs.meta)

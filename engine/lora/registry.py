@@ -1,0 +1,128 @@
+"""The adapters loaded into one engine: each in a slot, its matrices attached to the model's
+projections, which add their deltas after the base projection for the rows of the step's
+LoraRows.
+
+The deltas hang on forward hooks of the projection modules, so the base projection is
+whatever module the loader made (nn.Linear, a block-quantized QuantLinear) and is not
+touched. The hooks run in the layer-by-layer forward only: the fused C++ decode step reads
+the base weights itself, so the runner skips it for steps with adapter rows."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from engine.lora.adapter import LoraAdapter, LoraError
+from engine.lora.delta import BASE, LoraProjection, LoraRows, Shard
+
+# The projections an adapter may target, by the engine's module names (fused ones included).
+PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+
+
+class LoraRegistry:
+    def __init__(self, model: nn.Module, max_loras: int, max_lora_rank: int) -> None:
+        self.model = model
+        self.max_loras = max_loras
+        self.max_lora_rank = max_lora_rank
+        self.adapters: dict[str, LoraAdapter] = {}
+        self.slots: dict[str, int] = {}
+        self.cache_ids: dict[str, int] = {}  # a fresh id per load: a reloaded name never reuses old KV
+        self._next_id = itertools.count(1)
+        self.rows: LoraRows | None = None  # the running step's rows, set by the runner
+        self.projections = {name: LoraProjection() for name, module in model.named_modules()
+                            if name.rsplit(".", 1)[-1] in PROJECTIONS}
+        for name, projection in self.projections.items():
+            model.get_submodule(name).register_forward_hook(self._hook(projection))
+
+    def _hook(self, projection: LoraProjection) -> Any:
+        def add_deltas(_: nn.Module, args: tuple[torch.Tensor, ...], output: torch.Tensor) -> torch.Tensor:
+            rows = self.rows
+            if rows is None or not rows.active:
+                return output
+            return projection.add_deltas(args[0], output, rows)
+        return add_deltas
+
+    # ---- adapters ------------------------------------------------------
+    def add(self, adapter: LoraAdapter) -> None:
+        """Attach an adapter; refused whole (nothing attached) when it does not fit the model."""
+        if adapter.name in self.adapters:
+            raise LoraError(f"the adapter `{adapter.name}` is already loaded")
+        if len(self.adapters) >= self.max_loras:
+            raise LoraError(f"{self.max_loras} adapters are loaded already (--max-loras); unload one first")
+        if adapter.rank > self.max_lora_rank:
+            raise LoraError(f"the adapter `{adapter.name}` has rank {adapter.rank}, "
+                            f"above --max-lora-rank {self.max_lora_rank}")
+        slot = min(set(range(self.max_loras)) - set(self.slots.values()))
+        placed = self._place(adapter)
+        for name, shards in placed.items():
+            self.projections[name].shards[slot] = shards
+        self.adapters[adapter.name] = adapter
+        self.slots[adapter.name] = slot
+        self.cache_ids[adapter.name] = next(self._next_id)
+
+    def remove(self, name: str) -> None:
+        slot = self.slots.pop(name)
+        del self.adapters[name], self.cache_ids[name]
+        for projection in self.projections.values():
+            projection.shards.pop(slot, None)
+
+    def _place(self, adapter: LoraAdapter) -> dict[str, list[Shard]]:
+        """Each of the adapter's matrices on its projection and output range."""
+        placed: dict[str, list[Shard]] = {}
+        for module, (a, b) in adapter.weights.items():
+            name, start, stop = self._target(module)
+            if b.shape[0] != stop - start or a.shape[1] != self._in_features(name):
+                raise LoraError(f"the adapter `{adapter.name}`'s {module} is {tuple(b.shape[:1])}x"
+                                f"{tuple(a.shape[1:])}, which does not fit the model's projection")
+            placed.setdefault(name, []).append(Shard(a, b * adapter.scale, start, stop))
+        return placed
+
+    def _target(self, module: str) -> tuple[str, int, int]:
+        """(engine module name, first output row, end) of a PEFT module path."""
+        parent, _, leaf = module.rpartition(".")
+        fused, shard = getattr(self.model, "packed_modules_mapping", {}).get(leaf, (leaf, 0))
+        name = f"{parent}.{fused}"
+        if name not in self.projections:
+            raise LoraError(f"the adapter targets {module}, which this model does not serve adapters on "
+                            f"(only {', '.join(PROJECTIONS)} of the decoder layers)")
+        sizes = self._shard_sizes(name, fused)
+        start = sum(sizes[:shard])
+        return name, start, start + sizes[shard]
+
+    def _shard_sizes(self, name: str, fused: str) -> list[int]:
+        cfg: Any = getattr(self.model, "config", None)
+        out = self._features(name, "out_features")
+        if fused == "qkv_proj" and cfg is not None:
+            if cfg.rotary_dim != cfg.head_dim:
+                raise LoraError("adapters on q/k of a partial-rotary model are not served (its rows are reordered)")
+            q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
+            return [q, kv, kv]
+        if fused == "gate_up_proj":
+            return [out // 2, out // 2]
+        return [out]
+
+    def _in_features(self, name: str) -> int:
+        return self._features(name, "in_features")
+
+    def _features(self, name: str, which: str) -> int:
+        """A projection's width: nn.Linear and QuantLinear both name theirs in/out_features."""
+        value: int = getattr(self.model.get_submodule(name), which)
+        return value
+
+    # ---- steps ---------------------------------------------------------
+    def slot_of(self, name: str | None) -> int:
+        return BASE if name is None else self.slots[name]
+
+    @contextlib.contextmanager
+    def applied(self, rows: LoraRows | None) -> Iterator[None]:
+        """Run the model's forward with these rows' deltas added."""
+        self.rows = rows
+        try:
+            yield
+        finally:
+            self.rows = None
