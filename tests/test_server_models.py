@@ -137,6 +137,16 @@ def test_each_model_has_its_metrics(server: ServerProcess) -> None:
         series = f'pagode:generation_tokens_total{{model_name="{name}"}}'
         line = next(x for x in text.splitlines() if x.startswith(series))
         assert float(line.split()[-1]) >= NEW_TOKENS
+        assert live_view_model(server, name) == name  # the live view's feed, per model
+    assert httpx.get(f"{server.base_url}/stats/stream?model=gpt-4", timeout=60).status_code == 404
+
+
+def live_view_model(server: ServerProcess, name: str) -> str:
+    """The model the first event of /stats/stream?model=NAME is about."""
+    with httpx.Client(base_url=server.base_url, timeout=60) as http, \
+            http.stream("GET", "/stats/stream", params={"model": name}) as feed:
+        data = next(line for line in feed.iter_lines() if line.startswith("data:"))
+        return str(json.loads(data.removeprefix("data:"))["model"])
 
 
 def test_an_unknown_model_is_openais_404(server: ServerProcess) -> None:

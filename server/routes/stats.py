@@ -32,10 +32,10 @@ def snapshot(ring: StatsRing, model: str, interval_s: float) -> dict[str, Any]:
             "signals": judge_all(ring.fine, ring.coarse)}
 
 
-async def stats_events(state: ServerState, sampler: StatsSampler) -> AsyncIterator[dict[str, str]]:
+async def stats_events(state: ServerState, sampler: StatsSampler, model: str) -> AsyncIterator[dict[str, str]]:
     ring = sampler.ring
     fine_seq, coarse_seq = ring.fine_seq, ring.coarse_seq
-    first = snapshot(ring, state.served_model_name, sampler.interval_s)
+    first = snapshot(ring, model, sampler.interval_s)
     yield {"event": "snapshot", "data": json.dumps(first)}
     while not state.draining:
         waiting = sampler.new_point
@@ -53,8 +53,11 @@ async def stats_events(state: ServerState, sampler: StatsSampler) -> AsyncIterat
 # Out of the OpenAPI schema: an endless event stream is no operation a client generator or a
 # fuzzer can call and finish; docs/ui.md describes it.
 @router.get("/stats/stream", include_in_schema=False)
-async def stats_stream(state: State) -> Response:
-    if state.sampler is None:
+async def stats_stream(state: State, model: str | None = None) -> Response:
+    """The default model's feed, or `?model=NAME`'s on a server of several (404 for a name
+    not served; 503 before the model was first loaded)."""
+    served = state.registry.get(model)
+    if served.sampler is None:
         return error_response(503, "The model is loading")
-    return EventSourceResponse(stats_events(state, state.sampler), sep="\n",
+    return EventSourceResponse(stats_events(state, served.sampler, served.name), sep="\n",
                                send_timeout=state.settings.sse_send_timeout_s)

@@ -127,4 +127,4 @@ class ModelRegistry:
 
     async def close(self) -> None:
         for model in self.models:
-            await model.unload()
+            await model.close()

@@ -2,7 +2,8 @@
 the engine (metrics labelled with its name, the generation service, the live view's sampler).
 
 The engine comes and goes (loaded at start or on demand, unloaded to make room); the metrics
-stay, so a model's counters do not start again from zero when it is loaded again.
+and the live view's sampler stay, so a model's counters and history do not start again from
+zero when it is loaded again.
 """
 
 from __future__ import annotations
@@ -74,8 +75,10 @@ class ServedModel:
         return self.pins > 0 or (self.generation is not None and self.generation.in_flight > 0)
 
     def answers_to(self, name: str) -> bool:
-        """The served name, or the engine's own model name (clients of one model send either)."""
-        return name == self.name or (self.engine is not None and name == str(self.engine.model_name))
+        """The served name, the engine's own model name (clients of one model send either), or
+        one of its LoRA adapters (the request then runs on that adapter)."""
+        return name == self.name or (self.engine is not None and (
+            name == str(self.engine.model_name) or name in self.engine.lora_adapters()))
 
     def memory_bytes(self) -> int:
         """What loading it takes, for the memory budget: its weight files and its KV cache."""
@@ -116,10 +119,11 @@ class ServedModel:
                                          responses=self.responses, cache_info=engine.describe(),
                                          compat=self.settings.metrics_compat)
         engine.add_step_listener(self.metrics.observe_step)
-        self.sampler = StatsSampler(self.read_stats, lambda: self.admission.queued)
-        self.metrics.watchers[:] = [self.sampler.recorder]
+        if self.sampler is None:  # kept across unloads, as the metrics are: the live view's history
+            self.sampler = StatsSampler(self.read_stats, lambda: self.admission.queued)
+            self.metrics.watchers.append(self.sampler.recorder)
+            self.sampler.start()
         engine.add_step_listener(self.sampler.recorder.observe_step)
-        self.sampler.start()
         if self.settings.profile_steps > 0:
             engine.enable_step_profile(self.settings.profile_steps, logger.info,
                                        {"SSE/JSON encoding": lambda: self.responses.encode_seconds})
@@ -133,17 +137,20 @@ class ServedModel:
             engine.describe().kv_cache_dtype)
 
     async def unload(self) -> None:
-        """Stop the engine and let its memory go; the metrics stay."""
+        """Stop the engine and let its memory go; the metrics and the live view's history stay."""
         engine, self.engine = self.engine, None
-        if self.sampler is not None:
-            await self.sampler.stop()
-            self.sampler = None
         if self.generation is not None:
             self.generation.abort_all()
             self.generation = None
         if engine is not None:
             await engine.stop()
             logger.info("unloaded the model %r", self.name)
+
+    async def close(self) -> None:
+        """Unload, and stop sampling for the live view (the server is going away)."""
+        await self.unload()
+        if self.sampler is not None:
+            await self.sampler.stop()
 
     def read_stats(self) -> EngineStats | None:
         return self.engine.stats() if self.engine is not None else None
