@@ -217,19 +217,6 @@ void unpack_rows(const Weight& w, int64_t n0, int64_t rows, int64_t b0, int64_t 
         for (int64_t r = rows; r < ROWS; ++r) c.scale[r * MAX_STEPS + t] = c.minimum[r * MAX_STEPS + t] = 0.f;
 }
 
-inline uint16_t to_bf16(float f) {  // round to nearest even, as torch and cvtneps do
-    uint32_t bits;
-    std::memcpy(&bits, &f, 4);
-    return (uint16_t)((bits + 0x7fff + ((bits >> 16) & 1)) >> 16);
-}
-
-inline float from_bf16(uint16_t h) {
-    const uint32_t bits = (uint32_t)h << 16;
-    float f;
-    std::memcpy(&f, &bits, 4);
-    return f;
-}
-
 // The tokens as B operands: tile c holds `width` tokens (16, or M when fewer) as
 // [K/2][width][2], so a product's B tile is DEPTH/2 rows of width * 4 contiguous bytes (a
 // narrow tile for a few tokens loads only their bytes). `sums` [K/32][tiles * 16] holds each
@@ -247,6 +234,9 @@ struct Tokens {
 
 constexpr int64_t PAIRED_TOKENS = TILE_TOKENS / 2;
 
+// bf16 halves of a vector of bf16 values back to fp32 (exact).
+inline __m512 widen_bf16(__m256i h) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); }
+
 void lay_out_tokens(const float* x, int64_t M, int64_t K, Tokens& t) {
     t.paired = M <= PAIRED_TOKENS;
     t.width = std::min(TILE_TOKENS, M);
@@ -254,18 +244,31 @@ void lay_out_tokens(const float* x, int64_t M, int64_t K, Tokens& t) {
     t.cols = t.paired ? 2 * t.width : t.width;
     t.hi.assign(t.tiles * t.cols * K, 0);
     t.sums.assign(K / QK * t.tiles * TILE_TOKENS, 0.f);
+    const int64_t stride = t.tiles * TILE_TOKENS;  // between two blocks' sums
+    // A block's 32 inputs are 16 pairs; pair i lands in 32-bit column `col` of row i.
+    const __m512i rows = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                            _mm512_set1_epi32((int)t.cols));
     for (int64_t m = 0; m < M; ++m) {
         const int64_t tile = m / t.width, col = m % t.width;
-        const int64_t base = tile * t.cols * K;
-        for (int64_t k = 0; k < K; ++k) {
-            const float v = x[m * K + k];
-            const uint16_t h = to_bf16(v);
-            const int64_t at = base + ((k / 2) * t.cols + col) * 2 + (k & 1);
-            t.hi[at] = h;
-            if (t.paired) t.hi[at + 2 * t.width] = to_bf16(v - from_bf16(h));
+        auto* pairs = reinterpret_cast<uint32_t*>(t.hi.data() + tile * t.cols * K);
+        const __m512i at = _mm512_add_epi32(rows, _mm512_set1_epi32((int)col));
+        float* sums = t.sums.data() + tile * TILE_TOKENS + col;
+        for (int64_t b = 0; b < K / QK; ++b) {
+            const float* src = x + m * K + b * QK;
+            const __m512 lo = _mm512_loadu_ps(src), hi = _mm512_loadu_ps(src + 16);
+            const __m512i h = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);  // round to nearest even, in order
+            uint32_t* block = pairs + b * (QK / 2) * t.cols;
+            _mm512_i32scatter_epi32(block, at, h, 4);
+            const __m512 lo_h = widen_bf16(_mm512_castsi512_si256(h)), hi_h = widen_bf16(_mm512_extracti64x4_epi64(h, 1));
             // The minima multiply the same token values as the integers do: exact when paired,
             // bf16 otherwise, so that each weight meets one rounding of the token, not two.
-            t.sums[(k / QK) * t.tiles * TILE_TOKENS + tile * TILE_TOKENS + col] += t.paired ? v : from_bf16(h);
+            if (t.paired) {
+                const __m512i l = (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(hi, hi_h), _mm512_sub_ps(lo, lo_h));
+                _mm512_i32scatter_epi32(block + t.width, at, l, 4);
+                sums[b * stride] = _mm512_reduce_add_ps(_mm512_add_ps(lo, hi));
+            } else {
+                sums[b * stride] = _mm512_reduce_add_ps(_mm512_add_ps(lo_h, hi_h));
+            }
         }
     }
 }
