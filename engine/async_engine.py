@@ -45,6 +45,7 @@ class _Pending:
     prompt: str | list[int]
     params: SamplingParams
     arrival: float
+    lora_name: str | None = None
 
 
 @dataclass
@@ -115,6 +116,17 @@ class AsyncEngine:
         """Forget every cached prefix block, between two steps (in the engine's own thread)."""
         await self._between_steps(self.engine.reset_prefix_cache)
 
+    async def load_lora_adapter(self, name: str, path: str) -> None:
+        """Read and attach a PEFT adapter between two steps: no step runs on half of it."""
+        await self._between_steps(lambda: self.engine.load_lora_adapter(name, path))
+
+    async def unload_lora_adapter(self, name: str) -> None:
+        await self._between_steps(lambda: self.engine.unload_lora_adapter(name))
+
+    def lora_adapters(self) -> dict[str, str]:
+        """The loaded adapters (name -> folder); a copy, safe from any thread."""
+        return dict(self.engine.lora_adapters())
+
     async def _between_steps(self, fn: Callable[[], object]) -> object:
         """fn() in the worker thread, between two steps: the step loop holds that thread
         while it runs, so the call waits in a list that the loop drains before each step."""
@@ -137,7 +149,7 @@ class AsyncEngine:
 
     # ---- requests ------------------------------------------------------
     async def generate(self, prompt: str | list[int], params: SamplingParams,
-                       request_id: str) -> AsyncGenerator[StreamDelta, None]:
+                       request_id: str, lora_name: str | None = None) -> AsyncGenerator[StreamDelta, None]:
         if not self.is_running:
             raise EngineDeadError(f"the engine loop is not running: {self.dead_error!r}")
         if params.n != 1:
@@ -149,7 +161,7 @@ class AsyncEngine:
         queue: asyncio.Queue[StreamDelta | BaseException] = asyncio.Queue()
         self._queues[request_id] = queue
         with self._lock:
-            self._inbox.append(_Pending(request_id, prompt, params, time.monotonic()))
+            self._inbox.append(_Pending(request_id, prompt, params, time.monotonic(), lora_name))
             self._num_pending += 1
         self._wakeup.set()
         finished = False
@@ -240,7 +252,7 @@ class AsyncEngine:
         deltas: list[StreamDelta | _Refused] = []
         for p in inbox:
             try:
-                self.engine.add_request(p.request_id, p.prompt, p.params, p.arrival)
+                self.engine.add_request(p.request_id, p.prompt, p.params, p.arrival, p.lora_name)
             except Exception as err:  # noqa: BLE001 - the caller gets the error itself
                 deltas.append(_Refused(p.request_id, err))
         for request_id in aborts:

@@ -129,6 +129,10 @@ API_KEY: EnvVar[str | None] = EnvVar(
     "The default of `pagode serve --api-key`: a Bearer token on the API routes.")
 
 # Not pagode's own, so not in ALL (the PAGODE_* switches), but read here like them.
+ALLOW_RUNTIME_LORA_UPDATING: EnvVar[bool] = EnvVar(
+    "VLLM_ALLOW_RUNTIME_LORA_UPDATING", _flag, False,
+    "vLLM's switch, taken as the default of `pagode serve --enable-lora-runtime-updates`: "
+    "POST /v1/load_lora_adapter and /v1/unload_lora_adapter.")
 CXX: EnvVar[str | None] = EnvVar(
     "CXX", _optional_str, None,
     "The C++ compiler of the CPU kernels (the usual variable); unset: g++, then c++, on PATH.")

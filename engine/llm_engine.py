@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -354,7 +355,12 @@ class LLMEngine:
 
     # ---- statistics ----------------------------------------------------
     def stats(self) -> EngineStats:
-        return self.recorder.snapshot()
+        snapshot = self.recorder.snapshot()
+        if self.runner.lora is None:
+            return snapshot
+        running, waiting = self.lora_requests()
+        return dataclasses.replace(snapshot, max_loras=self.runner.lora.max_loras,
+                                   running_lora_adapters=tuple(running), waiting_lora_adapters=tuple(waiting))
 
     def enable_step_profile(self, every: int, report: Callable[[str], None],
                             extra: dict[str, Callable[[], float]] | None = None) -> StepProfiler:

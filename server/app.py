@@ -35,6 +35,7 @@ from server.routes import (
     completions,
     embeddings,
     health,
+    lora_adapters,
     messages,
     metrics,
     model_admin,
@@ -47,6 +48,7 @@ from server.routes import (
     stats,
     tokenize,
 )
+from server.runtime.adapter_routing import AdapterRouter
 from server.runtime.engine_client import EngineClient
 from server.runtime.model_registry import LoadLimits
 from server.runtime.model_router import ModelRouter
@@ -59,7 +61,7 @@ from server.ui import pages
 logger = logging.getLogger("pagode.server")
 
 ROUTE_MODULES = (completions, chat, messages, responses, embeddings, rerank, score, tokenize, models, health,
-                 metrics, stats, ollama_embed, prefix_cache, model_admin)
+                 metrics, stats, ollama_embed, prefix_cache, model_admin, lora_adapters)
 
 # sse-starlette would cancel every stream on SIGTERM; our drain ends them instead.
 AppStatus.disable_automatic_graceful_drain()
@@ -72,6 +74,11 @@ def prepare_serving(engine: EngineClient, settings: ServerSettings) -> None:
     if settings.chat_template_text is not None:
         engine.tokenizer.chat_template = settings.chat_template_text
     plain_text_encoder(engine.tokenizer)
+
+
+def spec_serves_adapters(spec: ModelSpec) -> bool:
+    config = spec.config if spec.config is not None else (spec.engine.config if spec.engine is not None else None)
+    return config is not None and config.enable_lora
 
 
 def create_app(settings: ServerSettings, engine: EngineClient | None = None,
@@ -110,6 +117,9 @@ def create_app(settings: ServerSettings, engine: EngineClient | None = None,
                   if isinstance(route, APIRoute) and "POST" in (route.methods or set())}
     if state.registry.several:  # innermost: the model a body names is loaded once the request is let in
         app.add_middleware(ModelRouter, registry=state.registry, max_body_bytes=settings.max_body_bytes,
+                           body_timeout_s=settings.body_timeout_s)
+    if any(spec_serves_adapters(model.spec) for model in state.registry.models):  # the body's adapter, if it names one
+        app.add_middleware(AdapterRouter, registry=state.registry, max_body_bytes=settings.max_body_bytes,
                            body_timeout_s=settings.body_timeout_s)
     app.add_middleware(JSONContentTypeMiddleware, paths=post_paths)  # 415 unless the body is JSON
     if settings.api_key:

@@ -55,6 +55,10 @@ class ServerSettings:
     shutdown_timeout: float = option(
         30.0, "on SIGTERM, seconds to let in-flight requests finish before aborting them "
         "(finish_reason 'abort')", bound=NON_NEGATIVE)
+    enable_lora_runtime_updates: bool = option(
+        False, "serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter, vLLM's routes for "
+        "loading and unloading LoRA adapters while serving (default: $VLLM_ALLOW_RUNTIME_LORA_UPDATING, "
+        "else off)")
     no_ui: bool = option(
         False, "do not serve the web page at / (chat playground and live view); the stats "
         "stream (/stats/stream) stays")

@@ -24,6 +24,11 @@ class EngineStats:
     max_concurrent_seqs: int = 0
     # Speculative decoding, vLLM's counters (engine/spec/counters.py); None: not speculating.
     spec_decode: SpecCounters | None = None
+    # LoRA: most adapters loaded at once (0: adapters off), and the adapters of running and of
+    # waiting requests (vLLM's lora_requests_info).
+    max_loras: int = 0
+    running_lora_adapters: tuple[str, ...] = ()
+    waiting_lora_adapters: tuple[str, ...] = ()
 
 
 @dataclass

@@ -26,6 +26,7 @@ from server.api.errors import APIError, api_error_from
 from server.runtime.admission import QueueSlot
 from server.runtime.engine_client import EngineClient
 from server.runtime.metrics import ServerMetrics
+from server.runtime.request_adapter import requested_adapter
 
 request_logger = logging.getLogger("pagode.requests")
 
@@ -156,7 +157,8 @@ class GenerationService:
         record = RequestRecord(sub)
         final: ChoiceEvent | None = None  # the choice's last event, sent after accounting
         try:
-            stream = self.engine.generate(sub.prompt_ids, sub.params, sub.request_id)
+            stream = self.engine.generate(sub.prompt_ids, sub.params, sub.request_id,
+                                          lora_name=requested_adapter())
             async with contextlib.aclosing(stream):
                 async for delta in stream:
                     slot.release()  # it produced output: it is running, no longer queued

@@ -53,16 +53,18 @@ class VllmCompatCollector(Collector):
             counter = CounterMetricFamily(PREFIX + name, doc, labels=labels)
             counter.add_metric(values, float(total))
             yield counter
-        yield self._lora_info()
+        yield self._lora_info(stats)
         if self.cache_info is not None:
             yield self._cache_config_info(self.cache_info)
 
-    def _lora_info(self) -> Metric:
-        """No adapters here; vLLM's value is the time of the last update, which pickers compare."""
+    def _lora_info(self, stats: EngineStats) -> Metric:
+        """The adapters of waiting and running requests, comma-separated as vLLM writes them;
+        vLLM's value is the time of the last update, which pickers compare."""
         family = GaugeMetricFamily(PREFIX + "lora_requests_info", "Running stats on lora requests.",
                                    labels=["model_name", "max_lora", "waiting_lora_adapters",
                                            "running_lora_adapters"])
-        family.add_metric([self.model_name, "0", "", ""], time.time())
+        family.add_metric([self.model_name, str(stats.max_loras), ",".join(stats.waiting_lora_adapters),
+                           ",".join(stats.running_lora_adapters)], time.time())
         return family
 
     def _cache_config_info(self, info: EngineInfo) -> Metric:
