@@ -5,6 +5,7 @@ cache never hands one adapter's KV to another; bad adapters are refused before a
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -77,6 +78,19 @@ def test_prefix_cache_keys_blocks_by_adapter(tiny_zoo: TinyZoo) -> None:
     assert llm.engine.stats().prefix_cache_hits_total > 0  # the second `a` found its own blocks
 
 
+def with_embedding_delta(adapter: Path, out: Path) -> Path:
+    """A copy of `adapter` that also trains the embeddings (PEFT's lora_embedding_A/B), which
+    the engine does not serve: served without them, the adapter would be silently wrong."""
+    from safetensors.torch import load_file, save_file
+
+    out.mkdir()
+    shutil.copy(adapter / "adapter_config.json", out / "adapter_config.json")
+    tensors = load_file(str(adapter / "adapter_model.safetensors"))
+    tensors["base_model.model.model.embed_tokens.lora_embedding_A"] = torch.zeros(8, 203)
+    save_file(tensors, str(out / "adapter_model.safetensors"))
+    return out
+
+
 def test_runtime_load_unload_and_refusals(tiny_zoo: TinyZoo, tmp_path: Path) -> None:
     spec = SPECS[0]
     base, made = tiny_zoo.folder(spec), adapters(tiny_zoo, spec)
@@ -87,6 +101,8 @@ def test_runtime_load_unload_and_refusals(tiny_zoo: TinyZoo, tmp_path: Path) -> 
         engine.load_lora_adapter("b", str(made["b"][0]))
     with pytest.raises(LoraError, match="not a PEFT adapter folder"):
         engine.load_lora_adapter("x", str(tmp_path))
+    with pytest.raises(LoraError, match="tensors other than LoRA matrices"):
+        engine.load_lora_adapter("emb", str(with_embedding_delta(made["a"][0], tmp_path / "emb")))
     engine.load_lora_adapter("a", str(made["a"][0]))
     assert engine.lora_adapters() == {"a": str(made["a"][0])}
     with pytest.raises(LoraError, match="--max-loras"):

@@ -43,8 +43,9 @@ def read_peft_adapter(name: str, path: str | Path, max_rank: int) -> LoraAdapter
     rank, alpha = int(config["r"]), float(config.get("lora_alpha", config["r"]))
     if rank > max_rank:
         raise LoraError(f"the adapter `{name}` has rank {rank}, above --max-lora-rank {max_rank}")
-    if config.get("bias", "none") != "none" or config.get("modules_to_save"):
-        raise LoraError(f"the adapter `{name}` trains biases or whole modules; only LoRA matrices are served")
+    if config.get("bias", "none") != "none" or config.get("modules_to_save") or config.get("use_dora"):
+        raise LoraError(f"the adapter `{name}` trains biases, whole modules or DoRA magnitudes; "
+                        "only LoRA matrices are served")
     scale = alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
     return LoraAdapter(name, str(folder), rank, scale, pair_matrices(load_file(str(weights_file))))
 
@@ -52,6 +53,9 @@ def read_peft_adapter(name: str, path: str | Path, max_rank: int) -> LoraAdapter
 def pair_matrices(tensors: dict[str, torch.Tensor]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """(A, B) per module path, from PEFT's `<path>.lora_A.weight` / `<path>.lora_B.weight`."""
     pairs: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    unserved = [key for key in tensors if ".lora_A." not in key and ".lora_B." not in key]
+    if unserved:  # embeddings' lora_embedding_A/B, DoRA magnitudes: served without them, it would be wrong
+        raise LoraError(f"the adapter holds tensors other than LoRA matrices, e.g. {unserved[0]}")
     for key, a in tensors.items():
         if ".lora_A." not in key:
             continue
