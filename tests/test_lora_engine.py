@@ -148,3 +148,25 @@ def test_quantized_base_skips_the_fused_step_for_adapter_rows(tiny_zoo: TinyZoo)
     ref = [cached_greedy(made["a"][1], p, 12) for p in ids]
     agree = sum(x == y for o, r in zip(on_a, ref, strict=True) for x, y in zip(o.outputs[0].token_ids, r, strict=True))
     assert agree >= 0.8 * 12 * len(ids), (agree, ref)
+
+
+def test_speculative_drafts_run_on_their_adapter(tiny_zoo: TinyZoo) -> None:
+    """n-gram drafts split a sequence into one attention row per token: each of those rows
+    still gets its sequence's adapter, and the verified tokens equal the merged reference."""
+    from engine.spec.config import parse_speculative_config
+
+    spec = SPECS[0]
+    base, made = tiny_zoo.folder(spec), adapters(tiny_zoo, spec)
+    ids = [p * 3 for p in prompts(3, seed=5)]  # repeats give the n-gram drafter matches
+    loras: list[str | None] = ["a", None, "b"]
+    llm = LLM(model=str(base), enable_lora=True, max_loras=2, max_lora_rank=16, max_model_len=256,
+              lora_modules={name: str(path) for name, (path, _) in made.items()}, kv_cache_dtype="fp32",
+              speculative_config=parse_speculative_config({"method": "ngram", "num_speculative_tokens": 3,
+                                                           "prompt_lookup_min": 1, "prompt_lookup_max": 3}))
+    outs = llm.generate(ids, SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True), lora_name=loras)
+    refs = {None: tiny_zoo.reference(spec), "a": made["a"][1], "b": made["b"][1]}
+    for prompt, lora, out in zip(ids, loras, outs, strict=True):
+        ref = refs[lora]
+        assert_greedy_match(ref, prompt, out.outputs[0].token_ids, cached_greedy(ref, prompt, NEW_TOKENS))
+    counters = llm.engine.stats().spec_decode
+    assert counters is not None and counters.num_draft_tokens > 0, "no drafts were verified"

@@ -140,6 +140,7 @@ class ModelRunner:
         slots = tables[seq_index, positions // bs].astype(np.int64) * bs + positions % bs
         completes = np.fromiter((s.completes_prefill for s in scheduled), bool, n)
         sample_indices = _sample_rows(scheduled, starts, completes)
+        lora = self._lora_rows(scheduled, counts)  # per sequence, before drafts split them into rows
         seq_starts = starts.tolist()
         drafted = self._drafted_prefix(scheduled)
         if drafted:
@@ -158,8 +159,7 @@ class ModelRunner:
             query_start_loc_cpu=seq_starts if not drafted else starts.tolist(),
             seq_lens_cpu=seq_lens_list,
         )
-        return StepInputs(self._tensor(ids), self._tensor(positions), meta, sample_indices, seq_starts,
-                          self._lora_rows(scheduled, counts))
+        return StepInputs(self._tensor(ids), self._tensor(positions), meta, sample_indices, seq_starts, lora)
 
     def _lora_rows(self, scheduled: list[ScheduledSeq], counts: np.ndarray) -> LoraRows | None:
         """Each packed row's adapter slot, grouped; None when every row runs on the base."""
