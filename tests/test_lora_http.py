@@ -83,6 +83,20 @@ async def test_mixed_batch_matches_peft(served: Served) -> None:
     assert len({tuple(expected(served, m, ids[1])) for m in (None, "a", "b")}) == 3
 
 
+async def test_chat_runs_on_the_named_adapter(served: Served) -> None:
+    """/v1/chat/completions picks the adapter by `model` as /v1/completions does."""
+    messages = [{"role": "user", "content": "w5 w17 w42 w9 w100 w3"}]
+    tokenized = await post(served.server, "/tokenize", {"model": "tiny", "messages": messages})
+    assert tokenized.status_code == 200, tokenized.text
+    prompt = tokenized.json()["tokens"]
+    async with sdk(served.server) as client:
+        reply = await client.chat.completions.create(model="b", messages=messages,  # type: ignore[arg-type]
+                                                     max_tokens=NEW_TOKENS, temperature=0,
+                                                     extra_body={"ignore_eos": True})
+    assert (reply.choices[0].message.content or "").split() == expected(served, "b", prompt)
+    assert expected(served, "b", prompt) != expected(served, None, prompt)
+
+
 async def test_load_and_unload_while_streaming(served: Served) -> None:
     prompt = prompts(2, seed=3)[1]
     async with sdk(served.server) as client:
