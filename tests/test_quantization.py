@@ -224,6 +224,29 @@ def test_a_tall_weight_is_raced_on_its_first_rows_and_built_whole(monkeypatch: p
     torch.testing.assert_close(chosen(x), F.linear(x, w, bias), rtol=1e-2, atol=1e-2)
 
 
+def test_a_tall_layers_kernel_races_time_its_first_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PAGODE_RACE_CACHE", "0")
+    monkeypatch.setattr(gemm_choice, "RACE_ROWS", 32)
+    monkeypatch.setattr(dispatch, "_cache", {})
+    timed: set[tuple[int, int]] = set()
+
+    def record(blocks: formats.Blocks, gemm: gemm_choice.Gemm, m: int) -> tuple[float, float]:
+        timed.add((blocks.out_features, gemm.out_features))
+        return 1.0, 2.0  # the kernel always wins: no dense copy is kept
+
+    monkeypatch.setattr(dispatch, "time_layer", record)
+    torch.manual_seed(0)
+    w = torch.randn(100, 64) * 0.05
+    blocks = formats.quantize(w, "q8_0")
+    dense = formats.dequantize(blocks)
+    layer = apply.build_layer(blocks, DenseGemm(dense), None, 512, apply.QuantReport("int8"),
+                              apply.raced_rows(blocks, DenseGemm(dense), dense, None))
+    assert timed == {(32, 32)}  # both kernels timed on the first 32 rows, never on all 100
+    x = torch.randn(3, 64)
+    assert layer.gemm is None and layer(x).shape == (3, 100)
+    torch.testing.assert_close(layer(x), F.linear(x, dense), rtol=1e-3, atol=1e-3)
+
+
 def test_modes_resolve_per_device() -> None:
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert resolve_mode("auto", cpu, torch.float32)[0] == "int4"

@@ -23,7 +23,7 @@ from torch import nn
 
 from engine import native
 from engine.autotune import NO_LIMIT
-from engine.quant import dispatch, formats
+from engine.quant import dispatch, formats, gemm_choice
 from engine.quant.formats import Blocks, Kind
 from engine.quant.gemm_choice import Gemm, choose_gemm
 from engine.quant.linear import QuantLinear
@@ -74,13 +74,16 @@ def quantize_model(model: nn.Module, mode: str, raw: RawBlocks | None = None, ma
         blocks = file_blocks_of(shards, raw or {}) if file_blocks else gguf_blocks(shards, kind, raw or {})
         if blocks is not None:  # the loaded fp32 weight is exactly what the blocks stand for
             report.from_gguf += 1
-            dense = choose_gemm(linear.weight, linear.bias, shared=name == "lm_head" and tied)
+            weight = linear.weight.detach()
+            dense = choose_gemm(weight, linear.bias, shared=name == "lm_head" and tied)
         else:
             kind = no_fewer_bits(shards, kind, raw or {}) if file_blocks else kind
             blocks = formats.quantize(linear.weight.detach().float(), kind)
-            dense = choose_gemm(formats.dequantize(blocks), linear.bias)
+            weight = formats.dequantize(blocks)
+            dense = choose_gemm(weight, linear.bias)
         report.gemms[f"{dense.out_features}x{dense.in_features}"] = dense.name
-        layer = build_layer(blocks, dense, linear.bias, max_tokens, report)
+        raced = raced_rows(blocks, dense, weight, linear.bias)
+        layer = build_layer(blocks, dense, linear.bias, max_tokens, report, raced)
         set_module(model, name, layer)
         report.layers += 1
         report.block_bytes += 0 if layer.blocks is None else layer.blocks.nbytes
@@ -90,8 +93,19 @@ def quantize_model(model: nn.Module, mode: str, raw: RawBlocks | None = None, ma
     return report
 
 
+def raced_rows(blocks: Blocks, dense: Gemm, weight: torch.Tensor,
+               bias: torch.Tensor | None) -> tuple[Blocks, Gemm] | None:
+    """A tall layer's first rows as blocks and as the GEMM that won its race, for the load-time
+    races to time instead of the whole matrix; None for a layer that is not taller."""
+    n = gemm_choice.RACE_ROWS
+    rows = dispatch.first_rows(blocks, n)
+    if rows is blocks:
+        return None
+    return rows, gemm_choice.build(dense.name, weight[:n], None if bias is None else bias[:n], True)
+
+
 def build_layer(blocks: Blocks, dense: Gemm, bias: torch.Tensor | None, max_tokens: int,
-                report: QuantReport) -> QuantLinear:
+                report: QuantReport, raced: tuple[Blocks, Gemm] | None = None) -> QuantLinear:
     """Measure this shape's crossover; keep the dense copy only if steps of <= max_tokens can pick it.
 
     The blocks stay even where the GEMM wins at one token: the fused decode step
@@ -100,10 +114,14 @@ def build_layer(blocks: Blocks, dense: Gemm, bias: torch.Tensor | None, max_toke
     if native.block_linear() is None:
         return QuantLinear(None, dense, bias, 0)
     shape = f"{blocks.kind} {blocks.out_features}x{blocks.in_features}"
-    tile_from = dispatch.switch_to_tiles(blocks)
+    tile_from = dispatch.switch_to_tiles(blocks, None if raced is None else raced[0])
     if tile_from:
         report.tile_from[shape] = tile_from
-    crossover = dispatch.measure(blocks, dense).max_kernel_tokens
+    if raced is not None:  # the raced rows run the tile body from the same count
+        for part in raced[0].parts:
+            part.tile_from = tile_from
+    timed_blocks, timed_gemm = (None, dense) if raced is None else raced
+    crossover = dispatch.measure(blocks, timed_gemm, timed_blocks).max_kernel_tokens
     report.crossovers[shape] = crossover
     gemm = None if crossover >= max_tokens else dense  # steps never get big enough for the GEMM
     return QuantLinear(blocks, gemm, bias, crossover)

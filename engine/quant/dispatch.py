@@ -22,7 +22,7 @@ import torch
 
 from engine import autotune, envs, native, race_memory
 from engine.autotune import Crossover
-from engine.quant.formats import Blocks
+from engine.quant.formats import Blocks, BlockWeights
 
 log = logging.getLogger("pagode")
 
@@ -30,10 +30,10 @@ _cache: dict[tuple[str, int, int], Crossover] = {}
 _tile_from: dict[tuple[str, int, int], int] = {}
 
 
-def switch_to_tiles(blocks: Blocks) -> int:
+def switch_to_tiles(blocks: Blocks, raced: Blocks | None = None) -> int:
     """Set, on every part of `blocks`, the fewest tokens per call from which the kernel's AMX
     tile body beats its integer body on this shape (0: never, or no tile body here); cached
-    per (format, N, K)."""
+    per (format, N, K). `raced`: the rows to time instead of all (first_rows)."""
     kernel = native.block_linear()
     key = shape_key(blocks)
     pinned = envs.QUANT_TILES.get()
@@ -42,7 +42,7 @@ def switch_to_tiles(blocks: Blocks) -> int:
     elif pinned is not None:
         _tile_from[key] = pinned
     elif key not in _tile_from:
-        _tile_from[key] = race_tile_body(blocks, key)
+        _tile_from[key] = race_tile_body(blocks if raced is None else raced, key)
     for part in blocks.parts:
         part.tile_from = _tile_from[key]
     return _tile_from[key]
@@ -79,9 +79,21 @@ def shape_key(blocks: Blocks) -> tuple[str, int, int]:
     return "+".join(p.kind for p in blocks.parts), blocks.out_features, blocks.in_features
 
 
-def measure(blocks: Blocks, gemm: Callable[[torch.Tensor], torch.Tensor]) -> Crossover:
-    """Time both kernels on this layer's shape; cached per (format, N, K)."""
+def first_rows(blocks: Blocks, rows: int) -> Blocks:
+    """A tall weight's first `rows` rows, which its races time instead of the whole matrix
+    (every row costs the same; an lm_head of 150k rows took seconds a race); the weight
+    itself where it is not taller, or its rows lie in several parts."""
+    if not isinstance(blocks, BlockWeights) or blocks.out_features <= rows:
+        return blocks
+    mins = None if blocks.mins is None else blocks.mins[:rows]
+    return BlockWeights(blocks.kind, blocks.qs[:rows], blocks.scales[:rows], mins, rows, blocks.in_features)
+
+
+def measure(blocks: Blocks, gemm: Callable[[torch.Tensor], torch.Tensor], raced: Blocks | None = None) -> Crossover:
+    """Time both kernels on this layer's shape; cached per (format, N, K). `raced`: the rows
+    to time instead of all (first_rows), `gemm` then built on the same rows."""
     key = shape_key(blocks)
+    blocks = blocks if raced is None else raced
     if key in _cache:
         return _cache[key]
     pinned = envs.QUANT_CROSSOVER.get()
