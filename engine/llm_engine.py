@@ -25,7 +25,8 @@ from engine.io.profiler import StepProfiler
 from engine.io.request_limits import RequestLimits, check_request
 from engine.io.stats import EngineStats, FinishedRequestStats, StepStats
 from engine.io.stats_recorder import StatsRecorder, finished_request_stats
-from engine.lora import LoraError, LoraRegistry, read_peft_adapter
+from engine.lora import LoraError, LoraRegistry
+from engine.lora.sources import read_adapter
 from engine.model.layers import kv_window
 from engine.model.loader import load_tokenizer, read_config, resolve_model
 from engine.runner import prompt_logprobs, row_sampling
@@ -148,11 +149,12 @@ class LLMEngine:
         return {} if lora is None else {name: a.path for name, a in lora.adapters.items()}
 
     def load_lora_adapter(self, name: str, path: str) -> None:
-        """Read a PEFT adapter and attach it; LoraError (nothing attached) when it cannot be served."""
+        """Read an adapter (a PEFT folder or a GGUF LoRA) and attach it; LoraError (nothing
+        attached) when it cannot be served."""
         registry = self._lora_registry()
         if name in registry.adapters:
             raise LoraError(f"the adapter `{name}` is already loaded")
-        registry.add(read_peft_adapter(name, path, registry.max_lora_rank))
+        registry.add(read_adapter(name, path, registry.max_lora_rank, self.model_config))
 
     def unload_lora_adapter(self, name: str) -> None:
         """Detach an adapter; refused while a request runs or waits on it."""

@@ -1,4 +1,5 @@
-"""LoRA adapters served beside the base weights: PEFT folders read (adapter.py), the adapters
+"""LoRA adapters served beside the base weights: PEFT folders (adapter.py) and llama.cpp's GGUF
+LoRA files (gguf_adapter.py) read, whichever a path is (sources.py), the adapters
 loaded into one engine (registry.py), and each step's rows grouped by adapter, whose low-rank
 deltas are added after the base projections (delta.py)."""
 

@@ -3,9 +3,9 @@ vLLM's routes for adapters loaded while serving, with vLLM's bodies and plain-te
 replies. Served only with --enable-lora-runtime-updates (or vLLM's
 VLLM_ALLOW_RUNTIME_LORA_UPDATING), as vLLM serves them only then: elsewhere they are 404s.
 
-An adapter goes to the default model's engine, between two of its steps, and is read and
-checked whole before it is attached: a bad folder or a rank over --max-lora-rank is a 400 and
-leaves nothing half loaded."""
+An adapter (a PEFT folder, or a GGUF LoRA file) goes to the default model's engine, between
+two of its steps, and is read and checked whole before it is attached: a bad folder or a rank
+over --max-lora-rank is a 400 and leaves nothing half loaded."""
 
 from __future__ import annotations
 
