@@ -22,9 +22,9 @@ class LoraRows:
     num_rows: int
 
     @staticmethod
-    def from_slots(slots: np.ndarray) -> LoraRows:
-        """From one slot per packed row (BASE for base rows)."""
-        groups = tuple((int(slot), torch.from_numpy(np.flatnonzero(slots == slot)))
+    def from_slots(slots: np.ndarray, device: torch.device | None = None) -> LoraRows:
+        """From one slot per packed row (BASE for base rows); the indices on the model's device."""
+        groups = tuple((int(slot), torch.from_numpy(np.flatnonzero(slots == slot)).to(device))
                        for slot in np.unique(slots) if slot != BASE)
         return LoraRows(groups, len(slots))
 

@@ -79,7 +79,8 @@ class LoraRegistry:
             if b.shape[0] != stop - start or a.shape[1] != self._in_features(name):
                 raise LoraError(f"the adapter `{adapter.name}`'s {module} is {tuple(b.shape[:1])}x"
                                 f"{tuple(a.shape[1:])}, which does not fit the model's projection")
-            placed.setdefault(name, []).append(Shard(a, b * adapter.scale, start, stop))
+            device = self._device(name)
+            placed.setdefault(name, []).append(Shard(a.to(device), (b * adapter.scale).to(device), start, stop))
         return placed
 
     def _target(self, module: str) -> tuple[str, int, int]:
@@ -105,6 +106,12 @@ class LoraRegistry:
         if fused == "gate_up_proj":
             return [out // 2, out // 2]
         return [out]
+
+    def _device(self, name: str) -> torch.device:
+        """Where the projection computes (its first tensor's device; the CPU for one with none)."""
+        module = self.model.get_submodule(name)
+        tensor = next(itertools.chain(module.parameters(), module.buffers()), None)
+        return tensor.device if tensor is not None else torch.device("cpu")
 
     def _in_features(self, name: str) -> int:
         return self._features(name, "in_features")

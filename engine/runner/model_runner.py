@@ -167,7 +167,7 @@ class ModelRunner:
             return None
         lora = self.lora
         slots = np.fromiter((lora.slot_of(s.seq.lora_name) for s in scheduled), np.int64, len(scheduled))
-        return LoraRows.from_slots(np.repeat(slots, counts))
+        return LoraRows.from_slots(np.repeat(slots, counts), self.device)
 
     def _drafted_prefix(self, scheduled: list[ScheduledSeq]) -> int:
         """How many leading sequences (the decodes, drafted or not: the scheduler puts them
