@@ -157,7 +157,8 @@ def add_lora_flags(group: argparse._ArgumentGroup) -> None:
                        help="serve LoRA adapters (implied by --lora-modules)")
     group.add_argument("--lora-modules", type=lora_module_flag, action="append", default=None,
                        metavar="NAME=PATH",
-                       help="a PEFT adapter folder served as the model NAME (repeatable; vLLM's JSON "
+                       help="a PEFT adapter folder or a GGUF LoRA file served as the model NAME "
+                            "(repeatable; vLLM's JSON "
                             '\'{"name": ..., "path": ...}\' is taken too)')
     group.add_argument("--max-loras", type=int, default=engine_default("max_loras"),
                        help="most adapters loaded at once (each may run in the same batch)")
