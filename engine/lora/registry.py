@@ -118,7 +118,9 @@ class LoraRegistry:
 
     def _features(self, name: str, which: str) -> int:
         """A projection's width: nn.Linear and QuantLinear both name theirs in/out_features."""
-        value: int = getattr(self.model.get_submodule(name), which)
+        value = getattr(self.model.get_submodule(name), which, None)
+        if not isinstance(value, int):  # e.g. an MoE block's stacked experts, named like a projection
+            raise LoraError(f"{name} is no linear projection; adapters are not served on it")
         return value
 
     # ---- steps ---------------------------------------------------------
