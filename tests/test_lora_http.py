@@ -109,6 +109,10 @@ async def test_load_and_unload_while_streaming(served: Served) -> None:
                             {"lora_name": "c", "lora_path": str(served.paths["c"])})
         assert loaded.status_code == 200, loaded.text
         assert "added successfully" in loaded.text
+        listed = {m.id: m for m in (await client.models.list()).data}  # vLLM's cards: name, folder, base
+        assert set(listed) == {"tiny", "a", "b", "c"}
+        assert listed["c"].parent == "tiny" and listed["c"].root == str(served.paths["c"])
+        assert listed["tiny"].parent is None
         # c serves at once, in the same batch as the stream on a and a base request.
         c_out, base_out = await asyncio.gather(complete(client, "c", prompt), complete(client, "tiny", prompt))
         assert c_out == expected(served, "c", prompt)
@@ -124,6 +128,7 @@ async def test_load_and_unload_while_streaming(served: Served) -> None:
             pieces.append(chunk.choices[0].text)
         with pytest.raises(openai.NotFoundError) as gone:
             await complete(client, "c", prompt)
+        assert {m.id for m in (await client.models.list()).data} == {"tiny", "a", "b"}
     assert gone.value.status_code == 404 and "`c` does not exist" in gone.value.message
     long_ref = words(cached_greedy(served.refs["a"], prompt, LONG_TOKENS))
     assert "".join(pieces).split() == long_ref  # the stream on a never saw c come and go

@@ -1,5 +1,7 @@
 """GET /v1/models: every model served, under the name clients send (vLLM's card), with
-whether it is loaded now (a server of several loads the others when a request names them)."""
+whether it is loaded now (a server of several loads the others when a request names them),
+and each LoRA adapter loaded on one, as vLLM lists them: the adapter's name, its folder as
+`root`, the base model as `parent`."""
 
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ async def list_models(state: State) -> dict[str, Any]:
         state.require_healthy()  # the others are listed whether loaded or not
     else:
         state.require_engine()
-    return {"object": "list", "data": [card(model) for model in state.registry.models]}
+    return {"object": "list", "data": [c for model in state.registry.models for c in [card(model), *adapters(model)]]}
 
 
 def card(model: ServedModel) -> dict[str, Any]:
@@ -32,3 +34,11 @@ def card(model: ServedModel) -> dict[str, Any]:
     if engine is not None:
         card["max_model_len"] = engine.max_model_len
     return card
+
+
+def adapters(model: ServedModel) -> list[dict[str, Any]]:
+    engine = model.engine
+    if engine is None:
+        return []
+    return [{"id": name, "object": "model", "created": now(), "owned_by": "pagode", "root": path,
+             "parent": model.name, "loaded": True} for name, path in engine.lora_adapters().items()]
