@@ -12,7 +12,7 @@ import pytest
 from engine import envs, race_memory
 from engine.core.batch_cap import from_step_seconds
 from engine.llm import LLM
-from engine.runner.decode_rates import plausible
+from engine.runner.decode_rates import BATCHES, plausible
 from planner import batch_cap
 from planner.calibrate import decode_rates
 from planner.step_model import FEATURES, StepTimeModel, StepWork
@@ -137,6 +137,9 @@ def test_the_engine_times_its_steps_once_per_machine(cache_dir: Path, caplog: py
     kept = kept_step_times()
     assert len(kept) == 1, kept
     seconds = {int(b): t for b, t in next(iter(kept.values())).items()}
+    # Only the batches whose sequences all fit this small cache at 192 positions were timed.
+    fit = first.engine.num_blocks // -(-192 // first.engine.block_size)
+    assert set(seconds) == {b for b in BATCHES if b <= fit} and max(seconds) < 256
     expected = from_step_seconds(seconds, 256, 192)
     assert first.engine.config.max_num_seqs == expected.max_num_seqs
     assert f"max_num_seqs {expected.max_num_seqs}: {expected.reason}" in caplog.text

@@ -10,9 +10,13 @@ at one context length, best of two, and the times are kept with the load-time ra
 
 The steps read and write real cache blocks: the blocks they use are filled first, because
 untouched pages of a lazily zeroed cache all map to one shared zero page, which would
-make attention look nearly free. Each sequence gets its own blocks while the cache has
-enough; past that they wrap around. What the steps write is overwritten before any
-request reads it, as the fused-step race's is.
+make attention look nearly free. Only the batches whose sequences all fit the cache at
+that context are timed: a bigger one never runs at that context, and its sequences would
+share blocks that stay in the CPU's cache, pricing attention too low (and timing the
+biggest ones was most of what a first start spent here on a model whose cache holds a few
+dozen such sequences). Where even two sizes do not fit, the two smallest run on shared
+blocks. What the steps write is overwritten before any request reads it, as the
+fused-step race's is.
 """
 
 from __future__ import annotations
@@ -42,8 +46,8 @@ def size_batch(runner: ModelRunner, config: EngineConfig, model_name: str) -> Ba
     else:
         key = ":".join((model_name, config.quantization, dtype_name(runner.dtype),
                         dtype_name(runner.kv_dtype), runner.backend.name))
-        cap = from_step_seconds(decode_step_seconds(runner, key), config.max_num_seqs, CONTEXT,
-                                config.max_itl_ms)
+        cap = from_step_seconds(decode_step_seconds(runner, key, resident_batches(runner, CONTEXT)),
+                                config.max_num_seqs, CONTEXT, config.max_itl_ms)
     config.max_num_seqs = cap.max_num_seqs
     log.info("max_num_seqs %d: %s", cap.max_num_seqs, cap.reason)
     return cap
@@ -67,6 +71,14 @@ def decode_step_seconds(runner: ModelRunner, key: str, batches: tuple[int, ...] 
                     "sequence's tok/s: %s); not kept, so the next start times them again",
                     {b: round(t * 1e3, 1) for b, t in times.items()})
     return times
+
+
+def resident_batches(runner: ModelRunner, context: int) -> tuple[int, ...]:
+    """The BATCHES whose sequences all fit the KV cache at `context` positions (the two
+    smallest at least)."""
+    fit = runner.num_blocks // blocks_per_sequence(runner, context)
+    chosen = tuple(b for b in BATCHES if b <= fit)
+    return chosen if len(chosen) >= 2 else BATCHES[:2]
 
 
 def step_seconds(runner: ModelRunner, inputs: StepInputs) -> float:
