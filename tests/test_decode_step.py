@@ -40,6 +40,19 @@ def generate(llm: LLM, prompts: list[list[int]]) -> list[RequestOutput]:
     return llm.generate(prompts, params)
 
 
+def test_the_race_stops_at_its_biggest_step_and_runs_bigger_ones_layer_by_layer(
+        quantized_llm: LLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    runner = quantized_llm.engine.runner
+    step = runner.decode_step
+    assert isinstance(step, FusedDecodeStep)
+    monkeypatch.setenv("PAGODE_RACE_CACHE", "0")
+    monkeypatch.setattr(decode_step, "_limits", {})
+    monkeypatch.setattr(decode_step, "RACE_MAX_DECODES", 4)
+    limit = decode_step.measure_limit(step, runner.model, runner.kv_caches, 256)
+    assert sorted(limit.timings_ms) == [1, 2, 4], limit.timings_ms  # never 8 and up
+    assert limit.max_kernel_tokens <= 4  # even where the fused step won every count
+
+
 def test_fused_step_gives_the_layer_by_layer_tokens_and_logprobs(quantized_llm: LLM) -> None:
     runner = quantized_llm.engine.runner
     step = runner.decode_step

@@ -16,7 +16,7 @@ lays each out as a decode row of its own, so the step verifies drafts too), on a
 whose projections are all block-quantized QuantLinear and whose K/V cache the attention
 backend reads with the same C++ kernel
 (AttentionBackend.supports_fused_cpu_step), up to a number of decodes measured at load:
-both paths run synthetic decode steps of 1, 2, 4, ... tokens, and the
+both paths run synthetic decode steps of 1, 2, 4, ... 64 tokens, and the
 fused step keeps every count up to its last win before the layer-by-layer path (whose big
 projections move to their dense GEMM) wins twice in a row (engine/autotune.py; the
 start-up log prints the timings). Anything else runs layer by layer. PAGODE_DECODE_STEP=0
@@ -179,6 +179,10 @@ def build(model: LlamaForCausalLM, kv_caches: list[torch.Tensor], backend: Atten
 
 
 _limits: dict[tuple[int, ...], Crossover] = {}
+# The biggest decode step the race times. Past it a step is long enough that the fused
+# step's one call saves little, and its two biggest counts were half of a first start's
+# race: a step of more decodes runs layer by layer, whatever the fused step won below.
+RACE_MAX_DECODES = 64
 
 
 def measure_limit(step: FusedDecodeStep, model: LlamaForCausalLM, kv_caches: list[torch.Tensor],
@@ -198,7 +202,7 @@ def measure_limit(step: FusedDecodeStep, model: LlamaForCausalLM, kv_caches: lis
     if kept is not None:
         _limits[key] = Crossover(int(kept["limit"]), {int(m): (t[0], t[1]) for m, t in kept["ms"].items()})
         return _limits[key]
-    counts = [m for m in autotune.COUNTS if m <= min(max_decodes, num_blocks)]
+    counts = [m for m in autotune.COUNTS if m <= min(max_decodes, num_blocks, RACE_MAX_DECODES)]
 
     def time_both(m: int) -> tuple[float, float]:
         ids, positions, meta = synthetic_decodes(m, block_size, step.embedding.shape[0])
@@ -206,6 +210,8 @@ def measure_limit(step: FusedDecodeStep, model: LlamaForCausalLM, kv_caches: lis
                 autotune.best_time(lambda: model(ids, positions, meta, kv_caches), 3))
 
     result = autotune.crossover(counts, time_both, digits=2, threads=None)
+    if result.max_kernel_tokens >= autotune.NO_LIMIT and min(max_decodes, num_blocks) > RACE_MAX_DECODES:
+        result.max_kernel_tokens = max(counts)  # bigger steps were not raced: layer by layer
     race_memory.keep("fused-decode-step", ":".join(map(str, key)),
                      {"limit": result.max_kernel_tokens, "ms": result.timings_ms})
     _limits[key] = result
