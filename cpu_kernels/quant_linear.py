@@ -73,7 +73,7 @@ class BlockLinear:
     """y = x @ W^T (+ bias) on a block-quantized W: the integer body for few tokens, the AMX
     tile body (where built) from the weight's `tile_from` tokens on."""
 
-    SYMBOLS = ("linear_blocks", "quant_kernel_uses_avx2", "quant_kernel_tile_body")
+    SYMBOLS = ("linear_blocks", "quant_kernel_uses_avx2", "quant_kernel_tile_body", "quant_kernel_tile_bf16")
 
     def __init__(self, lib: ctypes.CDLL) -> None:
         self.lib = lib
@@ -81,12 +81,19 @@ class BlockLinear:
         lib.linear_blocks.argtypes = [_I64] + [_P] * 6 + [_I64] * 5 + [ctypes.c_int]
         lib.quant_kernel_uses_avx2.restype = ctypes.c_int
         lib.quant_kernel_tile_body.restype = ctypes.c_int
+        lib.quant_kernel_tile_bf16.restype = None
+        lib.quant_kernel_tile_bf16.argtypes = [ctypes.c_int]
 
     def uses_avx2(self) -> bool:
         return bool(self.lib.quant_kernel_uses_avx2())
 
     def has_tile_body(self) -> bool:
         return bool(self.lib.quant_kernel_tile_body())
+
+    def set_tile_bf16(self, on: bool) -> None:
+        """Steps of more than 8 tokens on the tile body with bf16 tokens (and bf16 panels from
+        64): faster, at the big-step GEMM's precision; off, the tile body is exact on the blocks."""
+        self.lib.quant_kernel_tile_bf16(int(on))
 
     def __call__(self, x: torch.Tensor, w: BlocksLike, bias: torch.Tensor | None = None,
                  tile_from: int | None = None) -> torch.Tensor:

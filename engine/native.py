@@ -70,7 +70,10 @@ def prefill_attention() -> PrefillAttentionKernel | None:
 
 def block_linear() -> BlockLinear | None:
     lib = library()
-    return None if lib is None or not envs.QUANT_KERNEL.get() else lib.block_linear
+    kernel = None if lib is None or not envs.QUANT_KERNEL.get() else lib.block_linear
+    if kernel is not None:
+        kernel.set_tile_bf16(envs.TILE_BF16.get())
+    return kernel
 
 
 def fused_ops() -> FusedOpsKernel | None:

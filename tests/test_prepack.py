@@ -49,7 +49,7 @@ def test_a_second_start_reads_the_pack_and_a_broken_pack_is_packed_again(tmp_pat
                                                                           cache: dict[str, str]) -> None:
     with running_server(ARGS, tmp_path, env=cache, name="first") as first:
         packed = greedy(first)
-        log = first.log()
+    log = first.log()  # after the stop, which waits for the pack's writer
     assert not READ.search(log), log[-3000:]
     saved = SAVED.search(log)
     assert saved, log[-3000:]
@@ -58,7 +58,7 @@ def test_a_second_start_reads_the_pack_and_a_broken_pack_is_packed_again(tmp_pat
 
     with running_server(ARGS, tmp_path, env=cache, name="second") as second:
         assert greedy(second) == packed  # the same weights: the same tokens and logprobs
-        log = second.log()
+    log = second.log()  # after the stop, which waits for the pack's writer
     read = READ.search(log)
     assert read and Path(read.group(1)) == path, log[-3000:]
     assert "loading weights" not in log and not SAVED.search(log)
@@ -68,7 +68,7 @@ def test_a_second_start_reads_the_pack_and_a_broken_pack_is_packed_again(tmp_pat
         f.truncate(size // 2)
     with running_server(ARGS, tmp_path, env=cache, name="truncated") as third:
         assert greedy(third) == packed
-        log = third.log()
+    log = third.log()  # after the stop, which waits for the pack's writer
     assert f"the prepacked file {path} is unusable" in log, log[-3000:]
     saved = SAVED.search(log)
     assert saved and Path(saved.group(1)) == path and path.stat().st_size == size

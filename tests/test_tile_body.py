@@ -3,16 +3,17 @@ block weights, multiplied on AMX tiles, under each ISA cap this CPU allows (belo
 is no tile body, and asking for it runs the integer body).
 
 Its reference is the float64 product on the dequantized weights (formats.dequantize, gguf-py's
-for the K-quants). Up to 8 tokens (decode steps) the tokens enter as two bf16 halves on exact
-integer weights: the tile body must come closer to the exact product than the integer body
-(int16 tokens) does, so a step gives the same tokens whichever body its size picks. Past 8
-tokens they enter as bf16, and from 64 the weights are dequantized to bf16 on the fly: the
-tile body must then come at least as close as the big-step GEMM it replaces (bf16 weights
-times bf16 tokens).
+for the K-quants). By default the tokens enter as two bf16 halves on exact integer weights:
+the tile body must come closer to the exact product than the integer body (int16 tokens)
+does, so a step gives the same tokens whichever body its size picks. With PAGODE_TILE_BF16=1,
+past 8 tokens they enter as bf16, and from 64 the weights are dequantized to bf16 on the
+fly: the tile body must then come at least as close as the big-step GEMM it stands in for
+(bf16 weights times bf16 tokens).
 """
 
 from __future__ import annotations
 
+import pytest
 import torch
 from test_kquant_kernel import random_blocks
 from test_quantization import block_kernel
@@ -32,7 +33,7 @@ def weight(kind: str, n: int, k: int) -> formats.BlockWeights:
     return formats.quantize(torch.randn(n, k) * 0.05, kind)  # type: ignore[arg-type]
 
 
-def check(kind: str, n: int, k: int) -> None:
+def check(kind: str, n: int, k: int, bf16: bool) -> None:
     w = weight(kind, n, k)
     bias = torch.randn(n)
     dense = formats.dequantize(w).double()
@@ -42,7 +43,7 @@ def check(kind: str, n: int, k: int) -> None:
         x[:, 3] *= 40  # an outlier channel, as real activations have
         got = block_kernel()(x, w, bias, tile_from=1).double()
         exact = x.double() @ dense.T + bias
-        if m <= PAIRED_TOKENS:
+        if m <= PAIRED_TOKENS or not bf16:
             torch.testing.assert_close(got, exact, rtol=1e-5, atol=2e-5 * exact.abs().max().item())
             integer = block_kernel()(x, w, bias, tile_from=0).double()
             assert (got - exact).norm() < (integer - exact).norm(), (kind, n, k, m)
@@ -51,16 +52,19 @@ def check(kind: str, n: int, k: int) -> None:
             assert (got - exact).norm() <= (big_step - exact).norm(), (kind, n, k, m)
 
 
-def test_tile_body_matches_the_exact_product_on_every_format(isa_cap: str) -> None:
+@pytest.mark.parametrize("bf16", [False, True], ids=["exact", "bf16"])
+def test_tile_body_matches_the_exact_product_on_every_format(isa_cap: str, bf16: bool,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PAGODE_TILE_BF16", "1" if bf16 else "0")
     if not block_kernel().has_tile_body():
         assert isa_cap != "amx"
         return
     for kind in formats.K_QUANTS:
         for n, k in ((37, 256), (301, 1536)):
-            check(kind, n, k)
+            check(kind, n, k, bf16)
     for kind in ("q4_1", "q8_0"):
         for n, k in ((37, 32), (1003, 160), (257, 1536)):
-            check(kind, n, k)
+            check(kind, n, k, bf16)
 
 
 def test_below_amx_the_switch_is_ignored(isa_cap: str) -> None:

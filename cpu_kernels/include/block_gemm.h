@@ -10,4 +10,6 @@
 // multiplied with every token on AMX tiles, the blocks' scales applied to the products.
 void tile_linear(int64_t kind, const float* x, const uint8_t* qs, const uint16_t* wd, const uint16_t* wm,
                  const float* bias, float* y, int64_t M, int64_t N, int64_t K, int64_t ldy, int nthreads);
+// Steps of more than 8 tokens in bf16 (off: exact at every size).
+void set_tile_bf16(bool on);
 #endif

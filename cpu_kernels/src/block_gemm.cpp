@@ -11,17 +11,17 @@
 // cover 16 inputs, so its products are 16 deep), and each product is scaled into fp32
 // accumulators:
 //     acc[row][token] += scale[row] * product[row][token] + minimum[row] * sum(token's inputs)
-// Up to 8 tokens enter as x = hi + lo with lo = bf16(x - hi), both in one operand: 16
-// significant bits, more than the integer body's int16 activations, so a decode step of a
-// few tokens computes what the integer body computes, to fp32 rounding, whichever body its
-// size picks. Past 8 tokens the lo half would cost a second product per block, and the
-// tile unit is what bounds a step of many tokens, so the tokens enter as bf16 (the
-// precision of the big-step GEMM's bf16 activations, on weights that stay exact). From
-// DEQUANTIZE_FROM tokens (a prefill chunk), scaling each block's product for each token
-// tile costs more than the products: each panel of rows is then dequantized to bf16 once
-// (the big-step GEMM's copy, made on the fly) and the products accumulate across all of K
-// in the tiles. The weights cross memory and are unpacked once per call whatever the
-// number of tokens.
+// The tokens enter as x = hi + lo with lo = bf16(x - hi), 8 tokens' hi and lo in one
+// operand: 16 significant bits, more than the integer body's int16 activations, so a step
+// computes what the integer body computes, to fp32 rounding, whichever body its size picks.
+// With bf16 tokens switched on (set_tile_bf16: PAGODE_TILE_BF16=1), steps of more than 8
+// tokens take bf16 tokens instead, one product per block for 16 tokens (the tile unit is
+// what bounds those steps), at the precision of the big-step GEMM's bf16 activations on
+// weights that stay exact; and from DEQUANTIZE_FROM tokens (a prefill chunk), where scaling
+// each block's product for each token tile costs more than the products, each panel of rows
+// is dequantized to bf16 once (the big-step GEMM's copy, made on the fly) and the products
+// accumulate across all of K in the tiles. The weights cross memory and are unpacked once
+// per call whatever the number of tokens.
 //
 // Only the amx build has a tile body: without tiles, the products and their scaling cost
 // about what the integer body costs.
@@ -33,6 +33,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <vector>
 
 #include "block_formats.h"
@@ -47,6 +48,9 @@ constexpr int64_t TILE_TOKENS = 16;  // the widest token tile
 constexpr int64_t CHUNK_BLOCKS = 8;  // blocks of 32 unpacked at a time: one K-quant super-block
 constexpr int64_t STREAM_AHEAD = 2048;  // bytes ahead of the unpacking that a row's stream is fetched
 constexpr int64_t MAX_STEPS = 16;    // products of a chunk (16 for Q6_K's 16-deep ones)
+// Whether steps of more than 8 tokens take bf16 tokens (and, from DEQUANTIZE_FROM, bf16
+// panels): off by default, so the block kernel stays exact on its blocks at every size.
+std::atomic<bool> bf16_tokens{false};
 constexpr int64_t PANEL = 32;        // rows of a dequantized panel: two row tiles
 // From this many tokens on, unpacking a panel to bf16 weights once costs less than scaling
 // every block's product for every token tile (measured on Q4_K and Q6_K at 2048-6144 inputs).
@@ -237,9 +241,9 @@ constexpr int64_t PAIRED_TOKENS = TILE_TOKENS / 2;
 // bf16 halves of a vector of bf16 values back to fp32 (exact).
 inline __m512 widen_bf16(__m256i h) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); }
 
-void lay_out_tokens(const float* x, int64_t M, int64_t K, Tokens& t) {
-    t.paired = M <= PAIRED_TOKENS;
-    t.width = std::min(TILE_TOKENS, M);
+void lay_out_tokens(const float* x, int64_t M, int64_t K, Tokens& t, bool bf16) {
+    t.paired = !bf16;  // exact steps pair every 8 tokens' hi and lo in one operand
+    t.width = std::min(t.paired ? PAIRED_TOKENS : TILE_TOKENS, M);
     t.tiles = (M + t.width - 1) / t.width;
     t.cols = t.paired ? 2 * t.width : t.width;
     t.hi.assign(t.tiles * t.cols * K, 0);
@@ -455,9 +459,10 @@ void request_tiles() {  // Linux hands out the tile state on request, once per p
 template <typename Fmt>
 void gemm(const float* x, const Weight& w, const float* bias, float* y, int64_t M, int64_t ldy, int nthreads) {
     static thread_local Tokens tokens;
-    lay_out_tokens(x, M, w.K, tokens);
+    const bool bf16 = bf16_tokens.load(std::memory_order_relaxed) && M > PAIRED_TOKENS;
+    lay_out_tokens(x, M, w.K, tokens, bf16);
     const Tokens* t = &tokens;  // the workers read the calling thread's layout
-    const bool dequantized = M >= DEQUANTIZE_FROM;
+    const bool dequantized = bf16 && M >= DEQUANTIZE_FROM;
     const int64_t height = dequantized ? PANEL : ROWS;
     const int64_t panels = (w.N + height - 1) / height;
     request_tiles();
@@ -490,6 +495,8 @@ void gemm(const float* x, const Weight& w, const float* bias, float* y, int64_t 
 }
 
 }  // namespace
+
+void set_tile_bf16(bool on) { bf16_tokens.store(on, std::memory_order_relaxed); }
 
 void tile_linear(int64_t kind, const float* x, const uint8_t* qs, const uint16_t* wd, const uint16_t* wm,
                  const float* bias, float* y, int64_t M, int64_t N, int64_t K, int64_t ldy, int nthreads) {

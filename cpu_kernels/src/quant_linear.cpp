@@ -485,6 +485,14 @@ void linear_blocks(int64_t kind, const float* x, const uint8_t* qs, const uint16
     }
 }
 
+void quant_kernel_tile_bf16(int on) {
+#ifdef PAGODE_AMX
+    set_tile_bf16(on != 0);
+#else
+    (void)on;
+#endif
+}
+
 int quant_kernel_tile_body() {
 #ifdef PAGODE_AMX
     return 1;

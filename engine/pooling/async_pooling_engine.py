@@ -27,6 +27,7 @@ from engine.io.info import EngineInfo
 from engine.io.outputs import StreamDelta
 from engine.io.request_limits import RequestLimits
 from engine.io.stats import EngineStats, StepStats
+from engine.lora.adapter import LoraError
 from engine.pooling.batching import plan_batches
 from engine.pooling.inputs import PoolingInput
 from engine.pooling.pooling_model import PoolingModel
@@ -182,13 +183,23 @@ class AsyncPoolingEngine:
     # ---- what the server's engine protocol asks ----
 
     def generate(self, prompt: str | list[int], params: SamplingParams,
-                 request_id: str) -> AsyncGenerator[StreamDelta, None]:
+                 request_id: str, lora_name: str | None = None) -> AsyncGenerator[StreamDelta, None]:
         raise InvalidRequestError(
             f"this server runs {self.model_name} as {TASK_NAMES[self.task]} model (--task {self.task}): it serves "
             f"/v1/embeddings, /v1/score and /v1/rerank, not text generation", "model")
 
     def abort(self, request_id: str) -> None:
         return None
+
+    def lora_adapters(self) -> dict[str, str]:
+        return {}  # a pooling model takes no adapters
+
+    async def load_lora_adapter(self, name: str, path: str) -> None:
+        raise LoraError(f"this server runs {self.model_name} as {TASK_NAMES[self.task]} model: "
+                        "LoRA adapters apply to text generation only")
+
+    async def unload_lora_adapter(self, name: str) -> None:
+        raise LoraError(f"{name} is not loaded: a pooling model takes no adapters")
 
     def stats(self) -> EngineStats:
         return self._stats

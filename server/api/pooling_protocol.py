@@ -79,9 +79,9 @@ class ScoreRequest(OpenAIModel):
         first, second = self.text_1 or self.queries, self.text_2 or self.documents
         if first is None or second is None:
             raise ValueError("give text_1 and text_2 (or queries and documents)")
-        if isinstance(first, list) and isinstance(second, list) and len(first) not in (1, len(second)):
-            raise ValueError(f"text_1 has {len(first)} texts and text_2 {len(second)}: give one text_1, "
-                             "or as many as text_2")
+        n1, n2 = (1 if isinstance(t, str) else len(t) for t in (first, second))
+        if n1 not in (1, n2):
+            raise ValueError(f"text_1 has {n1} texts and text_2 {n2}: give one text_1, or as many as text_2")
         return self
 
     def pairs(self) -> list[tuple[str, str]]:
