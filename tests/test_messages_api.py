@@ -113,9 +113,9 @@ async def test_a_stop_sequence_is_reported(client: Any, model: str) -> None:
 
 
 async def test_tool_use_round_trip(client: Any, model: str) -> None:
-    first = await client.messages.create(
+    first = await client.messages.create(  # greedy: a sampled call may run past its budget
         model=model, max_tokens=64, messages=QUESTION, tools=[WEATHER_TOOL],
-        tool_choice={"type": "tool", "name": "get_weather"})
+        tool_choice={"type": "tool", "name": "get_weather"}, extra_body={"temperature": 0})
     assert first.stop_reason == "tool_use"
     (call,) = [block for block in first.content if block.type == "tool_use"]
     assert call.name == "get_weather" and isinstance(call.input.get("city"), str)
@@ -141,7 +141,7 @@ async def test_streamed_tool_use_arrives_as_input_json(client: Any, model: str) 
     async with client.messages.stream(model=model, max_tokens=60, messages=QUESTION,
                                       tools=[WEATHER_TOOL], tool_choice={
                                           "type": "any", "disable_parallel_tool_use": True},
-                                      ) as stream:
+                                      extra_body={"temperature": 0}) as stream:
         kinds = [event.type async for event in stream]
         final = await stream.get_final_message()
     assert "input_json" in kinds  # the SDK's event for each input_json_delta

@@ -89,7 +89,7 @@ async def test_the_streamed_event_sequence(client: openai.AsyncOpenAI, model: st
 async def test_function_call_round_trip(client: openai.AsyncOpenAI, model: str) -> None:
     first = await client.responses.create(
         model=model, input="What is the weather in Paris?", tools=[WEATHER_TOOL],
-        tool_choice={"type": "function", "name": "get_weather"}, max_output_tokens=64)
+        tool_choice={"type": "function", "name": "get_weather"}, max_output_tokens=64, temperature=0)
     (call,) = [item for item in first.output if item.type == "function_call"]
     assert call.name == "get_weather" and isinstance(json.loads(call.arguments)["city"], str)
     second = await client.responses.create(
@@ -110,7 +110,7 @@ async def test_streamed_function_call_arguments(client: openai.AsyncOpenAI, mode
     stream = await client.responses.create(
         model=model, input="What is the weather in Paris?", tools=[WEATHER_TOOL],
         tool_choice="required", parallel_tool_calls=False, max_output_tokens=64, stream=True,
-        store=False)
+        store=False, temperature=0)
     events = [event async for event in stream]
     deltas = "".join(event.delta for event in events
                      if event.type == "response.function_call_arguments.delta")
