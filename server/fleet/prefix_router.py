@@ -5,8 +5,8 @@ Each replica reports the keys of the KV blocks its cache holds (`record_routing_
 `request_routing_stats_period_s`); between reports the router also remembers where it sent
 each prompt's blocks, since those will be cached there as soon as the prompt is prefilled.
 A prompt goes to the replica that holds the longest run of its leading blocks; a prompt that
-no replica holds goes to the replica sent the fewest blocks lately, so that distinct prefixes
-spread over the replicas instead of piling onto one. When the replicas' queues differ by more
+no replica holds goes to the replica sent the fewest distinct prefixes lately, so that distinct
+prefixes spread over the replicas instead of piling onto one. When the replicas' queues differ by more
 than `imbalanced_threshold` requests, load wins: the least loaded replica takes it.
 
 Unlike Ray's PrefixCacheAffinityRouter (a character tree of the prompts it routed), this
@@ -40,12 +40,15 @@ class PrefixAffinityRouter(RequestRouter):
         self.remembered_s = remembered_s
         self.rng = random.Random(seed)
         self.sent: dict[ReplicaID, dict[int, float]] = {}  # replica -> key -> when sent
+        self.heads: dict[ReplicaID, dict[int, float]] = {}  # replica -> first key -> when sent
 
     def update_replicas(self, replicas: list[RunningReplica]) -> None:
         super().update_replicas(replicas)
         alive = {r.replica_id for r in replicas}
         for gone in set(getattr(self, "sent", {})) - alive:
             del self.sent[gone]
+        for gone in set(getattr(self, "heads", {})) - alive:
+            del self.heads[gone]
         # Through the module: Ray ships this one by value, so its own globals are copies.
         replica_registry.remember(self._deployment_id.name, [r.replica_id.unique_id for r in replicas])
 
@@ -69,7 +72,8 @@ class PrefixAffinityRouter(RequestRouter):
 
     def rank_by_prefix(self, candidates: list[RunningReplica], keys: list[int]) -> list[RunningReplica]:
         """The replica holding the longest run of the prompt's leading blocks, or, when none
-        holds its first block, the one sent the fewest blocks lately (ties broken at random)."""
+        holds its first block, the one sent the fewest distinct prefixes lately (ties broken at
+        random)."""
         now = time.monotonic()
         held = {r.replica_id: self.held_keys(r, now) for r in candidates}
         matched = {r.replica_id: leading_run(keys, held[r.replica_id]) for r in candidates}
@@ -78,8 +82,9 @@ class PrefixAffinityRouter(RequestRouter):
             best = [r for r in candidates if matched[r.replica_id] == most]
         else:
             # Not what the caches hold (once warm, every cache is full of idle blocks), but
-            # what was sent lately: the replica serving the fewest live prefixes.
-            recent = {r.replica_id: len(self.sent.get(r.replica_id, {})) for r in candidates}
+            # what was sent lately: the replica serving the fewest live prefixes. Prefixes, not
+            # blocks: one long prompt's blocks would outweigh several short prefixes.
+            recent = {r.replica_id: self.live_heads(r.replica_id, now) for r in candidates}
             fewest = min(recent.values())
             best = [r for r in candidates if recent[r.replica_id] == fewest]
         return [self.rng.choice(best)]
@@ -92,6 +97,12 @@ class PrefixAffinityRouter(RequestRouter):
         for key in [k for k, when in sent.items() if now - when > self.remembered_s]:
             del sent[key]
         return set(reported) | sent.keys()
+
+    def live_heads(self, replica_id: ReplicaID, now: float) -> int:
+        heads = self.heads.get(replica_id, {})
+        for key in [k for k, when in heads.items() if now - when > self.remembered_s]:
+            del heads[key]
+        return len(heads)
 
     def imbalanced(self, candidates: list[RunningReplica]) -> bool:
         lengths = [self._replica_queue_len_cache.get(r.replica_id) for r in candidates]
@@ -107,6 +118,7 @@ class PrefixAffinityRouter(RequestRouter):
         sent = self.sent.setdefault(replica_id, {})
         for key in request.block_keys:
             sent[key] = now
+        self.heads.setdefault(replica_id, {})[request.block_keys[0]] = now
 
 
 def relay_request(pending_request: PendingRequest | None) -> RelayRequest | None:
