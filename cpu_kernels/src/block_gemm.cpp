@@ -29,13 +29,12 @@
 
 #ifdef PAGODE_AMX
 #include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <vector>
 
+#include "amx_tiles.h"
 #include "block_formats.h"
 #include "quant_linear.h"
 
@@ -277,11 +276,8 @@ void lay_out_tokens(const float* x, int64_t M, int64_t K, Tokens& t, bool bf16) 
     }
 }
 
-struct TileConfig {
-    uint8_t palette = 1, start_row = 0, reserved[14] = {};
-    uint16_t colsb[16] = {};
-    uint8_t rows[16] = {};
-};
+using pagode_amx::request_tiles;
+using pagode_amx::TileConfig;
 
 // Tiles 0, 1: products (16 rows x cols, fp32); 2, 3: integers (16 rows x depth); 4, 5: the
 // tokens (depth / 2 input pairs x cols).
@@ -448,11 +444,6 @@ void multiply_panel(const uint16_t* panel, const Tokens& t, int64_t K, int64_t r
             write_result(out, ROWS, rows, tok1, std::min(t.width, M - tok1), bias, y, ldy);
         }
     }
-}
-
-void request_tiles() {  // Linux hands out the tile state on request, once per process
-    static const bool granted = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
-    (void)granted;
 }
 
 // y [M, N] = x @ W^T (+ bias): panels of 16 rows split across the threads.

@@ -1,0 +1,32 @@
+// What every AMX body shares: the tile configuration's layout and the request for the
+// tile state. Present in the amx build only.
+#pragma once
+
+#include "isa.h"
+
+#ifdef PAGODE_AMX
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cstdint>
+
+namespace pagode_amx {
+
+// The 64 bytes LDTILECFG reads (palette 1): each tile's rows and bytes per row.
+struct TileConfig {
+    uint8_t palette = 1, start_row = 0, reserved[14] = {};
+    uint16_t colsb[16] = {};
+    uint8_t rows[16] = {};
+};
+
+// Linux hands out the tile state on request, once per process; a tile instruction without
+// it faults.
+inline void request_tiles() {
+    static const bool granted = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+    (void)granted;
+}
+
+}  // namespace pagode_amx
+
+#endif  // PAGODE_AMX
