@@ -155,3 +155,53 @@ async def test_rank_over_limit_is_400_and_loads_nothing(served: Served) -> None:
     async with sdk(served.server) as client:
         with pytest.raises(openai.NotFoundError):
             await complete(client, "wide", [1, 5, 6])
+
+
+def stream_events(server: ServerProcess, path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The JSON data of each SSE event of a streamed POST."""
+    import json
+
+    events = []
+    with httpx.stream("POST", f"{server.base_url}{path}", json={**body, "stream": True}, timeout=60.0) as response:
+        assert response.status_code == 200, response.read()
+        for line in response.iter_lines():
+            if line.startswith("data:") and line[5:].strip() != "[DONE]":
+                events.append(json.loads(line[5:]))
+    return events
+
+
+async def test_responses_name_the_adapter(served: Served) -> None:
+    """As vLLM does, a response carries the adapter its request named, not the base model, in
+    every API and in every stream chunk; a base request still carries the base's name. The
+    metrics keep vLLM's labels: the adapter's requests count under the base model's
+    `model_name` (vLLM's series are per served model; lora_requests_info names adapters)."""
+    prompt = prompts(1, seed=5)[0]
+    text_prompt = " ".join(words(prompt))
+    short = {"max_tokens": 4, "temperature": 0}
+    async with sdk(served.server) as client:
+        for model in ("b", "tiny"):
+            done = await client.completions.create(model=model, prompt=prompt, **short)  # type: ignore[call-overload]
+            turn = [{"role": "user", "content": text_prompt}]
+            chat = await client.chat.completions.create(model=model, messages=turn, **short)  # type: ignore[arg-type]
+            assert done.model == model and chat.model == model
+    chunks = stream_events(served.server, "/v1/completions", {"model": "b", "prompt": prompt, **short})
+    chat_chunks = stream_events(served.server, "/v1/chat/completions",
+                                {"model": "b", "messages": [{"role": "user", "content": text_prompt}], **short})
+    assert len(chunks) >= 4 and {c["model"] for c in chunks} == {"b"}
+    assert len(chat_chunks) >= 4 and {c["model"] for c in chat_chunks} == {"b"}
+    message = {"model": "b", "max_tokens": 4, "messages": [{"role": "user", "content": text_prompt}]}
+    reply = await post(served.server, "/v1/messages", message)
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["model"] == "b"
+    started = [e for e in stream_events(served.server, "/v1/messages", message) if e["type"] == "message_start"]
+    assert [e["message"]["model"] for e in started] == ["b"]
+    asked = {"model": "b", "input": text_prompt, "max_output_tokens": 4, "store": False}
+    response = await post(served.server, "/v1/responses", asked)
+    assert response.status_code == 200, response.text
+    assert response.json()["model"] == "b"
+    events = [e for e in stream_events(served.server, "/v1/responses", asked) if "response" in e]
+    assert len(events) >= 2 and {e["response"]["model"] for e in events} == {"b"}
+    metrics = httpx.get(f"{served.server.base_url}/metrics").text
+    success = [line for line in metrics.splitlines() if line.startswith("pagode:request_success_total{")]
+    assert success and all('model_name="tiny"' in line for line in success)
+    assert 'model_name="b"' not in metrics

@@ -80,6 +80,10 @@ class ServedModel:
         return name == self.name or (self.engine is not None and (
             name == str(self.engine.model_name) or name in self.engine.lora_adapters()))
 
+    def runs_adapter(self, name: str) -> bool:
+        """`name` is one of its LoRA adapters, not the model itself."""
+        return name != self.name and self.engine is not None and name in self.engine.lora_adapters()
+
     def memory_bytes(self) -> int:
         """What loading it takes, for the memory budget: its weight files and its KV cache."""
         config = self.spec.config or (self.engine.config if self.engine is not None else None)

@@ -127,9 +127,13 @@ class ServerState:
         return self.registry.default.name
 
     def name_for(self, model: str | None) -> str:
-        """The served name of the model a request names (the default when it names none)."""
+        """The name a response carries: the adapter's when the request names a LoRA adapter
+        (vLLM echoes it, and clients match responses to what they asked for), else the served
+        name of the model it names (the default when it names none)."""
         found = self.registry.find(model)
-        return found.name if found is not None else self.served_model_name
+        if found is None:
+            return self.served_model_name
+        return model if model is not None and found.runs_adapter(model) else found.name
 
     def health_problem(self) -> str | None:
         """None when healthy, else why not."""
