@@ -132,34 +132,36 @@ def test_the_default_gguf_tokenizer_builds_as_autotokenizer_builds_it(default_mo
     read the whole file into a config to choose that same class."""
     from transformers import AutoTokenizer
 
-    from engine.model.loader import _gguf_builds_a_plain_tokenizer, tokenizer_from_gguf
+    from engine.model.loader import _gguf_tokenizer_type, tokenizer_from_gguf
 
     path = Path(default_model_path)
-    assert _gguf_builds_a_plain_tokenizer(path)
+    assert _gguf_tokenizer_type(path) == "plain"
     auto = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     assert_reads_as_autotokenizer(tokenizer_from_gguf(path), auto, CHAT,
                                   PROMPTS + ["  spaces  and\ttabs\n", "<|im_start|>user\nx<|im_end|>"])
 
 
-# (spec, whether AutoTokenizer's class for it is the plain one)
+# (spec, how the tokenizer is built without reading the file into a config: the plain
+# class, or the class AutoTokenizer's tables give the arch as a model type)
 GGUF_TOKENIZERS = [
-    (tiny_spec("llama-tok", "LlamaConfig", "LlamaForCausalLM", "llama"), True),
-    (tiny_spec("phi3-tok", "Phi3Config", "Phi3ForCausalLM", "phi3", pad_token_id=0), True),
-    (tiny_spec("qwen2-tok", "Qwen2Config", "Qwen2ForCausalLM", "qwen2"), False),
-    (tiny_spec("gemma2-tok", "Gemma2Config", "Gemma2ForCausalLM", "gemma2", head_dim=16), False),
+    (tiny_spec("llama-tok", "LlamaConfig", "LlamaForCausalLM", "llama"), "plain"),
+    (tiny_spec("phi3-tok", "Phi3Config", "Phi3ForCausalLM", "phi3", pad_token_id=0), "plain"),
+    (tiny_spec("qwen2-tok", "Qwen2Config", "Qwen2ForCausalLM", "qwen2"), "qwen2"),
+    (tiny_spec("gemma2-tok", "Gemma2Config", "Gemma2ForCausalLM", "gemma2", head_dim=16), "gemma2"),
 ]
 
 
-@pytest.mark.parametrize(("spec", "plain"), GGUF_TOKENIZERS, ids=[s.name for s, _ in GGUF_TOKENIZERS])
-def test_a_gguf_tokenizer_builds_as_autotokenizer_builds_it(spec: Any, plain: bool, tiny_zoo: Any) -> None:
-    """Only the arches whose AutoTokenizer class is the plain one skip AutoTokenizer; the
-    others (a class of their own) still go through it, and both read the same."""
+@pytest.mark.parametrize(("spec", "kind"), GGUF_TOKENIZERS, ids=[s.name for s, _ in GGUF_TOKENIZERS])
+def test_a_gguf_tokenizer_builds_as_autotokenizer_builds_it(spec: Any, kind: str, tiny_zoo: Any) -> None:
+    """A GGUF's tokenizer is built by the class AutoTokenizer would pick (the plain one, or
+    the arch's own), named without AutoTokenizer reading the whole file into a config, and
+    reads as AutoTokenizer's does."""
     from transformers import AutoTokenizer
 
-    from engine.model.loader import _gguf_builds_a_plain_tokenizer, tokenizer_from_gguf
+    from engine.model.loader import _gguf_tokenizer_type, tokenizer_from_gguf
 
     path, _ = tiny_zoo.gguf(spec, "F32")
-    assert _gguf_builds_a_plain_tokenizer(path) is plain
+    assert _gguf_tokenizer_type(path) == kind
     tok, auto = tokenizer_from_gguf(path), AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     assert type(tok) is type(auto) and len(tok) == len(auto)
     assert (tok.bos_token_id, tok.eos_token_id, tok.all_special_tokens) == \

@@ -265,13 +265,18 @@ def _types_with_their_own_tokenizer() -> frozenset[str] | None:
 def tokenizer_from_gguf(path: Path):  # type: ignore[no-untyped-def]
     """AutoTokenizer first maps the file's arch onto a transformers config, which it lacks for
     some arches pagode serves (granite, olmo2, smollm3); the vocabulary itself reads the same
-    for any arch, so those go straight to the fast tokenizer's GGUF reader. So do the arches
-    whose class AutoTokenizer would pick is that plain one anyway: to pick it, AutoTokenizer
-    reads every field of the file into a config (seconds of a first start)."""
+    for any arch, so those go straight to the fast tokenizer's GGUF reader. Where the arch is
+    transformers' model type as it is, the class is named from it (AutoTokenizer's
+    `tokenizer_type`): to pick it, AutoTokenizer would read every field of the file into a
+    config with gguf-py's reader, most of a first start's tokenizer seconds on a vocabulary
+    of 150k tokens. Any other file goes through AutoTokenizer's own choice."""
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-    if _gguf_builds_a_plain_tokenizer(path):
+    kind = _gguf_tokenizer_type(path)
+    if kind == "plain":
         return PreTrainedTokenizerFast.from_pretrained(str(path.parent), gguf_file=path.name)
+    if kind is not None:
+        return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, tokenizer_type=kind)
     try:
         return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     except ValueError as err:
@@ -281,12 +286,14 @@ def tokenizer_from_gguf(path: Path):  # type: ignore[no-untyped-def]
     return PreTrainedTokenizerFast.from_pretrained(str(path.parent), gguf_file=path.name)
 
 
-def _gguf_builds_a_plain_tokenizer(path: Path) -> bool:
-    """Whether AutoTokenizer would build this GGUF's tokenizer as the plain fast class. It
-    does where transformers' model type for the file is its arch (no rename: not a llama file
-    of a Mistral model, nor an arch its fast GGUF reader maps) and that type has no tokenizer
-    class of its own (AutoTokenizer's fallback for an unlisted type is the plain one). Any
-    other file goes through AutoTokenizer."""
+def _gguf_tokenizer_type(path: Path) -> str | None:
+    """How AutoTokenizer would build this GGUF's tokenizer, where that is certain without its
+    config: "plain" for the plain fast class, else the model type whose class it picks; None
+    where only AutoTokenizer can say. It is certain where transformers' model type for the
+    file is its arch (no rename: not a llama file of a Mistral model, nor an arch its fast GGUF
+    reader maps) and no tokenizer_config.json beside the file declares another class: then
+    AutoTokenizer builds the class its tables give that type, the plain one for a type they
+    do not list."""
     from transformers.integrations.gguf import GGUF_CONFIG_ARCHS
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
     from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING_NAMES
@@ -294,8 +301,11 @@ def _gguf_builds_a_plain_tokenizer(path: Path) -> bool:
     header = GGUFModel(path)
     arch, name = header.arch, str(header.field("general.name", "")).lower()
     if arch not in CONFIG_MAPPING_NAMES or arch in GGUF_CONFIG_ARCHS or ("llama" in arch and "mistral" in name):
-        return False
-    return TOKENIZER_MAPPING_NAMES.get(arch, "TokenizersBackend") in PLAIN_TOKENIZER_CLASSES
+        return None
+    if (path.parent / "tokenizer_config.json").exists():
+        return None
+    named = TOKENIZER_MAPPING_NAMES.get(arch, "TokenizersBackend")
+    return "plain" if named in PLAIN_TOKENIZER_CLASSES else arch
 
 
 def _tokenizer_cache_dir(path: Path) -> Path:
