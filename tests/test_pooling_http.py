@@ -17,6 +17,8 @@ import torch.nn.functional as F
 from pooling_zoo import build_bert, build_cross_encoder
 from server_fixtures import ServerProcess, json_error, metric_value, running_server
 
+from engine.quant.gemm_choice import bf16_can_win
+
 TEXTS = ["paris", "the cat sat on the mat", "what is the capital of france where the river is blue", "dog ran far"]
 LONG = " ".join(["the cat sat on the mat"] * 40)  # ~240 tokens: past the tiny BERT's 128 positions
 COSINE = 0.99999
@@ -29,7 +31,8 @@ def embed_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def embed_server(embed_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    with running_server(["--model", str(embed_folder), "--served-model-name", "mini-embed"],
+    # fp32 (--quantization none), so the numbers can be held to sentence-transformers' at 1e-5.
+    with running_server(["--model", str(embed_folder), "--served-model-name", "mini-embed", "--quantization", "none"],
                         tmp_path_factory.mktemp("logs")) as server:
         yield server
 
@@ -37,7 +40,7 @@ def embed_server(embed_folder: Path, tmp_path_factory: pytest.TempPathFactory) -
 @pytest.fixture(scope="module")
 def score_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, Path]]:
     folder = build_cross_encoder(tmp_path_factory.mktemp("cross-encoder"))
-    with running_server(["--model", str(folder)], tmp_path_factory.mktemp("logs")) as server:
+    with running_server(["--model", str(folder), "--quantization", "none"], tmp_path_factory.mktemp("logs")) as server:
         yield server, folder
 
 
@@ -69,6 +72,20 @@ def test_openai_sdk_embeddings_equal_sentence_transformers(embed_server: ServerP
         assert response.model == "mini-embed" and response.usage.prompt_tokens == response.usage.total_tokens
     single = sdk.embeddings.create(model="mini-embed", input=TEXTS[1], user="someone")
     assert_same_vectors([single.data[0].embedding], want[1:2])
+
+
+def test_default_server_embeds_within_the_bf16_gate(embed_folder: Path,
+                                                    tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The server's defaults (--quantization auto: bf16 products where the CPU has bf16 matrix
+    units and the checkpoint holds the gate) answer the SDK within cosine 0.999 of encode."""
+    want = reference(embed_folder, TEXTS)
+    with running_server(["--model", str(embed_folder), "--served-model-name", "auto"],
+                        tmp_path_factory.mktemp("logs")) as server:
+        response = client(server).embeddings.create(model="auto", input=TEXTS)
+        log = server.log_path.read_text()
+    got = torch.tensor([d.embedding for d in response.data])
+    assert F.cosine_similarity(got, want).min().item() >= 0.999
+    assert ("pooling model in bf16 products" in log) == bf16_can_win()
 
 
 def test_dimensions_truncate_and_renormalize(embed_server: ServerProcess, embed_folder: Path) -> None:

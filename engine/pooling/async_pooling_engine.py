@@ -216,8 +216,9 @@ class AsyncPoolingEngine:
 
     def describe(self) -> EngineInfo:
         return EngineInfo(model=self.model_name, num_blocks=0, block_size=self.block_size,
-                          max_model_len=self.max_model_len, batching=self.task, device="cpu", dtype="float32",
-                          attention="sdpa", kv_cache_dtype="none", kv_tokens_per_gib=0, cpu=self._cpu.model,
+                          max_model_len=self.max_model_len, batching=self.task, device="cpu",
+                          dtype=self.model.precision, attention="sdpa", kv_cache_dtype="none", kv_tokens_per_gib=0,
+                          cpu=self._cpu.model,
                           cpu_isa=self._cpu.target, cpu_flags=" ".join(self._cpu.flags))
 
     def compile_grammar(self, spec: StructuredOutputSpec) -> None:

@@ -2,8 +2,14 @@
 and nomic-bert (rotary positions, SwiGLU), with the classifier heads of their cross-encoders.
 
 Every token sees every other token of its row, so no KV cache is kept: one forward over a
-right-padded batch, padding masked out of the keys. The modules carry transformers' names, so
-a checkpoint's tensors load by name after its model prefix is stripped.
+batch of rows, their real tokens packed into one stream (engine/pooling/packing.py) so that
+no linear layer multiplies padding, and padding masked out of the keys. The modules carry
+transformers' names, so a checkpoint's tensors load by name after its model prefix is stripped.
+
+The linear layers and attention may run in bf16 (`Encoder.use_bf16`) where the CPU has bf16
+matrix units; the residual stream and the LayerNorms stay fp32, so rounding enters only the
+products, and the model is served so only where it holds the quality gate
+(engine/pooling/precision.py).
 """
 
 from __future__ import annotations
@@ -15,6 +21,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from engine.pooling.packing import Packing
 
 Rope = tuple[torch.Tensor, torch.Tensor]  # cos, sin [B, L, head_dim]
 
@@ -96,20 +104,19 @@ def rope_tables(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[t
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [B, heads, L, d]; cos/sin [B, L, d]."""
+    """x [B, heads, L, d]; cos/sin [B, L, d]. Rotated in fp32 and returned in x's dtype, so
+    bf16 queries and keys are rounded once, after the rotation."""
     half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos[:, None] + rotated * sin[:, None]
+    xf = x.float()
+    rotated = torch.cat([-xf[..., half:], xf[..., :half]], dim=-1)
+    return (xf * cos[:, None] + rotated * sin[:, None]).to(x.dtype)
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-    """Bidirectional attention over [B, heads, L, d]; keep [B, 1, 1, L] masks padded keys."""
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, scale=1.0 / math.sqrt(q.shape[-1]))
-    return out.transpose(1, 2).flatten(2)
-
-
-def split_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
-    return x.unflatten(-1, (heads, -1)).transpose(1, 2)
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packing: Packing) -> torch.Tensor:
+    """Bidirectional attention over [B, heads, L, d] with the padded keys masked; the real
+    tokens' outputs as a [T, heads * d] stream."""
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=packing.keep, scale=1.0 / math.sqrt(q.shape[-1]))
+    return packing.tokens(out)
 
 
 class BertSelfAttention(nn.Module):
@@ -127,7 +134,7 @@ class BertOutput(nn.Module):
         self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        return self.LayerNorm(self.dense(x) + residual)
+        return self.LayerNorm(self.dense(x).float() + residual)
 
 
 class BertAttention(nn.Module):
@@ -149,16 +156,19 @@ class BertLayer(nn.Module):
     def __init__(self, cfg: EncoderConfig) -> None:
         super().__init__()
         self.num_heads = cfg.num_heads
+        self.dtype = torch.float32  # what the linear layers and attention compute in
         self.act = activation(cfg.hidden_act)
         self.attention = BertAttention(cfg)
         self.intermediate = BertIntermediate(cfg)
         self.output = BertOutput(cfg.intermediate_size, cfg)
 
-    def forward(self, x: torch.Tensor, keep: torch.Tensor, rope: Rope | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, packing: Packing, rope: Rope | None) -> torch.Tensor:
+        """x: the [T, H] fp32 stream of real tokens."""
         proj = self.attention.self
-        q, k, v = (split_heads(p(x), self.num_heads) for p in (proj.query, proj.key, proj.value))
-        h = self.attention.output(attend(q, k, v, keep), x)
-        return self.output(self.act(self.intermediate.dense(h)), h)
+        xs = x.to(self.dtype)
+        q, k, v = (packing.heads(p(xs), self.num_heads) for p in (proj.query, proj.key, proj.value))
+        h = self.attention.output(attend(q, k, v, packing), x)
+        return self.output(self.act(self.intermediate.dense(h.to(self.dtype))), h)
 
 
 class NomicAttention(nn.Module):
@@ -180,7 +190,7 @@ class NomicMLP(nn.Module):
         self.act = activation(cfg.hidden_act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x)).float()
 
 
 class NomicLayer(nn.Module):
@@ -189,18 +199,21 @@ class NomicLayer(nn.Module):
     def __init__(self, cfg: EncoderConfig) -> None:
         super().__init__()
         self.num_heads = cfg.num_heads
+        self.dtype = torch.float32  # what the linear layers and attention compute in
         self.self_attn = NomicAttention(cfg)
         self.post_attention_layernorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         self.mlp = NomicMLP(cfg)
         self.post_mlp_layernorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
 
-    def forward(self, x: torch.Tensor, keep: torch.Tensor, rope: Rope | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, packing: Packing, rope: Rope | None) -> torch.Tensor:
+        """x: the [T, H] fp32 stream of real tokens."""
         assert rope is not None
         attn = self.self_attn
-        q, k, v = (split_heads(p(x), self.num_heads) for p in (attn.q_proj, attn.k_proj, attn.v_proj))
+        xs = x.to(self.dtype)
+        q, k, v = (packing.heads(p(xs), self.num_heads) for p in (attn.q_proj, attn.k_proj, attn.v_proj))
         q, k = rotate(q, *rope), rotate(k, *rope)
-        h = self.post_attention_layernorm(x + attn.o_proj(attend(q, k, v, keep)))
-        return self.post_mlp_layernorm(h + self.mlp(h))
+        h = self.post_attention_layernorm(x + attn.o_proj(attend(q, k, v, packing)).float())
+        return self.post_mlp_layernorm(h + self.mlp(h.to(self.dtype)))
 
 
 class LayerStack(nn.Module):
@@ -221,16 +234,28 @@ class Encoder(nn.Module):
         self.head = ClassifierHead(cfg) if cfg.num_labels else None
 
     def forward(self, input_ids: torch.Tensor, token_types: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """[B, L, H] fp32 token states of right-padded rows (zeros past each row's length)."""
         cfg = self.config
-        columns = torch.arange(input_ids.shape[1])
-        valid = columns[None, :] < lengths[:, None]
-        positions = (columns + cfg.position_offset).expand_as(input_ids)
-        x = self.embeddings(input_ids, positions, token_types)
-        rope = rope_tables(positions, cfg.head_dim, cfg.rope_theta) if cfg.rotary else None
-        keep = valid[:, None, None, :]
+        packing = Packing(lengths, input_ids.shape[1])
+        positions = (torch.arange(input_ids.shape[1]) + cfg.position_offset).expand_as(input_ids)
+        x = self.embeddings(packing.pack(input_ids), packing.pack(positions), packing.pack(token_types))
+        rope = None
+        if cfg.rotary:
+            rope = rope_tables(positions, cfg.head_dim, cfg.rope_theta)
         for layer in self.encoder.layer:
-            x = layer(x, keep, rope)
-        return x
+            x = layer(x, packing, rope)
+        return packing.pad(x)
+
+    def use_bf16(self) -> None:
+        """The layers' linear weights in bf16, their products and attention computed in bf16
+        (AMX tiles or AVX512-BF16 where the CPU has them); embeddings, LayerNorms, the
+        residual stream and the classifier head stay fp32."""
+        for layer in self.encoder.layer:
+            assert isinstance(layer, BertLayer | NomicLayer)
+            for module in layer.modules():
+                if isinstance(module, nn.Linear):
+                    module.to(torch.bfloat16)
+            layer.dtype = torch.bfloat16
 
     def classify(self, hidden: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """The cross-encoder's logits [B, num_labels] from its token states (CLS: lengths unused)."""

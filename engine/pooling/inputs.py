@@ -32,6 +32,18 @@ def encode_text(tokenizer: Any, text: str, truncate: int | None) -> PoolingInput
     return PoolingInput(list(encoded["input_ids"]), _types(encoded))
 
 
+def encode_texts(tokenizer: Any, texts: list[str], truncate: int | None) -> list[PoolingInput]:
+    """Many texts as encode_text makes each, in one call of the tokenizer: a fast tokenizer
+    encodes a list in one pass of its own code, without a Python round trip per text."""
+    if not texts:
+        return []
+    kwargs: dict[str, Any] = {"truncation": True, "max_length": truncate} if truncate else {}
+    encoded = tokenizer(texts, **kwargs)
+    types = encoded.get("token_type_ids")
+    return [PoolingInput(list(ids), None if types is None or not any(types[i]) else list(types[i]))
+            for i, ids in enumerate(encoded["input_ids"])]
+
+
 def encode_pair(tokenizer: Any, spec: PoolingSpec, query: str, document: str, truncate: int | None,
                 instruction: str | None = None) -> PoolingInput:
     """A (query, document) pair as the scorer reads it: the tokenizer's pair encoding for a

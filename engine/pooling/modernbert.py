@@ -9,13 +9,15 @@ so a checkpoint loads by name once its `model.` prefix is stripped.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from engine.pooling.encoder import activation, attend, rope_tables, rotate, split_heads
+from engine.pooling.encoder import activation, rope_tables, rotate
 from engine.pooling.pooler import pool
 
 
@@ -76,6 +78,17 @@ class Embeddings(nn.Module):
         super().__init__()
         self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.norm = norm(cfg)
+
+
+def split_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
+    return x.unflatten(-1, (heads, -1)).transpose(1, 2)
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """Attention over padded [B, heads, L, d] rows; keep [B, 1, L or 1, L] says which keys
+    each query reads (a window for the local layers, so the rows stay padded here)."""
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, scale=1.0 / math.sqrt(q.shape[-1]))
+    return out.transpose(1, 2).flatten(2)
 
 
 class Attention(nn.Module):

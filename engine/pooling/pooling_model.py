@@ -20,6 +20,7 @@ from engine.pooling.encoder_weights import load_encoder
 from engine.pooling.gguf_spec import gguf_spec
 from engine.pooling.inputs import PoolingInput
 from engine.pooling.modernbert import ModernBert
+from engine.pooling.precision import bf16_if_it_holds, wants_bf16
 from engine.quant import quantize_model
 from engine.quant.dense_linear import speed_up_fp32_linears
 from engine.tokenizer import Tokenizer
@@ -43,6 +44,8 @@ class PoolingModel:
         self.tokenizer: Tokenizer = load_tokenizer(self.source)
         self.budget = config.token_budget
         self.quantization = pooling_quantization(config)
+        self.precision = "fp32"  # fp32, bf16 (an encoder's products), or the int8/int4 blocks
+        self.probe_cosine: float | None = None  # bf16's smallest probe cosine to fp32, where it was tried
         self.encoder: Encoder | ModernBert | None = None
         self.decoder: DecoderPooler | None = None
         if self.spec.is_encoder:
@@ -59,11 +62,17 @@ class PoolingModel:
                  self.max_model_len, self.budget)
 
     def _load_encoder(self, config: EngineConfig, task: str) -> tuple[int, int, int]:
-        """(hidden size, positions, vocabulary) of the encoder, loaded and quantized as asked."""
+        """(hidden size, positions, vocabulary) of the encoder, loaded and quantized as asked,
+        or in bf16 products where auto asks for speed and the checkpoint holds the gate in them."""
         hf = read_json(self.source.path / "config.json") or {}
-        encoder = self.encoder = load_encoder(self.source.path, num_labels=1 if task == "score" else 0)
-        quantize_encoder(encoder, config)
+        encoder = load_encoder(self.source.path, num_labels=1 if task == "score" else 0)
         positions = int(hf.get("max_position_embeddings", 512)) - encoder.config.position_offset
+        if isinstance(encoder, Encoder) and wants_bf16(config):
+            encoder, self.probe_cosine = bf16_if_it_holds(encoder, self.tokenizer, self.spec.pooling, positions)
+            self.precision = "bf16" if encoder.encoder.layer[0].dtype == torch.bfloat16 else "fp32"
+        if self.precision == "fp32":
+            self.precision = quantize_encoder(encoder, config)
+        self.encoder = encoder
         return int(hf["hidden_size"]), positions, int(hf["vocab_size"])
 
     def _load_decoder(self, config: EngineConfig) -> tuple[int, int, int]:
@@ -141,19 +150,20 @@ class PoolingModel:
 
 
 def pooling_quantization(config: EngineConfig) -> str:
-    """--quantization for a pooling model: auto keeps fp32 weights, since embeddings are compared
-    by cosine at 1e-3 and below and an int4 encoder drifts past that (docs/embeddings.md); int8
-    and int4 are applied when asked."""
+    """--quantization for a pooling model's weight blocks: auto keeps none, since embeddings are
+    compared by cosine at 1e-3 and below and an int4 encoder drifts past that
+    (docs/embeddings.md); int8 and int4 are applied when asked. (auto may still run an
+    encoder's products in bf16: engine/pooling/precision.py.)"""
     return "none" if config.quantization == "auto" else config.quantization
 
 
 def quantize_encoder(encoder: Encoder | ModernBert, config: EngineConfig) -> str:
     """The encoder's linear layers as block-quantized ones (the CPU kernels' int8 or int4),
-    when asked; the summary of what they hold, or "none"."""
+    when asked; what they then hold: fp32, int8 or int4."""
     mode = pooling_quantization(config)
     if mode == "none":
         speed_up_fp32_linears(encoder)  # fp32 still: oneDNN's GEMM where the race says it wins
-        return mode
+        return "fp32"
     report = quantize_model(encoder, mode, None, config.token_budget)
     log.info("quantization: %s: %s", mode, report.summary())
     return mode

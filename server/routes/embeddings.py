@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import APIRouter, Request, Response
 
 from server.api.body import openapi_body, parse_body
 from server.api.pooling_protocol import EmbeddingRequest
 from server.api.request_ids import echo_request_id, request_id_for
-from server.respond.pooling_bodies import embeddings_body
+from server.respond.pooling_bodies import embeddings_json
 from server.runtime.pooling_client import pooling_engine
 from server.runtime.pooling_run import run_admitted
 from server.runtime.state import State
@@ -20,7 +18,7 @@ router = APIRouter()
 
 
 @router.post("/v1/embeddings", openapi_extra=openapi_body(EmbeddingRequest))
-async def create_embeddings(request: Request, response: Response, state: State) -> dict[str, Any]:
+async def create_embeddings(request: Request, state: State) -> Response:
     body = await parse_body(request, EmbeddingRequest, state.settings)
     request_id, client_id = request_id_for(request, "embd")
     admitted = state.admit(body.model, lambda engine: check_embedding(
@@ -29,6 +27,6 @@ async def create_embeddings(request: Request, response: Response, state: State) 
     inputs = await run_blocking(embedding_inputs, body, engine)
     tokens = sum(len(i) for i in inputs)
     vectors = await run_admitted(admitted, request_id, len(inputs), tokens, lambda: engine.embed(inputs, body.priority))
-    echo_request_id(response, client_id)
-    return await run_blocking(embeddings_body, vectors, body.dimensions, body.encoding_format,
-                              state.served_model_name, tokens)
+    content = await run_blocking(embeddings_json, vectors, body.dimensions, body.encoding_format,
+                                 state.served_model_name, tokens)
+    return echo_request_id(Response(content, media_type="application/json"), client_id)

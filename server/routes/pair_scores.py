@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from server.runtime.pooling_client import PoolingClient
+from server.api.pooling_client import PoolingClient
 from server.translate.pooling_inputs import PairInputs
 
 

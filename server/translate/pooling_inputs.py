@@ -5,14 +5,11 @@ where an input longer than the model takes is a 400 unless the request asks to t
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
 
-from engine.config import EngineConfig
-from engine.io.request_limits import RequestLimits, check_prompt_chars, check_token_ids, clip
-from engine.pooling.checkpoint import PoolingSpec
-from engine.pooling.inputs import PoolingInput, encode_pair, encode_text
-from engine.tokenizer import Tokenizer
+from engine.io.request_limits import check_prompt_chars, check_token_ids, clip
+from engine.pooling.inputs import PoolingInput, encode_pair, encode_text, encode_texts
 from server.api.errors import APIError
+from server.api.pooling_client import PoolingClient
 from server.api.pooling_protocol import EmbeddingRequest, RerankRequest, ScoreRequest
 from server.api.protocol import OpenAIModel
 from server.translate.fields import check_priority, log_unknown_fields
@@ -21,18 +18,6 @@ from server.translate.fields import check_priority, log_unknown_fields
 # activation, and its tokenizer's special tokens, always hold. Refused when they ask otherwise.
 UNSUPPORTED_POOLING_FIELDS = ("normalize", "use_activation", "activation", "softmax", "add_special_tokens",
                               "mm_processor_kwargs", "embed_dtype")
-
-
-class PoolingClient(Protocol):
-    """What translating reads of the pooling engine (server/runtime/pooling_client.py has the rest)."""
-
-    config: EngineConfig
-    task: str
-    spec: PoolingSpec
-    hidden_size: int
-    max_model_len: int
-    tokenizer: Tokenizer
-    limits: RequestLimits
 
 
 @dataclass(frozen=True)
@@ -107,12 +92,10 @@ def embedding_inputs(body: EmbeddingRequest, engine: PoolingClient) -> list[Pool
     given; each within max_model_len."""
     limit = truncation(body.truncate_prompt_tokens, engine)
     prompt = engine.spec.prompts.get(body.prompt_name or "", "")
-    inputs = []
-    for item in body.texts_or_tokens():
-        if isinstance(item, str):
-            inputs.append(encode_text(engine.tokenizer, prompt + item, limit))
-        else:
-            inputs.append(PoolingInput(item[:limit] if limit else list(item)))
+    items = body.texts_or_tokens()
+    texts = iter(encode_texts(engine.tokenizer, [prompt + i for i in items if isinstance(i, str)], limit))
+    inputs = [next(texts) if isinstance(item, str) else PoolingInput(item[:limit] if limit else list(item))
+              for item in items]
     check_lengths(inputs, engine, "input")
     return inputs
 
