@@ -48,7 +48,6 @@ from server.routes import (
     stats,
     tokenize,
 )
-from server.runtime.adapter_routing import AdapterRouter
 from server.runtime.engine_client import EngineClient
 from server.runtime.model_registry import LoadLimits
 from server.runtime.model_router import ModelRouter
@@ -115,12 +114,11 @@ def create_app(settings: ServerSettings, engine: EngineClient | None = None,
                           EmbeddingRequest, RerankRequest, ScoreRequest, OllamaEmbedRequest])
     post_paths = {route.path for module in ROUTE_MODULES for route in module.router.routes
                   if isinstance(route, APIRoute) and "POST" in (route.methods or set())}
-    if state.registry.several:  # innermost: the model a body names is loaded once the request is let in
+    serves_adapters = any(spec_serves_adapters(model.spec) for model in state.registry.models)
+    if state.registry.several or serves_adapters:  # innermost: the body's model, read once when the request is let in
         app.add_middleware(ModelRouter, registry=state.registry, max_body_bytes=settings.max_body_bytes,
-                           body_timeout_s=settings.body_timeout_s)
-    if any(spec_serves_adapters(model.spec) for model in state.registry.models):  # the body's adapter, if it names one
-        app.add_middleware(AdapterRouter, registry=state.registry, max_body_bytes=settings.max_body_bytes,
-                           body_timeout_s=settings.body_timeout_s)
+                           body_timeout_s=settings.body_timeout_s, pin_models=state.registry.several,
+                           route_adapters=serves_adapters)
     app.add_middleware(JSONContentTypeMiddleware, paths=post_paths)  # 415 unless the body is JSON
     if settings.api_key:
         app.add_middleware(APIKeyMiddleware, api_key=settings.api_key)

@@ -1,12 +1,18 @@
-"""Routing by the body's `model` when one server serves several models (llama.cpp's router
-reads the same field): before a POST reaches its route, the model it names is loaded if it
-is not, and pinned until the response has been sent, streams included.
+"""The one reader of a POST body before its route: the `model` it names, parsed once, decides
+which model serves the request and which LoRA adapter it runs on.
 
-It sits as ASGI middleware, not in each route, so every endpoint that takes a `model` (the
-OpenAI, Anthropic and pooling ones alike) waits for its model the same way, and the pin
+- **Several models** (llama.cpp's router reads the same field): the model the body names is
+  loaded if it is not, and pinned until the response has been sent, streams included.
+- **Adapters** (vLLM's rule): a `model` that names an adapter of a loaded model, not a model,
+  runs the request on that adapter (server/runtime/adapter_routing.py), kept for the length of
+  the request (server/runtime/request_adapter.py).
+
+It sits as ASGI middleware, not in each route, so every endpoint that takes a `model`
+(the OpenAI, Anthropic, Responses and pooling ones alike) is routed the same way, and the pin
 covers the whole response, which a route returning a stream does not see the end of. A body
 that is not JSON or names no known model passes through untouched: the route answers it (its
-400, or OpenAI's 404 for an unknown model) as it would with one model.
+400, or OpenAI's 404 for an unknown model) as it would with one model. The route parses the
+body as its own request type; this reads the one field, once, for every route.
 """
 
 from __future__ import annotations
@@ -19,17 +25,23 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from server.api.errors import error_response
+from server.runtime.adapter_routing import adapter_named
 from server.runtime.model_registry import LoadRefused, ModelRegistry
+from server.runtime.request_adapter import REQUESTED_ADAPTER
 
 
 class ModelRouter:
-    def __init__(self, app: ASGIApp, registry: ModelRegistry, max_body_bytes: int, body_timeout_s: float) -> None:
-        """A body is read here up to the limits the route enforces; past them it goes on to the
-        route unread, which answers the 413 or 408 as it would with one model."""
+    def __init__(self, app: ASGIApp, registry: ModelRegistry, max_body_bytes: int, body_timeout_s: float,
+                 pin_models: bool, route_adapters: bool) -> None:
+        """`pin_models`: the server has several models; `route_adapters`: one of them serves
+        adapters. A body is read here up to the limits the route enforces; past them it goes
+        on to the route unread, which answers the 413 or 408 as it would with one model."""
         self.app = app
         self.registry = registry
         self.max_body_bytes = max_body_bytes
         self.body_timeout_s = body_timeout_s
+        self.pin_models = pin_models
+        self.route_adapters = route_adapters
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST" or scope["path"].startswith("/models/"):
@@ -39,16 +51,27 @@ class ModelRouter:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self.body_timeout_s):
                 await read.fill(receive, self.max_body_bytes)
-        model = self.registry.find(named_model(read.body)) if read.complete else None
+        name = named_model(read.body) if read.complete else None
         replay = read.replaying(receive)
-        if model is None:
-            await self.app(scope, replay, send)
-            return
+        adapter = self.adapter_for(scope["path"], name)
+        model = self.registry.find(name) if self.pin_models and read.complete else None  # no name: the default
+        token = REQUESTED_ADAPTER.set(adapter)
         try:
+            if model is None:
+                await self.app(scope, replay, send)
+                return
             async with self.registry.pinned(model):
                 await self.app(scope, replay, send)
         except LoadRefused as err:  # before the route ran: no room, or the load failed
             await error_response(err.status, err.message, err.param, err.headers, scope["path"])(scope, replay, send)
+        finally:
+            REQUESTED_ADAPTER.reset(token)
+
+    def adapter_for(self, path: str, name: str | None) -> str | None:
+        """The adapter a generation endpoint's request runs on (the /v1/ routes take one)."""
+        if not self.route_adapters or not path.startswith("/v1/"):
+            return None
+        return adapter_named(self.registry, name)
 
 
 class BodyRead:

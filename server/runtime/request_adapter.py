@@ -1,6 +1,6 @@
 """The LoRA adapter the current request runs on, for the length of the request.
 
-A context variable, set by AdapterRouter (server/runtime/adapter_routing.py) around the
+A context variable, set by ModelRouter (server/runtime/model_router.py) around the
 request: the tasks that run its choices are created inside the request and see the same
 value, and the generation service hands it to the engine as an argument. None: the base model.
 """
