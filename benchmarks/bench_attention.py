@@ -1,9 +1,10 @@
 """CPU attention: the attention share of a decode step, and prefill/extend attention by path.
 
-    python -m benchmarks.bench_attention [--part both|decode|prefill] [--quick]
+    python -m benchmarks.bench_attention [--part both|decode|prefill|bf16] [--quick]
         decode:  [--batch 64] [--context 256] [--reps 5] [--kv-cache-dtype fp32 fp16 int8]
         prefill: [--chunks 128 512 1024] [--contexts 0 512] [--prefill-kv fp32 fp16 bf16 int8]
                  [--heads 9 --kv-heads 3 --head-dim 64] [--out-dir docs/results/attention]
+        bf16:    [--prompt 1000] [--budget 512] [--heads 16 --kv-heads 8 --head-dim 128] [--reps 5]
 
 Decode: it times whole decode steps of the real model (packing, forward, logits) and, inside
 them, the paged attention calls (the step profiler's forward hooks, engine/io/profiler.py),
@@ -14,15 +15,26 @@ gathers the batch's blocks).
 Prefill: one sequence's chunk of new tokens after `context` cached positions, attended by
 each path the cpu backend can take, on the engine's torch threads, best of a few: the fused
 C++ kernel (reads the paged cache in place), the maskless path (gathers K/V, torch's flash
-kernel per query tile) and the sdpa backend (gathers K/V, one SDPA call with a causal mask).
-Every ratio is of two timings of the same run. The table (markdown), the JSON and a plot go
-to --out-dir; --quick (a smoke run: small sizes, one rep) writes under results/ instead.
+kernel per query tile) and the sdpa backend (gathers K/V, one SDPA call with a causal mask),
+and where the kernel has bf16 products for the shape (AMX tiles, AVX512-BF16) and the cache
+is fp32 or fp16, the kernel with them (`kernel-bf16`). Every ratio is of two timings of the
+same run.
+
+bf16: one prompt's prefill attention for one layer as the server cuts it (chunks of
+--budget tokens, each after the ones before it, in an fp16 cache), by the kernel's fp32
+body and by its bf16 products, alternating, on one thread, each timed by
+time.thread_time() so that other processes on a busy machine do not count: the ratio of
+the two is the figure (with --heads 16 --kv-heads 8 --head-dim 128, Qwen3 1.7B's).
+
+The prefill table (markdown), the JSON and a plot go to --out-dir; --quick (a smoke run:
+small sizes, one rep) writes under results/ instead.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -42,7 +54,8 @@ BACKENDS = {"cpu": "cpu backend (C++ kernels where they build)",
             "sdpa": "sdpa backend (pure torch, gathers blocks)"}
 PREFILL_PATHS = {"kernel": "fused C++ kernel (paged, in place)",
                  "maskless": "maskless (gathered K/V, torch flash per tile)",
-                 "sdpa": "sdpa (gathered K/V, one call with a causal mask)"}
+                 "sdpa": "sdpa (gathered K/V, one call with a causal mask)",
+                 "kernel-bf16": "fused C++ kernel, bf16 products"}
 
 
 # ---- decode ----------------------------------------------------------------------
@@ -91,6 +104,9 @@ def prefill_paths(heads: int, kv_heads: int, head_dim: int, kv: str, chunk: int,
     if kernel is not None and kernel.supports(query, cache):
         paths["kernel"] = lambda: kernel.prefill(query, cache, meta.block_tables, meta.query_start_loc,
                                                  meta.seq_lens, scale)
+        if kernel.has_bf16_products(head_dim, cache.dtype):
+            paths["kernel-bf16"] = lambda: kernel.prefill(query, cache, meta.block_tables, meta.query_start_loc,
+                                                          meta.seq_lens, scale, bf16=True)
     return paths
 
 
@@ -119,16 +135,20 @@ def describe(row: dict[str, Any]) -> str:
     if "kernel" in ms:
         text += (f"  | maskless/kernel x{ms['maskless'] / ms['kernel']:.2f}"
                  f"  sdpa/kernel x{ms['sdpa'] / ms['kernel']:.2f}")
+    if "kernel-bf16" in ms:
+        text += f"  kernel/kernel-bf16 x{ms['kernel'] / ms['kernel-bf16']:.2f}"
     return text
 
 
 def table(rows: list[dict[str, Any]], header: str) -> str:
     lines = [header, "", "| KV | chunk | context | " + " | ".join(f"{n} ms" for n in PREFILL_PATHS)
-             + " | maskless / kernel | sdpa / kernel | kernel body |", "|---|---:|---:|" + "---:|" * 5 + "---|"]
+             + " | maskless / kernel | sdpa / kernel | kernel / kernel-bf16 | kernel body |",
+             "|---|---:|---:|" + "---:|" * 7 + "---|"]
     for r in rows:
         ms = r["ms"]
         cells = [f"{ms[n]:.2f}" if n in ms else "–" for n in PREFILL_PATHS]
         ratios = [f"×{ms[n] / ms['kernel']:.2f}" if "kernel" in ms else "–" for n in ("maskless", "sdpa")]
+        ratios.append(f"×{ms['kernel'] / ms['kernel-bf16']:.2f}" if "kernel-bf16" in ms else "–")
         lines.append(f"| {r['kv']} | {r['chunk']} | {r['context']} | " + " | ".join(cells + ratios)
                      + f" | {r['kernel_body'] or 'not built'} |")
     return "\n".join(lines) + "\n"
@@ -156,6 +176,49 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def server_chunks(prompt: int, budget: int, heads: int, kv_heads: int, head_dim: int,
+                  ) -> list[tuple[torch.Tensor, torch.Tensor, Any]]:
+    """A prompt of `prompt` tokens as the scheduler feeds it: chunks of `budget` tokens, each
+    after the ones before it, in an fp16 cache of its own."""
+    chunks = []
+    for start in range(0, prompt, budget):
+        n = min(budget, prompt - start)
+        chunks.append(prefill_choice.synthetic_chunk(heads, kv_heads, head_dim, 16, torch.float16, chunk=n,
+                                                     context=start))
+    return chunks
+
+
+def run_bf16_ratio(args: argparse.Namespace) -> float:
+    """fp32 body against bf16 products on one layer's prefill attention, one thread, thread_time."""
+    kernel = native.prefill_attention()
+    if kernel is None or not kernel.has_bf16_products(args.head_dim, torch.float16):
+        raise SystemExit("the kernel has no bf16 products here (a build below avx512, or this head size)")
+    chunks = server_chunks(args.prompt, args.budget, args.heads, args.kv_heads, args.head_dim)
+    scale = args.head_dim ** -0.5
+
+    def attend(bf16: bool) -> float:
+        start = time.thread_time()
+        for query, cache, meta in chunks:
+            kernel.prefill(query, cache, meta.block_tables, meta.query_start_loc, meta.seq_lens, scale, bf16=bf16)
+        return time.thread_time() - start
+
+    times: dict[bool, list[float]] = {False: [], True: []}
+    with autotune.racing(1):
+        for bf16 in (False, True):
+            attend(bf16)  # warm-up: scratch, pages, tile state
+        for _ in range(args.reps):
+            for bf16 in (False, True):
+                times[bf16].append(attend(bf16))
+    fp32, products = min(times[False]), min(times[True])
+    print(f"prefill attention of {args.prompt} tokens in chunks of {args.budget}, {args.heads} heads / "
+          f"{args.kv_heads} KV heads x {args.head_dim}, fp16 cache, one thread, thread_time best of {args.reps}:\n"
+          f"  fp32 body ({kernel.body(args.head_dim, torch.float16)}) {fp32 * 1e3:.1f} ms, "
+          f"bf16 products ({kernel.body(args.head_dim, torch.float16, True)}) {products * 1e3:.1f} ms: "
+          f"x{fp32 / products:.2f}\n  every run, ms: fp32 {[round(t * 1e3, 1) for t in times[False]]}, "
+          f"bf16 {[round(t * 1e3, 1) for t in times[True]]}")
+    return fp32 / products
+
+
 def write_prefill(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
     out: Path = args.out_dir or (Path("results/attention-quick") if args.quick else Path("docs/results/attention"))
     out.mkdir(parents=True, exist_ok=True)
@@ -172,7 +235,7 @@ def write_prefill(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--part", choices=("both", "decode", "prefill"), default="both")
+    ap.add_argument("--part", choices=("both", "decode", "prefill", "bf16"), default="both")
     ap.add_argument("--quick", action="store_true", help="a smoke run: small sizes, one rep, out under results/")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--context", type=int, default=256)
@@ -187,10 +250,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--kv-heads", type=int, default=3)
     ap.add_argument("--head-dim", type=int, default=64)
     ap.add_argument("--out-dir", type=Path, default=None)
+    ap.add_argument("--prompt", type=int, default=1000, help="bf16: the prompt's tokens")
+    ap.add_argument("--budget", type=int, default=512, help="bf16: tokens per chunk (the CPU's token budget)")
     args = ap.parse_args(argv)
     if args.quick:
         args.batch, args.context, args.reps, args.kv_cache_dtype = 8, 64, 1, ["fp16"]
         args.chunks, args.prefill_reps = [128], 1
+    if args.part == "bf16":
+        run_bf16_ratio(args)
+        return
     if args.part in ("both", "prefill"):
         write_prefill(run_prefill(args), args)
     if args.part in ("both", "decode"):

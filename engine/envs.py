@@ -99,6 +99,11 @@ PREFILL_KERNEL: EnvVar[str] = EnvVar(
     "PAGODE_PREFILL_KERNEL", _choice("auto", "kernel", "maskless"), "auto",
     "CPU prefill/extend attention: auto (the fused C++ kernel or torch's maskless flash path, "
     "raced at load per attention shape), kernel, or maskless (today's torch paths only).")
+PREFILL_BF16: EnvVar[str] = EnvVar(
+    "PAGODE_PREFILL_BF16", _choice("auto", "on", "off"), "auto",
+    "CPU prefill/extend attention's bf16 products (AMX tiles or AVX512-BF16) on an fp32/fp16 "
+    "KV cache: auto (chunks as big as the steps whose projections run bf16 GEMMs already), "
+    "on (every chunk the kernel takes), off (fp32 throughout).")
 ATTENTION_BACKEND: EnvVar[str | None] = EnvVar(
     "PAGODE_ATTENTION_BACKEND", _optional_str, None,
     "cpu, sdpa or triton; overrides the device's default (cpu on CPU, triton on CUDA) when "
@@ -143,8 +148,8 @@ CXX: EnvVar[str | None] = EnvVar(
     "The C++ compiler of the CPU kernels (the usual variable); unset: g++, then c++, on PATH.")
 
 ALL: tuple[EnvVar[object], ...] = (CACHE_DIR, CPU_KERNEL, CPU_ISA, QUANT_KERNEL, DECODE_STEP,  # type: ignore[assignment]
-                                   PREFILL_KERNEL, ATTENTION_BACKEND, QUANT_GEMM, QUANT_CROSSOVER, QUANT_TILES,
-                                   TILE_BF16, FBGEMM_REDUCE_RANGE,
+                                   PREFILL_KERNEL, PREFILL_BF16, ATTENTION_BACKEND, QUANT_GEMM, QUANT_CROSSOVER,
+                                   QUANT_TILES, TILE_BF16, FBGEMM_REDUCE_RANGE,
                                    RACE_CACHE, API_KEY)
 
 

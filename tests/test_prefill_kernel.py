@@ -1,8 +1,10 @@
 """The fused prefill/extend kernel (cpu_kernels/prefill_attention.py) agrees with a float64
 torch reference over the gathered cache (an int8 cache's rows dequantized as the torch path
-dequantizes them), under each ISA cap the machine allows; the cpu backend routes chunks to
-it or to the maskless path as raced or pinned, and the race result is kept for the next
-start, for each cache dtype under its own key."""
+dequantizes them), under each ISA cap the machine allows, its bf16 products (AMX tiles,
+AVX512-BF16) to within their rounding; the cpu backend routes chunks to it or to the
+maskless path as raced or pinned, with bf16 products only for chunks as big as the steps
+whose projections run bf16 GEMMs, and the race result is kept for the next start, for each
+cache dtype under its own key."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import pytest
 import torch
 from tests_support import SHARED_PREFIX, cache_sharing_builds, paged_attention_case
 
-from cpu_kernels.prefill_attention import PrefillAttentionKernel
+from cpu_kernels.prefill_attention import BF16_BODIES, PrefillAttentionKernel
 from cuda_kernels.reference import paged_decode_attention_ref, paged_prefill_attention_ref
 from engine import LLM, SamplingParams, autotune, envs, native, race_memory
 from engine.attention import kv_int8, prefill_choice
@@ -44,23 +46,28 @@ def case(seed: int, lens: list[int], chunks: list[int], heads: int, kv_heads: in
     return q, kv_int8.store(kv, dtype), meta
 
 
-def expected_body(cap: str, dtype: torch.dtype) -> str:
-    """int8 rows are dequantized to fp32 and take the fp32 body at either level."""
+def expected_body(cap: str, dtype: torch.dtype, bf16: bool = False) -> str:
+    """int8 rows are dequantized to fp32 and take the fp32 body at every level; a bf16 cache
+    takes the bf16 products from avx512 on, an fp32 or fp16 one when asked."""
     if cap == "avx2":
         return "avx2 fp32"
-    return "avx512 bf16 dot products" if dtype == torch.bfloat16 else "avx512 fp32"
+    if dtype == torch.bfloat16 or (bf16 and dtype in (torch.float32, torch.float16)):
+        return "amx bf16 tiles" if cap == "amx" else "avx512 bf16 dot products"
+    return "avx512 fp32"
 
 
 def reference(q: torch.Tensor, kv: torch.Tensor, meta: AttentionMetadata, body: str | None,
               window: int | None = None, softcap: float | None = None) -> tuple[torch.Tensor, float]:
     """float64 attention over the cache's own (rounded) values, and the tolerance of `body`.
 
-    The bf16 body rounds the queries and the probabilities to bf16 (K/V already are): it is
-    compared with queries rounded alike, to within the probabilities' rounding. An int8 cache
-    is read as its fp32 dequantization (the kernel's numbers exactly), widened to float64."""
-    bf16 = body == "avx512 bf16 dot products"
+    The bf16 bodies round the queries, K/V (a bf16 cache's already are) and the
+    probabilities to bf16: they are compared with queries and K/V rounded alike, to within
+    the probabilities' rounding. An int8 cache is read as its fp32 dequantization (the
+    kernel's numbers exactly), widened to float64."""
+    bf16 = body in BF16_BODIES
     queries = (q.bfloat16() if bf16 else q).double()
-    out = paged_prefill_attention_ref(queries, kv_int8.widen(kv, torch.float64), meta.query_start_loc, meta.seq_lens,
+    values = kv_int8.widen(kv.bfloat16() if bf16 else kv, torch.float64)
+    out = paged_prefill_attention_ref(queries, values, meta.query_start_loc, meta.seq_lens,
                                       meta.block_tables, SCALE, window=window, softcap=softcap)
     return out.float(), (1e-2 if bf16 else 1e-5)
 
@@ -102,6 +109,48 @@ def test_a_lone_chunk_on_few_tasks_matches_reference(dtype: torch.dtype) -> None
     expected, tol = reference(q, kv, meta, k.body(64, dtype))
     got = k.prefill(q, kv, meta.block_tables, meta.query_start_loc, meta.seq_lens, SCALE)
     torch.testing.assert_close(got, expected, atol=tol, rtol=tol)
+
+
+# Qwen3 1.7B's attention (16 heads on 8 KV heads of 128) beside the shapes above.
+BF16_SHAPES = [*SHAPES, (16, 8, 128, 16)]
+
+
+@pytest.mark.usefixtures("isa_cap")
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", BF16_SHAPES, ids=str)
+@pytest.mark.parametrize("window,softcap", [(None, None), (50, None), (None, 5.0)], ids=str)
+def test_bf16_products_match_reference(shape: tuple[int, int, int, int], dtype: torch.dtype,
+                                       window: int | None, softcap: float | None, isa_cap: str) -> None:
+    """Asked for bf16, an fp32 or fp16 cache takes the bf16 products where the build has them
+    (AMX tiles on amx, vdpbf16ps on avx512; avx2 and an int8 cache keep fp32): within 1e-2 of
+    the float64 reference on the same rounded queries and K/V, and within 3e-2 of the exact
+    one, on unit-variance queries and K/V (scores up to ~4), odd chunk lengths, several
+    sequences, cached positions, GQA 1 to 8, windows and soft-caps."""
+    k = kernel()
+    q, kv, meta = case(5, LENS, CHUNKS, *shape, dtype)
+    body = k.body(shape[2], dtype, bf16=True)
+    assert body == expected_body(isa_cap, dtype, bf16=True)
+    got = k.prefill(q, kv, meta.block_tables, meta.query_start_loc, meta.seq_lens, SCALE, window=window,
+                    softcap=softcap, bf16=True)
+    expected, tol = reference(q, kv, meta, body, window, softcap)
+    torch.testing.assert_close(got, expected, atol=tol, rtol=tol)
+    exact, _ = reference(q, kv, meta, None, window, softcap)
+    torch.testing.assert_close(got, exact, atol=max(tol, 3e-2), rtol=0)
+
+
+@pytest.mark.usefixtures("isa_cap")
+def test_bf16_products_on_a_long_chunk_after_a_long_context(isa_cap: str) -> None:
+    """A prefill of Qwen3 1.7B's shape as the server runs it: 512 new tokens after 488 cached
+    ones, two sequences, so every query tile walks many key tiles and the online softmax
+    rescales often; the same bounds as above."""
+    k = kernel()
+    q, kv, meta = case(6, [1000, 300], [512, 300], 16, 8, 128, 16, torch.float16)
+    body = k.body(128, torch.float16, bf16=True)
+    got = k.prefill(q, kv, meta.block_tables, meta.query_start_loc, meta.seq_lens, SCALE, bf16=True)
+    expected, tol = reference(q, kv, meta, body)
+    torch.testing.assert_close(got, expected, atol=tol, rtol=tol)
+    exact, _ = reference(q, kv, meta, None)
+    torch.testing.assert_close(got, exact, atol=max(tol, 3e-2), rtol=0)
 
 
 @pytest.mark.usefixtures("isa_cap")
@@ -176,7 +225,7 @@ def test_the_race_runs_once_and_is_kept(dtype: torch.dtype, tmp_path: Path, monk
     monkeypatch.setattr(prefill_choice, "_winners", {})  # a later start: read back, not raced
     CpuAttentionBackend().prepare(9, torch.float32, cache)
     assert len(raced) == 1
-    assert prefill_choice._winners[(9, 3, 64, name)] == won
+    assert prefill_choice._winners[(9, 3, 64, name, False)] == won
 
 
 @pytest.mark.slow

@@ -15,22 +15,29 @@
 // values weighted by the probabilities are added. Nothing of size context x chunk is ever
 // held, and the masked upper triangle costs at most one key tile per query tile.
 //
-// Bodies, by build level and cache element:
+// Bodies, by build level, cache element and the caller's precision:
 //   avx2    fp32 FMA, key tiles of 16 (two vectors of 8): the K tile is transposed to
 //           [D][16] so that a row's scores are D broadcast-FMAs per vector, with no
 //           horizontal sums, and four rows share each K load.
-//   avx512  the same on 16-wide vectors (key tiles of 32); and for a bf16 cache (whose rows are already
-//           bf16, so nothing of K/V is rounded) AVX512-BF16 dot products (vdpbf16ps): the K
-//           tile is packed as [D/2][16] pairs, the V tile as [8][D] pairs, queries and
-//           probabilities are rounded to bf16 and every product is summed in fp32.
-// AMX is not used: a machine with it runs the avx512 bodies.
+//   avx512  the same on 16-wide vectors (key tiles of 32); and bf16 products on AVX512-BF16
+//           dot products (vdpbf16ps): the K tile is packed as [D/2][16] pairs, the V tile as
+//           [8][D] pairs, queries and probabilities are rounded to bf16 and every product is
+//           summed in fp32.
+//   amx     bf16 products on the tile unit (TDPBF16PS), key tiles of 32: the same pairs are
+//           the B operands, 16 rows of queries (of probabilities) the A operand; scores and
+//           the output accumulator stay fp32, the online softmax runs on vectors between the
+//           two products.
+// A bf16 cache always takes the bf16 products (its K/V are bf16 already, so only the
+// queries and probabilities are rounded). An fp32 or fp16 cache takes them only when the
+// caller asks (bf16 != 0: the engine asks where the step's projections are bf16 GEMMs
+// already), its K/V rows then rounded to bf16 as they are packed; otherwise its fp32 body.
 // Cache rows are converted as they are read (row_to_float, one overload per element
 // type). An int8 row (D values, then its fp32 scale: cache_types.h) is dequantized to fp32
 // by kv_convert.h's converter, value * scale as the torch path computes it, so the tile
-// holds the very numbers the maskless path gathers; its rows are D + 4 bytes apart. On
-// avx512 an int8 cache takes the 16-wide fp32 body, not the bf16 dot products: rounding
-// the queries and probabilities to bf16 would add an error the int8 cache's decode and
-// maskless paths do not make, so the kernel could no longer stand in for them exactly.
+// holds the very numbers the maskless path gathers; its rows are D + 4 bytes apart. An int8
+// cache always takes the fp32 bodies: rounding the queries and probabilities to bf16 would
+// add an error the int8 cache's decode and maskless paths do not make, so the kernel could
+// no longer stand in for them exactly.
 #include "prefill_attention.h"
 
 #include "isa.h"
@@ -46,6 +53,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "amx_tiles.h"
 #include "kv_convert.h"
 #include "simd_exp.h"
 
@@ -60,7 +68,10 @@ using pagode::row_width;
 // converted K/V tile among more rows; the smaller one keeps enough tasks for every thread.
 constexpr int64_t QUERY_TILE = 32, SMALL_QUERY_TILE = 16;
 
-enum Body : int { NONE = 0, AVX2_F32 = 1, AVX512_F32 = 2, AVX512_BF16 = 3 };
+enum Body : int { NONE = 0, AVX2_F32 = 1, AVX512_F32 = 2, AVX512_BF16 = 3, AMX_BF16 = 4 };
+
+// Rows of the tile unit's operands and results: the bf16 bodies pad a task's rows to it.
+constexpr int64_t TILE_ROWS = 16;
 
 // ---- cache rows as fp32 ------------------------------------------------------
 inline void row_to_float(const float* src, float* dst, int64_t n) { std::memcpy(dst, src, n * sizeof(float)); }
@@ -108,21 +119,36 @@ inline void transpose8x8(const float* const* rows, int64_t col, float* dst, int6
 }
 
 // ---- per-thread scratch, kept across calls (no allocation per step) -----------
+// Rows are padded to whole tiles of TILE_ROWS; the padding rows' queries and probabilities
+// are zeros, and their outputs are never read.
 struct Scratch {
   std::vector<float> acc, m, l, s, kbuf, kt, vt, zeros;
-  std::vector<uint16_t> qbf;
+  std::vector<uint16_t> qbf, kb, vb, pb;
   std::vector<uint32_t> kp, vp;
+  const uint32_t* kpp = nullptr;  // the bf16 bodies' current key tile as pairs (PairTiles)
+  const uint32_t* vpp = nullptr;  // and its value tile
+
+  // What packing a tile of KT rows into pairs needs (pack_tile).
+  void prepare_packing(int64_t D, int64_t KT) {
+    kb.resize(KT * D);
+    vb.resize(KT * D);
+    zeros.assign(D, 0.f);
+  }
 
   void prepare(int64_t rows, int64_t D, int64_t KT) {
-    acc.assign(rows * D, 0.f);
+    const int64_t padded = (rows + TILE_ROWS - 1) / TILE_ROWS * TILE_ROWS;
+    acc.assign(padded * D, 0.f);
     m.assign(rows, -std::numeric_limits<float>::infinity());
     l.assign(rows, 0.f);
-    s.resize(rows * KT);
+    s.resize(padded * KT);
     kbuf.resize(KT * D);
     kt.resize(D * KT);
     vt.resize(KT * D);
     zeros.assign(D, 0.f);
-    qbf.resize(rows * D);
+    qbf.assign(padded * D, 0);
+    kb.resize(KT * D);
+    vb.resize(KT * D);
+    pb.assign(padded * KT, 0);
     kp.resize(D / 2 * KT);
     vp.resize(KT / 2 * D);
   }
@@ -205,8 +231,12 @@ inline void add_weighted_rows(const float* p, const float* vt, int64_t KT, int64
 template <class W, typename T, int64_t KV = 2>
 struct Fp32Body {
   static constexpr int64_t N = W::N, KT = N * KV;
+  static constexpr bool PAIRS = false;  // converts each tile's rows itself
   using V = typename W::V;
   using Width = W;
+
+  static void begin(int64_t) {}
+  static void end() {}
 
   template <class QRow>
   static void load_queries(Scratch&, QRow, int64_t, int64_t) {}
@@ -270,38 +300,96 @@ struct Fp32Body {
 };
 
 #ifdef PAGODE_AVX512
-// ---- bf16 body: vdpbf16ps on a bf16 cache (D % 32 == 0) -----------------------------
+// ---- bf16 products: rows as bf16 pairs ------------------------------------------
 inline __m512bh as_bh(__m512i x) { return (__m512bh)x; }
 
-struct Bf16Body {
-  static constexpr int64_t KT = 16;
-  using Width = Vec16;
+// A cache row as bf16 (round to nearest even; a bf16 row as it is), D % 32 == 0.
+inline void row_to_bf16(const float* src, uint16_t* dst, int64_t n) {
+  for (int64_t i = 0; i < n; i += 16)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(src + i)));
+}
 
-  // qbf [rows][D]: the task's queries rounded to bf16 (round to nearest even).
-  template <class QRow>
-  static void load_queries(Scratch& sc, QRow qrow, int64_t n_rows, int64_t D) {
-    for (int64_t r = 0; r < n_rows; ++r) {
-      const float* q = qrow(r);
-      for (int64_t d = 0; d < D; d += 16)
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(sc.qbf.data() + r * D + d),
-                            (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(q + d)));
+inline void row_to_bf16(const F16* src, uint16_t* dst, int64_t n) {
+  for (int64_t i = 0; i < n; i += 16) {
+    const __m512 x = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), (__m256i)_mm512_cvtneps_pbh(x));
+  }
+}
+
+// The tile's KT rows as bf16: a bf16 cache's rows where they lie, other rows converted into
+// buf; zeros past the kc real keys.
+template <int64_t KT, typename T>
+void bf16_rows(const T* const* rows, int64_t kc, int64_t D, uint16_t* buf, const uint16_t* zeros,
+               const uint16_t** out) {
+  for (int64_t j = 0; j < KT; ++j) {
+    if (j >= kc) {
+      out[j] = zeros;
+    } else if constexpr (std::is_same<T, BF16>::value) {
+      out[j] = reinterpret_cast<const uint16_t*>(rows[j]);
+    } else {
+      row_to_bf16(rows[j], buf + j * D, D);
+      out[j] = buf + j * D;
     }
   }
+}
 
-  // kp [D/2][16]: pair p of key j's row (its elements 2p, 2p+1) at kp[p * 16 + j].
-  static void pack_k(Scratch& sc, const BF16* const* rows, int64_t kc, int64_t D) {
-    const float* src[KT];  // each row as D/2 32-bit pairs
-    for (int64_t j = 0; j < KT; ++j)
-      src[j] = j < kc ? reinterpret_cast<const float*>(rows[j]) : sc.zeros.data();
-    float* kp = reinterpret_cast<float*>(sc.kp.data());
-    for (int64_t h = 0; h < KT; h += 8)
-      for (int64_t p = 0; p < D / 2; p += 8) transpose8x8(src + h, p, kp + p * KT + h, KT);
+// kp [D/2][KT]: pair p of key j's row (its elements 2p, 2p+1) at kp[p * KT + j].
+template <int64_t KT, typename T>
+void pack_k_pairs(Scratch& sc, const T* const* rows, int64_t kc, int64_t D, uint32_t* dst) {
+  const uint16_t* bf[KT];
+  bf16_rows<KT>(rows, kc, D, sc.kb.data(), reinterpret_cast<const uint16_t*>(sc.zeros.data()), bf);
+  const float* src[KT];  // each row as D/2 32-bit pairs
+  for (int64_t j = 0; j < KT; ++j) src[j] = reinterpret_cast<const float*>(bf[j]);
+  float* kp = reinterpret_cast<float*>(dst);
+  for (int64_t h = 0; h < KT; h += 8)
+    for (int64_t p = 0; p < D / 2; p += 8) transpose8x8(src + h, p, kp + p * KT + h, KT);
+}
+
+// vp [KT/2][D]: pair (row 2i, row 2i+1) of element d at vp[i * D + d].
+template <int64_t KT, typename T>
+void pack_v_pairs(Scratch& sc, const T* const* rows, int64_t kc, int64_t D, uint32_t* vp) {
+  const uint16_t* bf[KT];
+  bf16_rows<KT>(rows, kc, D, sc.vb.data(), reinterpret_cast<const uint16_t*>(sc.zeros.data()), bf);
+  for (int64_t i = 0; i < KT / 2; ++i) {
+    const uint16_t *a = bf[2 * i], *b = bf[2 * i + 1];
+    uint32_t* dst = vp + i * D;
+    for (int64_t d = 0; d < D; d += 32) {
+      const __m512i x = _mm512_loadu_si512(a + d), y = _mm512_loadu_si512(b + d);
+      // within each 128-bit lane: lo pairs elements 0-3, hi 4-7; reorder lanes to d order
+      const __m512i lo = _mm512_unpacklo_epi16(x, y), hi = _mm512_unpackhi_epi16(x, y);
+      const __m512i first = _mm512_shuffle_i64x2(lo, hi, _MM_SHUFFLE(1, 0, 1, 0));
+      const __m512i second = _mm512_shuffle_i64x2(lo, hi, _MM_SHUFFLE(3, 2, 3, 2));
+      _mm512_storeu_si512(dst + d, _mm512_shuffle_i64x2(first, first, _MM_SHUFFLE(3, 1, 2, 0)));
+      _mm512_storeu_si512(dst + d + 16, _mm512_shuffle_i64x2(second, second, _MM_SHUFFLE(3, 1, 2, 0)));
+    }
+  }
+}
+
+// qbf [rows][D]: the task's queries rounded to bf16 (round to nearest even).
+template <class QRow>
+void queries_to_bf16(Scratch& sc, QRow qrow, int64_t n_rows, int64_t D) {
+  for (int64_t r = 0; r < n_rows; ++r) row_to_bf16(qrow(r), sc.qbf.data() + r * D, D);
+}
+
+// ---- avx512 bf16 body: vdpbf16ps, key tiles of 16 (D % 32 == 0) -------------------
+template <typename T>
+struct Bf16Body {
+  static constexpr int64_t KT = 16;
+  static constexpr bool PAIRS = true;  // reads the call's PairTiles
+  using Width = Vec16;
+
+  static void begin(int64_t) {}
+  static void end() {}
+
+  template <class QRow>
+  static void load_queries(Scratch& sc, QRow qrow, int64_t n_rows, int64_t D) {
+    queries_to_bf16(sc, qrow, n_rows, D);
   }
 
   template <class QRow>
   static void scores(Scratch& sc, QRow, int64_t n_rows, int64_t D, float scale) {
     const __m512 sv = _mm512_set1_ps(scale);
-    const uint32_t* kp = sc.kp.data();
+    const uint32_t* kp = sc.kpp;
     int64_t r = 0;
     for (; r + 4 <= n_rows; r += 4) {
       const uint32_t* q = reinterpret_cast<const uint32_t*>(sc.qbf.data() + r * D);  // 4 rows of D/2 pairs
@@ -330,27 +418,8 @@ struct Bf16Body {
     }
   }
 
-  // vp [8][D]: pair (row 2i, row 2i+1) of element d at vp[i * D + d].
-  static void pack_v(Scratch& sc, const BF16* const* rows, int64_t kc, int64_t D) {
-    const uint16_t* zero = reinterpret_cast<const uint16_t*>(sc.zeros.data());
-    for (int64_t i = 0; i < KT / 2; ++i) {
-      const uint16_t* a = 2 * i < kc ? reinterpret_cast<const uint16_t*>(rows[2 * i]) : zero;
-      const uint16_t* b = 2 * i + 1 < kc ? reinterpret_cast<const uint16_t*>(rows[2 * i + 1]) : zero;
-      uint32_t* dst = sc.vp.data() + i * D;
-      for (int64_t d = 0; d < D; d += 32) {
-        const __m512i x = _mm512_loadu_si512(a + d), y = _mm512_loadu_si512(b + d);
-        // within each 128-bit lane: lo pairs elements 0-3, hi 4-7; reorder lanes to d order
-        const __m512i lo = _mm512_unpacklo_epi16(x, y), hi = _mm512_unpackhi_epi16(x, y);
-        const __m512i first = _mm512_shuffle_i64x2(lo, hi, _MM_SHUFFLE(1, 0, 1, 0));
-        const __m512i second = _mm512_shuffle_i64x2(lo, hi, _MM_SHUFFLE(3, 2, 3, 2));
-        _mm512_storeu_si512(dst + d, _mm512_shuffle_i64x2(first, first, _MM_SHUFFLE(3, 1, 2, 0)));
-        _mm512_storeu_si512(dst + d + 16, _mm512_shuffle_i64x2(second, second, _MM_SHUFFLE(3, 1, 2, 0)));
-      }
-    }
-  }
-
   static void accumulate(Scratch& sc, int64_t n_rows, int64_t D) {
-    const uint32_t* vp = sc.vp.data();
+    const uint32_t* vp = sc.vpp;
     for (int64_t r = 0; r < n_rows; ++r) {
       alignas(32) uint32_t pairs[KT / 2];  // the row's probabilities rounded to bf16, in pairs
       _mm256_store_si256(reinterpret_cast<__m256i*>(pairs),
@@ -370,6 +439,80 @@ struct Bf16Body {
   }
 };
 #endif  // PAGODE_AVX512
+
+#ifdef PAGODE_AMX
+// ---- amx bf16 body: TDPBF16PS, key tiles of 32 (D % 32 == 0) ----------------------
+// Every tile is 16 rows of 64 bytes: 16 rows x 32 bf16 (an A operand: queries over 32 of D,
+// or probabilities over the 32 keys), 16 pairs x 16 columns (a B operand: 32 of D x 16
+// keys, or 32 keys x 16 of D), or 16 x 16 fp32 (a result). Tiles 0, 1: scores of 16 rows
+// against keys 0-15 and 16-31; 2: queries; 3, 4: the two key halves; 5: probabilities;
+// 6: values; 7: 16 x 16 of the output accumulator.
+template <typename T>
+struct AmxBody {
+  static constexpr int64_t KT = 32;
+  static constexpr bool PAIRS = true;  // reads the call's PairTiles
+  using Width = Vec16;
+
+  static void begin(int64_t) {
+    pagode_amx::TileConfig cfg;
+    for (int t = 0; t < 8; ++t) {
+      cfg.rows[t] = TILE_ROWS;
+      cfg.colsb[t] = 64;
+    }
+    _tile_loadconfig(&cfg);
+  }
+  static void end() { _tile_release(); }
+
+  template <class QRow>
+  static void load_queries(Scratch& sc, QRow qrow, int64_t n_rows, int64_t D) {
+    queries_to_bf16(sc, qrow, n_rows, D);
+  }
+
+  // s [rows][32] = scale * q . k: per tile of 16 rows, D / 32 products into each key half.
+  template <class QRow>
+  static void scores(Scratch& sc, QRow, int64_t n_rows, int64_t D, float scale) {
+    const uint32_t* kp = sc.kpp;
+    for (int64_t r0 = 0; r0 < n_rows; r0 += TILE_ROWS) {
+      _tile_zero(0);
+      _tile_zero(1);
+      for (int64_t c = 0; c < D; c += 32) {
+        _tile_loadd(2, sc.qbf.data() + r0 * D + c, D * 2);
+        _tile_loadd(3, kp + (c / 2) * KT, KT * 4);
+        _tile_loadd(4, kp + (c / 2) * KT + 16, KT * 4);
+        _tile_dpbf16ps(0, 2, 3);
+        _tile_dpbf16ps(1, 2, 4);
+      }
+      _tile_stored(0, sc.s.data() + r0 * KT, KT * 4);
+      _tile_stored(1, sc.s.data() + r0 * KT + 16, KT * 4);
+    }
+    const __m512 sv = _mm512_set1_ps(scale);
+    for (int64_t r = 0; r < n_rows; ++r) {
+      float* s = sc.s.data() + r * KT;
+      _mm512_storeu_ps(s, _mm512_mul_ps(_mm512_loadu_ps(s), sv));
+      _mm512_storeu_ps(s + 16, _mm512_mul_ps(_mm512_loadu_ps(s + 16), sv));
+    }
+  }
+
+  // acc [rows][D] += bf16(p) . v: per tile of 16 rows, one product per 16 columns of D, the
+  // accumulator loaded into the result tile and stored back (it was rescaled in memory).
+  static void accumulate(Scratch& sc, int64_t n_rows, int64_t D) {
+    for (int64_t r = 0; r < n_rows; ++r)
+      _mm512_storeu_si512(sc.pb.data() + r * KT, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(sc.s.data() + r * KT + 16),
+                                                                              _mm512_loadu_ps(sc.s.data() + r * KT)));
+    const uint32_t* vp = sc.vpp;
+    for (int64_t r0 = 0; r0 < n_rows; r0 += TILE_ROWS) {
+      _tile_loadd(5, sc.pb.data() + r0 * KT, KT * 2);
+      float* acc = sc.acc.data() + r0 * D;
+      for (int64_t c = 0; c < D; c += 16) {
+        _tile_loadd(7, acc + c, D * 4);
+        _tile_loadd(6, vp + c, D * 4);
+        _tile_dpbf16ps(7, 5, 6);
+        _tile_stored(7, acc + c, D * 4);
+      }
+    }
+  }
+};
+#endif  // PAGODE_AMX
 
 // ---- the online softmax over one key tile ------------------------------------------
 // Row r is query first_pos + r / G; it sees keys j0 + [jlo, jhi) of the tile: causal,
@@ -448,8 +591,62 @@ struct Task {
   int64_t keys;              // how many key positions it reads (its cost, for ordering)
 };
 
+// ---- K/V as bf16 pairs, made once per call (the bf16 bodies) -----------------------
+// Every query tile of a sequence reads the same K/V tiles, so the bf16 bodies convert and
+// pack each tile once per call, for all of them: per sequence and KV head, the key tiles
+// from the first its chunk can see (KT-aligned) to its last, each kp [D/2][KT] then
+// vp [KT/2][D] (pack_k_pairs, pack_v_pairs), zeros past the sequence's last position.
+struct PairTiles {
+  std::vector<uint32_t> words;
+  std::vector<int64_t> first, count, base;  // per sequence: first tile, tiles, index of (head 0, first tile)
+  int64_t tile_words = 0, KVH = 0, total = 0;
+
+  const uint32_t* k(int64_t s, int64_t h, int64_t t) const {
+    return words.data() + (base[s] + h * count[s] + t - first[s]) * 2 * tile_words;
+  }
+};
+
+template <int64_t KT, typename T>
+void plan_pairs(const Args<T>& a, PairTiles& p) {
+  p.tile_words = KT * a.D / 2;
+  p.KVH = a.KVH;
+  p.first.resize(a.S);
+  p.count.resize(a.S);
+  p.base.resize(a.S);
+  p.total = 0;
+  for (int64_t s = 0; s < a.S; ++s) {
+    const int64_t n = a.q_starts[s + 1] - a.q_starts[s], len = a.seq_lens[s], ctx = len - n;
+    const int64_t klo = a.window > 0 ? std::max<int64_t>(0, ctx - a.window + 1) : 0;
+    p.first[s] = klo / KT;
+    p.count[s] = (len + KT - 1) / KT - p.first[s];
+    p.base[s] = p.total;
+    p.total += p.count[s] * a.KVH;
+  }
+  p.words.resize(p.total * 2 * p.tile_words);
+}
+
+// Tile `job` of the plan (sequence, KV head, tile in order), packed by the calling thread.
+template <int64_t KT, typename T>
+void pack_tile(const Args<T>& a, PairTiles& p, int64_t job, Scratch& sc) {
+#ifdef PAGODE_AVX512
+  const int64_t s = std::upper_bound(p.base.begin(), p.base.end(), job) - p.base.begin() - 1;
+  const int64_t h = (job - p.base[s]) / p.count[s], t = p.first[s] + (job - p.base[s]) % p.count[s];
+  const int64_t W = row_width<T>(a.D), row = a.KVH * W, kv = h * W;
+  const int64_t kc = std::min<int64_t>(KT, a.seq_lens[s] - t * KT);
+  const int32_t* table = a.bt + s * a.MB;
+  uint32_t* dst = p.words.data() + job * 2 * p.tile_words;
+  const T* rows[KT];
+  for (int64_t j = 0; j < kc; ++j) rows[j] = cache_row(a.k, table, t * KT + j, a.BS, row, kv);
+  pack_k_pairs<KT>(sc, rows, kc, a.D, dst);
+  for (int64_t j = 0; j < kc; ++j) rows[j] = cache_row(a.v, table, t * KT + j, a.BS, row, kv);
+  pack_v_pairs<KT>(sc, rows, kc, a.D, dst + p.tile_words);
+#else
+  (void)a, (void)p, (void)job, (void)sc;
+#endif
+}
+
 template <class Body, typename T>
-void run_task(const Args<T>& a, const Task& t, Scratch& sc) {
+void run_task(const Args<T>& a, const Task& t, Scratch& sc, const PairTiles& pairs) {
   constexpr int64_t KT = Body::KT;
   const int64_t G = a.H / a.KVH, D = a.D, n_rows = (t.i1 - t.i0) * G;
   const int64_t q0 = a.q_starts[t.seq], n = a.q_starts[t.seq + 1] - q0, ctx = a.seq_lens[t.seq] - n;
@@ -462,14 +659,23 @@ void run_task(const Args<T>& a, const Task& t, Scratch& sc) {
   const int64_t first = ctx + t.i0, last = ctx + t.i1 - 1;
   const int64_t klo = a.window > 0 ? std::max<int64_t>(0, first - a.window + 1) : 0;
   const T* rows[KT];
-  for (int64_t j0 = klo; j0 <= last; j0 += KT) {
+  // Packed tiles are KT-aligned: keys of the first one before klo are out of every row's
+  // window, and the online softmax masks them as such.
+  for (int64_t j0 = Body::PAIRS ? klo / KT * KT : klo; j0 <= last; j0 += KT) {
     const int64_t kc = std::min<int64_t>(KT, last + 1 - j0);
-    for (int64_t j = 0; j < kc; ++j) rows[j] = cache_row(a.k, table, j0 + j, a.BS, row, kv);
-    Body::pack_k(sc, rows, kc, D);
+    if constexpr (Body::PAIRS) {
+      sc.kpp = pairs.k(t.seq, t.kvh, j0 / KT);
+      sc.vpp = sc.kpp + pairs.tile_words;
+    } else {
+      for (int64_t j = 0; j < kc; ++j) rows[j] = cache_row(a.k, table, j0 + j, a.BS, row, kv);
+      Body::pack_k(sc, rows, kc, D);
+    }
     Body::scores(sc, qrow, n_rows, D, a.scale);
     online_softmax<typename Body::Width, KT>(sc, n_rows, G, first, j0, kc, a.window, a.softcap, D);
-    for (int64_t j = 0; j < kc; ++j) rows[j] = cache_row(a.v, table, j0 + j, a.BS, row, kv);
-    Body::pack_v(sc, rows, kc, D);
+    if constexpr (!Body::PAIRS) {
+      for (int64_t j = 0; j < kc; ++j) rows[j] = cache_row(a.v, table, j0 + j, a.BS, row, kv);
+      Body::pack_v(sc, rows, kc, D);
+    }
     Body::accumulate(sc, n_rows, D);
   }
   for (int64_t r = 0; r < n_rows; ++r) {  // every row sees at least itself, so l > 0
@@ -502,11 +708,21 @@ void run(const Args<T>& a, int num_threads) {
   std::vector<Task> tasks = tasks_of(a, QUERY_TILE);
   if (static_cast<int64_t>(tasks.size()) < 4 * num_threads) tasks = tasks_of(a, SMALL_QUERY_TILE);
   const int64_t count = static_cast<int64_t>(tasks.size());
+  static thread_local PairTiles calling_thread_pairs;  // reused across calls
+  PairTiles* pairs = &calling_thread_pairs;            // the workers use the calling thread's
+  if constexpr (Body::PAIRS) plan_pairs<Body::KT>(a, *pairs);
 #pragma omp parallel num_threads(num_threads)
   {
     thread_local Scratch sc;
+    if constexpr (Body::PAIRS) {
+      sc.prepare_packing(a.D, Body::KT);
+#pragma omp for schedule(static)
+      for (int64_t job = 0; job < pairs->total; ++job) pack_tile<Body::KT>(a, *pairs, job, sc);
+    }
+    Body::begin(a.D);
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t i = 0; i < count; ++i) run_task<Body>(a, tasks[i], sc);
+    for (int64_t i = 0; i < count; ++i) run_task<Body>(a, tasks[i], sc, *pairs);
+    Body::end();
   }
 }
 
@@ -520,24 +736,39 @@ constexpr int element_code() {
                                          : E_I8;
 }
 
-int body_for(int64_t D, int element) {
+// bf16: whether an fp32 or fp16 cache may take the bf16 products (a bf16 cache always does,
+// an int8 one never).
+int body_for(int64_t D, int element, bool bf16) {
   if (D <= 0 || D % 8 != 0) return NONE;
 #ifdef PAGODE_AVX512
-  if (element == E_BF16 && D % 32 == 0) return AVX512_BF16;
+  const bool products = D % 32 == 0 && (element == E_BF16 || (bf16 && (element == E_F32 || element == E_F16)));
+#ifdef PAGODE_AMX
+  if (products) return AMX_BF16;
+#endif
+  if (products) return AVX512_BF16;
   if (D % 16 == 0) return AVX512_F32;
 #endif
   (void)element;
+  (void)bf16;
   return AVX2_F32;
 }
 
 template <typename T>
-void prefill(const Args<T>& a, int num_threads) {
-  switch (body_for(a.D, element_code<T>())) {
+void prefill(const Args<T>& a, bool bf16, int num_threads) {
+  switch (body_for(a.D, element_code<T>(), bf16)) {
     case AVX2_F32: run<Fp32Body<Vec8, T>>(a, num_threads); return;
 #ifdef PAGODE_AVX512
     case AVX512_F32: run<Fp32Body<Vec16, T>>(a, num_threads); return;
     case AVX512_BF16:
-      if constexpr (std::is_same<T, BF16>::value) run<Bf16Body>(a, num_threads);
+      if constexpr (!std::is_same<T, I8>::value) run<Bf16Body<T>>(a, num_threads);
+      return;
+#endif
+#ifdef PAGODE_AMX
+    case AMX_BF16:
+      if constexpr (!std::is_same<T, I8>::value) {
+        pagode_amx::request_tiles();
+        run<AmxBody<T>>(a, num_threads);
+      }
       return;
 #endif
     default: return;
@@ -551,30 +782,30 @@ extern "C" {
 void paged_prefill_attention_f32(const float* q, const float* k, const float* v, const int32_t* bt,
                                  const int32_t* q_starts, const int32_t* seq_lens, float* out, int64_t S,
                                  int64_t H, int64_t D, int64_t BS, int64_t KVH, int64_t MB, float scale,
-                                 int64_t window, float softcap, int nt) {
-  prefill(Args<float>{q, k, v, bt, q_starts, seq_lens, out, S, H, D, BS, KVH, MB, scale, window, softcap}, nt);
+                                 int64_t window, float softcap, int bf16, int nt) {
+  prefill(Args<float>{q, k, v, bt, q_starts, seq_lens, out, S, H, D, BS, KVH, MB, scale, window, softcap}, bf16 != 0, nt);
 }
 void paged_prefill_attention_f16(const float* q, const F16* k, const F16* v, const int32_t* bt,
                                  const int32_t* q_starts, const int32_t* seq_lens, float* out, int64_t S,
                                  int64_t H, int64_t D, int64_t BS, int64_t KVH, int64_t MB, float scale,
-                                 int64_t window, float softcap, int nt) {
-  prefill(Args<F16>{q, k, v, bt, q_starts, seq_lens, out, S, H, D, BS, KVH, MB, scale, window, softcap}, nt);
+                                 int64_t window, float softcap, int bf16, int nt) {
+  prefill(Args<F16>{q, k, v, bt, q_starts, seq_lens, out, S, H, D, BS, KVH, MB, scale, window, softcap}, bf16 != 0, nt);
 }
 void paged_prefill_attention_bf16(const float* q, const BF16* k, const BF16* v, const int32_t* bt,
                                   const int32_t* q_starts, const int32_t* seq_lens, float* out, int64_t S,
                                   int64_t H, int64_t D, int64_t BS, int64_t KVH, int64_t MB, float scale,
-                                  int64_t window, float softcap, int nt) {
-  prefill(Args<BF16>{q, k, v, bt, q_starts, seq_lens, out, S, H, D, BS, KVH, MB, scale, window, softcap}, nt);
+                                  int64_t window, float softcap, int bf16, int nt) {
+  prefill(Args<BF16>{q, k, v, bt, q_starts, seq_lens, out, S, H, D, BS, KVH, MB, scale, window, softcap}, bf16 != 0, nt);
 }
 
 void paged_prefill_attention_i8(const float* q, const I8* k, const I8* v, const int32_t* bt,
                                 const int32_t* q_starts, const int32_t* seq_lens, float* out, int64_t S,
                                 int64_t H, int64_t D, int64_t BS, int64_t KVH, int64_t MB, float scale,
-                                int64_t window, float softcap, int nt) {
-  prefill(Args<I8>{q, k, v, bt, q_starts, seq_lens, out, S, H, D, BS, KVH, MB, scale, window, softcap}, nt);
+                                int64_t window, float softcap, int bf16, int nt) {
+  prefill(Args<I8>{q, k, v, bt, q_starts, seq_lens, out, S, H, D, BS, KVH, MB, scale, window, softcap}, bf16 != 0, nt);
 }
 
-int prefill_attention_body(int64_t D, int element) { return body_for(D, element); }
+int prefill_attention_body(int64_t D, int element, int bf16) { return body_for(D, element, bf16 != 0); }
 
 }  // extern "C"
 

@@ -59,10 +59,12 @@ class AttentionBackend(ABC):
         self.write_kv(k, v.view(-1, kv_heads, head_dim).contiguous(), kv_cache, slot_mapping)
         return q
 
-    def prepare(self, num_heads: int, dtype: torch.dtype, kv_cache: torch.Tensor) -> None:
+    def prepare(self, num_heads: int, dtype: torch.dtype, kv_cache: torch.Tensor,
+                bf16_from: int | None = None) -> None:
         """Called once at load with the model's query heads, its activations' dtype and a layer's
-        cache: a backend that chooses among its paths by measurement does so here. Nothing by
-        default."""
+        cache: a backend that chooses among its paths by measurement does so here. bf16_from:
+        the fewest tokens of a step from which the model's projections run in bf16 (None:
+        never), which a backend may follow with bf16 attention. Nothing by default."""
         return None
 
     def supports_fused_cpu_step(self, kv_cache: torch.Tensor) -> bool:

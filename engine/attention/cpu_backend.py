@@ -8,7 +8,9 @@ queries only), the pure-torch paths of SdpaAttentionBackend run. Prefill and ext
 go to the fused C++ prefill kernel (cpu_kernels/prefill_attention.py) or attend without an
 explicit mask through torch's flash kernel (maskless_prefill.py), whichever won the race at
 load for the model's attention shape (prefill_choice.py); windowed or soft-capped chunks take
-the kernel, or without it the sdpa backend's masked path.
+the kernel, or without it the sdpa backend's masked path. A chunk as big as the steps whose
+projections run bf16 GEMMs takes the kernel's bf16 products where it has them (AMX tiles,
+AVX512-BF16), raced against the maskless path on its own.
 """
 
 from __future__ import annotations
@@ -27,22 +29,33 @@ class CpuAttentionBackend(SdpaAttentionBackend):
     def __init__(self) -> None:
         self.kernel = native.paged_attention()  # None: pure torch throughout
         self.prefill_kernel = native.prefill_attention()
+        self.bf16_from: int | None = None  # steps of this many tokens on take bf16 products
 
-    def prepare(self, num_heads: int, dtype: torch.dtype, kv_cache: torch.Tensor) -> None:
-        """Race the prefill paths for the model's shape now, at load, not at the first request."""
-        query = torch.empty(0, num_heads, kv_int8.head_dim(kv_cache), dtype=dtype, device=kv_cache.device)
+    def prepare(self, num_heads: int, dtype: torch.dtype, kv_cache: torch.Tensor,
+                bf16_from: int | None = None) -> None:
+        """Race the prefill paths for the model's shape now, at load, not at the first request
+        (and, where big steps will take bf16 products, those too)."""
+        self.bf16_from = bf16_from
+        head_dim = kv_int8.head_dim(kv_cache)
+        query = torch.empty(0, num_heads, head_dim, dtype=dtype, device=kv_cache.device)
         prefill_choice.use_kernel(self.prefill_kernel, query, kv_cache, False, self.prefill_maskless)
+        if bf16_from is not None and prefill_choice.wants_bf16(self.prefill_kernel, bf16_from, head_dim,
+                                                               kv_cache.dtype, bf16_from):
+            prefill_choice.use_kernel(self.prefill_kernel, query, kv_cache, False, self.prefill_maskless, bf16=True)
 
     def prefill(self, query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,
                 scale: float, *, window: int | None = None, softcap: float | None = None) -> torch.Tensor:
         masked = window is not None or softcap is not None
-        if not prefill_choice.use_kernel(self.prefill_kernel, query, kv_cache, masked, self.prefill_maskless):
+        bf16 = prefill_choice.wants_bf16(self.prefill_kernel, query.shape[0], query.shape[-1], kv_cache.dtype,
+                                         self.bf16_from)
+        if not prefill_choice.use_kernel(self.prefill_kernel, query, kv_cache, masked, self.prefill_maskless,
+                                         bf16):
             return super().prefill(query, kv_cache, meta, scale, window=window, softcap=softcap)
         assert self.prefill_kernel is not None
         nd = meta.num_decodes
         starts = meta.query_start_loc[nd:] - meta.query_start_loc[nd]
         return self.prefill_kernel.prefill(query, kv_cache, meta.block_tables[nd:], starts, meta.seq_lens[nd:],
-                                           scale, window=window, softcap=softcap)
+                                           scale, window=window, softcap=softcap, bf16=bf16)
 
     def prefill_maskless(self, query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,
                          scale: float) -> torch.Tensor:

@@ -14,6 +14,15 @@ not the maskless path but the masked one, which materialises the whole score mat
 
 PAGODE_PREFILL_KERNEL=kernel or =maskless skips the race and pins one path (tests,
 benchmarks); `maskless` also sends windowed and capped chunks back to the masked path.
+
+bf16 products. Where the kernel has a bf16 body for the shape (AMX tiles, or AVX512-BF16
+dot products) an fp32 or fp16 cache's chunk may take it: queries, K/V and probabilities
+rounded to bf16, every sum in fp32. That is the precision of the bf16 big-step GEMM, so a
+chunk takes it only when its step is at least `bf16_from` tokens, the size from which the
+model's projections run that GEMM already (bf16_from(model); None when none does, as for
+an unquantized model, whose greedy tokens are held to transformers' fp32). Such chunks are
+raced against the maskless path under a key of their own. PAGODE_PREFILL_BF16=on or =off
+pins it (tests, benchmarks).
 """
 
 from __future__ import annotations
@@ -22,11 +31,13 @@ import logging
 from collections.abc import Callable
 
 import torch
+from torch import nn
 
 from cpu_kernels.prefill_attention import PrefillAttentionKernel
 from engine import autotune, envs, race_memory
 from engine.attention import kv_int8
 from engine.attention.metadata import AttentionMetadata
+from engine.quant.linear import QuantLinear
 
 log = logging.getLogger("pagode")
 
@@ -35,14 +46,38 @@ RACE_CONTEXT = 256  # cached positions before it, so that both the causal and th
 RACE_REPS = 3
 
 MasklessPath = Callable[[torch.Tensor, torch.Tensor, AttentionMetadata, float], torch.Tensor]
-Shape = tuple[int, int, int, str]  # heads, KV heads, head size, cache dtype
+Shape = tuple[int, int, int, str, bool]  # heads, KV heads, head size, cache dtype, bf16 products
 _winners: dict[Shape, str] = {}
 
 
+def bf16_from(model: nn.Module) -> int | None:
+    """The fewest tokens of a step from which every decoder-layer projection that has a bf16
+    big-step GEMM runs it (None: none has one). The lm_head is left out: it runs on the
+    sampled rows only, not on the step's tokens."""
+    limits = [module.max_kernel_tokens + 1 for name, module in model.named_modules()
+              if isinstance(module, QuantLinear) and module.gemm is not None and module.gemm.name == "bf16"
+              and not name.endswith("lm_head")]
+    return max(limits) if limits else None
+
+
+def wants_bf16(kernel: PrefillAttentionKernel | None, tokens: int, head_dim: int, cache_dtype: torch.dtype,
+               from_tokens: int | None) -> bool:
+    """Whether a chunk of `tokens` rows takes the kernel's bf16 products: the kernel has a bf16
+    body for this head size and cache that asking changes, and the step is as big as the ones
+    whose projections run bf16 already (or PAGODE_PREFILL_BF16 pins it)."""
+    if kernel is None or not kernel.has_bf16_products(head_dim, cache_dtype):
+        return False
+    pinned = envs.PREFILL_BF16.get()
+    if pinned != "auto":
+        return pinned == "on"
+    return from_tokens is not None and tokens >= from_tokens
+
+
 def use_kernel(kernel: PrefillAttentionKernel | None, query: torch.Tensor, kv_cache: torch.Tensor,
-               masked: bool, maskless: MasklessPath) -> bool:
+               masked: bool, maskless: MasklessPath, bf16: bool = False) -> bool:
     """Whether this chunk goes to the kernel; `masked`: it has a window or a soft-cap;
-    `maskless`: the other path, raced against the kernel the first time a shape is seen."""
+    `maskless`: the other path, raced against the kernel the first time a shape is seen;
+    `bf16`: the kernel would run it with bf16 products (raced as such)."""
     if kernel is None or not kernel.supports(query, kv_cache):
         return False
     pinned = envs.PREFILL_KERNEL.get()
@@ -50,38 +85,39 @@ def use_kernel(kernel: PrefillAttentionKernel | None, query: torch.Tensor, kv_ca
         return pinned == "kernel"
     if masked:
         return True
-    return winner(kernel, maskless, query.shape[1], kv_cache) == "kernel"
+    return winner(kernel, maskless, query.shape[1], kv_cache, bf16) == "kernel"
 
 
-def winner(kernel: PrefillAttentionKernel, maskless: MasklessPath, heads: int, kv_cache: torch.Tensor) -> str:
+def winner(kernel: PrefillAttentionKernel, maskless: MasklessPath, heads: int, kv_cache: torch.Tensor,
+           bf16: bool = False) -> str:
     """'kernel' or 'maskless' for this shape: raced once per process, kept per machine."""
     kv_heads, head_dim = kv_cache.shape[3], kv_int8.head_dim(kv_cache)
-    shape: Shape = (heads, kv_heads, head_dim, str(kv_cache.dtype).removeprefix("torch."))
+    shape: Shape = (heads, kv_heads, head_dim, str(kv_cache.dtype).removeprefix("torch."), bf16)
     if shape in _winners:
         return _winners[shape]
-    key = ":".join(map(str, (*shape, RACE_CHUNK, RACE_CONTEXT)))
+    key = ":".join(map(str, (*shape[:4], RACE_CHUNK, RACE_CONTEXT, *(["bf16"] if bf16 else []))))
     kept = race_memory.recall("prefill-attention", key)
     if kept in ("kernel", "maskless"):
         _winners[shape] = kept
         log.info("prefill attention %s: %s (measured at an earlier start)", key, kept)
         return str(kept)
-    name, times = race(kernel, maskless, heads, kv_cache.shape[2], kv_heads, head_dim, kv_cache.dtype)
+    name, times = race(kernel, maskless, heads, kv_cache.shape[2], kv_heads, head_dim, kv_cache.dtype, bf16)
     _winners[shape] = name
     race_memory.keep("prefill-attention", key, name)
     log.info("prefill attention %s: %s (ms at a chunk of %d after %d: %s; kernel body: %s)", key, name,
              RACE_CHUNK, RACE_CONTEXT, {k: round(v * 1e3, 2) for k, v in times.items()},
-             kernel.body(head_dim, kv_cache.dtype))
+             kernel.body(head_dim, kv_cache.dtype, bf16))
     return name
 
 
 def race(kernel: PrefillAttentionKernel, maskless: MasklessPath, heads: int, block_size: int, kv_heads: int,
-         head_dim: int, dtype: torch.dtype) -> tuple[str, dict[str, float]]:
+         head_dim: int, dtype: torch.dtype, bf16: bool = False) -> tuple[str, dict[str, float]]:
     """Time both paths on one synthetic chunk in a cache of its own, on one thread."""
     query, cache, meta = synthetic_chunk(heads, kv_heads, head_dim, block_size, dtype)
     scale = head_dim ** -0.5
     candidates = {
         "kernel": lambda: kernel.prefill(query, cache, meta.block_tables, meta.query_start_loc, meta.seq_lens,
-                                         scale),
+                                         scale, bf16=bf16),
         "maskless": lambda: maskless(query, cache, meta, scale),
     }
     return autotune.fastest(candidates, RACE_REPS)

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from engine.attention import AttentionMetadata, select_backend
+from engine.attention import AttentionMetadata, prefill_choice, select_backend
 from engine.config import EngineConfig, parse_dtype
 from engine.core.scheduler import ScheduledSeq
 from engine.lora import LoraRegistry, LoraRows
@@ -59,7 +59,8 @@ class ModelRunner:
         self.num_blocks = num_blocks_for(config.kv_cache_bytes, model_config, self.block_size, self.kv_dtype)
         self.kv_caches = allocate_kv_cache(model_config, self.num_blocks, self.block_size,
                                            self.kv_dtype, self.device)
-        self.backend.prepare(model_config.num_attention_heads, self.dtype, self.kv_caches[0])
+        self.backend.prepare(model_config.num_attention_heads, self.dtype, self.kv_caches[0],
+                             bf16_from=prefill_choice.bf16_from(self.model))
         self.graphs: CudaGraphRunner | None = None
         # Decode-only steps of a block-quantized model on the CPU: one C++ call for all layers,
         # which forward() calls instead of the model.
