@@ -58,3 +58,56 @@ def texts(count: int, min_tokens: int, max_tokens: int, seed: int = 0) -> list[s
     vocab = words()
     lengths = rng.integers(min_tokens, max_tokens + 1, count)
     return [" ".join(vocab[j] for j in rng.integers(0, len(vocab), n - 2)) for n in lengths]
+
+
+# A small Qwen3-Embedding-style decoder: last-token pooling, normalized, the layout
+# llama.cpp's converter reads. Its shape is the size of a BERT-small embedder, not of
+# Qwen3-Embedding-0.6B, so that the file and a 1,000-input run stay small on two cores.
+QWEN3_EMBED: dict[str, Any] = dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=8,
+                                   num_attention_heads=8, num_key_value_heads=4, head_dim=64,
+                                   max_position_embeddings=2048, rope_theta=1000000.0, tie_word_embeddings=True)
+
+
+def build_qwen3_embedding(folder: Path) -> Path:
+    """A random Qwen3-Embedding-style folder with SmolLM2's real tokenizer (the one the default
+    model's GGUF carries): llama.cpp's converter refuses tokenizers whose pre-tokenizer it
+    does not know, and knows SmolLM2's."""
+    if (folder / "modules.json").exists():
+        return folder
+    import torch
+    from transformers import AutoTokenizer, Qwen3Config, Qwen3Model  # type: ignore[attr-defined]
+
+    from engine.model.loader import default_model_path
+
+    torch.manual_seed(0)
+    tokenizer_file = default_model_path()
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_file.parent), gguf_file=tokenizer_file.name)
+    Qwen3Model(Qwen3Config(vocab_size=len(tokenizer), **QWEN3_EMBED)).save_pretrained(folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["architectures"] = ["Qwen3ForCausalLM"]  # as Qwen3-Embedding's folder declares it
+    (folder / "config.json").write_text(json.dumps(config))
+    tokenizer.save_pretrained(folder)
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+               {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}]
+    (folder / "modules.json").write_text(json.dumps(modules))
+    (folder / "1_Pooling").mkdir(exist_ok=True)
+    (folder / "2_Normalize").mkdir(exist_ok=True)
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps(
+        {"word_embedding_dimension": QWEN3_EMBED["hidden_size"], "pooling_mode_lasttoken": True}))
+    (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 2048}))
+    return folder
+
+
+def convert_to_gguf(folder: Path, outtype: str = "f32") -> Path:
+    """The folder as llama.cpp's own convert_hf_to_gguf.py writes it (pooling_type 3: last)."""
+    import subprocess
+    import sys
+
+    from benchmarks.llama_server import converter
+
+    out = folder.parent / f"{folder.name}.{outtype}.gguf"
+    if not out.exists():
+        subprocess.run([sys.executable, str(converter()), str(folder), "--outtype", outtype, "--outfile", str(out)],
+                       check=True, capture_output=True, text=True)
+    return out
