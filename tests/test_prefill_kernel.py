@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from tests_support import SHARED_PREFIX, cache_sharing_builds, paged_attention_case
+from torch import nn
 
 from cpu_kernels.prefill_attention import BF16_BODIES, PrefillAttentionKernel
 from cuda_kernels.reference import paged_decode_attention_ref, paged_prefill_attention_ref
@@ -20,6 +21,10 @@ from engine import LLM, SamplingParams, autotune, envs, native, race_memory
 from engine.attention import kv_int8, prefill_choice
 from engine.attention.cpu_backend import CpuAttentionBackend
 from engine.attention.metadata import AttentionMetadata
+from engine.quant.bf16_gemm import Bf16Gemm
+from engine.quant.dense_gemm import DenseGemm
+from engine.quant.formats import quantize
+from engine.quant.linear import QuantLinear
 from engine.runner.kv_cache import kv_cache_dtype
 
 # Fresh prompts (context 0) and extends after a cached prefix, with chunk lengths that are
@@ -185,6 +190,86 @@ def test_the_backend_attends_decodes_and_chunks_by_either_path(path: str, dtype:
                                            SCALE)
     torch.testing.assert_close(got[:2], decodes, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(got[2:], prefills[2:], atol=1e-5, rtol=1e-5)
+
+
+def projection(gemm: Bf16Gemm | DenseGemm | None, kernel_up_to: int) -> QuantLinear:
+    """A 64 x 64 Q8_0 projection whose block kernel takes steps of up to `kernel_up_to`
+    tokens and `gemm` the bigger ones."""
+    return QuantLinear(quantize(torch.randn(64, 64), "q8_0"), gemm, None, kernel_up_to)
+
+
+def test_bf16_from_is_where_every_bf16_projection_runs_its_gemm() -> None:
+    """The fewest tokens of a step from which each decoder-layer projection that has a bf16
+    GEMM runs it (the largest of their crossovers, plus one); the lm_head (sampled rows
+    only), fp32 GEMMs and kernel-only layers do not count; no bf16 GEMM at all: None."""
+    w = torch.randn(64, 64)
+    layers = nn.ModuleList([nn.ModuleDict({"qkv": projection(Bf16Gemm(w), 16), "down": projection(Bf16Gemm(w), 48),
+                                           "o": projection(DenseGemm(w), 100), "up": projection(None, 1 << 30)})])
+    model = nn.ModuleDict({"layers": layers, "lm_head": projection(Bf16Gemm(w), 500)})
+    assert prefill_choice.bf16_from(model) == 49
+    fp32_only = nn.ModuleDict({"layers": nn.ModuleList([projection(DenseGemm(w), 8)]),
+                               "lm_head": projection(Bf16Gemm(w), 8)})
+    assert prefill_choice.bf16_from(fp32_only) is None
+    assert prefill_choice.bf16_from(nn.Sequential(nn.Linear(64, 64))) is None
+
+
+def bf16_kernel(head_dim: int = 64) -> PrefillAttentionKernel:
+    k = kernel()
+    if not k.has_bf16_products(head_dim, torch.float16):
+        pytest.skip("no bf16 products in this build (a CPU below avx512)")
+    return k
+
+
+def test_the_backend_takes_bf16_products_in_steps_from_bf16_from(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With bf16_from 64, a step's 47 chunk rows stay fp32 and its 137 take the bf16 products
+    (each output equal to the kernel's own with or without them); bf16_from None (no bf16
+    GEMM) never takes them; PAGODE_PREFILL_BF16=on and =off pin them."""
+    k = bf16_kernel()
+    monkeypatch.setenv("PAGODE_PREFILL_KERNEL", "kernel")
+    monkeypatch.delenv("PAGODE_PREFILL_BF16", raising=False)
+
+    def attended(backend: CpuAttentionBackend, chunks: list[int]) -> tuple[bool, bool]:
+        """Whether the backend's output is the kernel's fp32 one, and whether its bf16 one."""
+        q, kv, meta = case(7, [60, 80], chunks, 9, 3, 64, 16, torch.float16)
+        got = backend.attend(q, kv, meta, SCALE)
+        args = (q, kv, meta.block_tables, meta.query_start_loc, meta.seq_lens, SCALE)
+        return torch.equal(got, k.prefill(*args)), torch.equal(got, k.prefill(*args, bf16=True))
+
+    backend = CpuAttentionBackend()
+    backend.prepare(9, torch.float32, torch.zeros(2, 8, 16, 3, 64, dtype=torch.float16), bf16_from=64)
+    assert attended(backend, [7, 40]) == (True, False)
+    assert attended(backend, [60, 77]) == (False, True)
+    backend.prepare(9, torch.float32, torch.zeros(2, 8, 16, 3, 64, dtype=torch.float16), bf16_from=None)
+    assert attended(backend, [60, 77]) == (True, False)
+    monkeypatch.setenv("PAGODE_PREFILL_BF16", "on")
+    assert attended(backend, [7, 40]) == (False, True)
+    monkeypatch.setenv("PAGODE_PREFILL_BF16", "off")
+    backend.prepare(9, torch.float32, torch.zeros(2, 8, 16, 3, 64, dtype=torch.float16), bf16_from=64)
+    assert attended(backend, [60, 77]) == (True, False)
+
+
+def test_bf16_chunks_are_raced_under_their_own_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model whose big steps run bf16 GEMMs races the kernel twice at load: its fp32 body
+    and its bf16 products, each against the maskless path, kept under keys of their own."""
+    bf16_kernel()
+    monkeypatch.setenv("PAGODE_CACHE_DIR", str(cache_sharing_builds(tmp_path / "cache", envs.CACHE_DIR.get())))
+    for name in ("PAGODE_PREFILL_KERNEL", "PAGODE_PREFILL_BF16", "PAGODE_RACE_CACHE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(race_memory, "_fresh", False)
+    monkeypatch.setattr(prefill_choice, "_winners", {})
+    bodies: list[bool] = []
+    run = PrefillAttentionKernel.prefill
+
+    def noted(self: PrefillAttentionKernel, *args: object, bf16: bool = False, **kwargs: object) -> torch.Tensor:
+        bodies.append(bf16)
+        return run(self, *args, bf16=bf16, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(PrefillAttentionKernel, "prefill", noted)
+    CpuAttentionBackend().prepare(9, torch.float32, torch.zeros(2, 8, 16, 3, 64, dtype=torch.float16), bf16_from=64)
+    assert set(bodies) == {False, True}
+    key = f"9:3:64:float16:{prefill_choice.RACE_CHUNK}:{prefill_choice.RACE_CONTEXT}"
+    assert race_memory.recall("prefill-attention", key) in ("kernel", "maskless")
+    assert race_memory.recall("prefill-attention", key + ":bf16") in ("kernel", "maskless")
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.int8], ids=str)
