@@ -187,7 +187,8 @@ class LLMEngine:
         if config.kv_events_config is None or not config.kv_events_config.publishes:
             return None, None
         medium = "GPU" if self.runner.device.type == "cuda" else "CPU"
-        recorder = KVEventRecorder(self.block_size, medium, config.kv_events_config.event_layout)
+        recorder = KVEventRecorder(self.block_size, medium, config.kv_events_config.event_layout,
+                                   lora_paths=self.lora_adapters)
         publisher = ZmqEventPublisher(config.kv_events_config)
         self.block_manager.observer = recorder
         return recorder, publisher

@@ -195,6 +195,45 @@ def test_the_map_layout_names_the_fields() -> None:
                       {"type": "AllBlocksCleared"}]
 
 
+LORA_VECTORS = VECTORS.with_name("vllm_lora_block_hashes.json")
+
+
+@pytest.mark.parametrize("layout", ["array", "map"])
+def test_an_adapters_blocks_carry_it_as_vllm_publishes_them(layout: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Requests on LoRA adapters: the hashes, lora_id, lora_name and (map) per-block extra_keys
+    are what vLLM's own functions gave for the same adapter, name, path and tokens (the file);
+    the same tokens on the base model publish the base's hashes and no adapter."""
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    cases = json.loads(LORA_VECTORS.read_text())["cases"]
+    paths = {case["lora_name"]: case["lora_path"] for case in cases}
+    recorder = KVEventRecorder(BS, "CPU", layout=layout, lora_paths=lambda: paths)
+    manager = BlockManager(num_blocks=16, block_size=BS)
+    manager.observer = recorder
+    for case in cases:
+        seq = make_seq(case["lora_name"], case["token_ids"])
+        seq.lora_name, seq.cache_root = case["lora_name"], case["lora_id"]
+        compute(manager, seq)
+        [stored] = plain(recorder.take_events())
+        full = case["token_ids"][:len(case["hashes"]) * BS]
+        if layout == "array":
+            assert stored == ["BlockStored", case["hashes"], None, full, BS, case["lora_id"], "CPU", case["lora_name"]]
+        else:
+            assert stored == {"type": "BlockStored", "block_hashes": case["hashes"], "parent_block_hash": None,
+                              "token_ids": full, "block_size": BS, "lora_id": case["lora_id"], "medium": "CPU",
+                              "lora_name": case["lora_name"], "extra_keys": case["event_extra_keys"]}
+    tokens = cases[0]["token_ids"]
+    compute(manager, make_seq("base", tokens))
+    [stored] = plain(recorder.take_events())
+    base_hashes = stored[1] if layout == "array" else stored["block_hashes"]
+    assert base_hashes == vllm.request_block_hashes(tokens, BS)
+    assert not set(base_hashes) & set(cases[0]["hashes"])
+    if layout == "array":
+        assert stored[5] is None and stored[7] is None
+    else:
+        assert stored["lora_id"] is None and stored["lora_name"] is None
+        assert "extra_keys" not in stored  # left out at its default, as vLLM's omit_defaults does
+
+
 # ---- the publisher on real sockets --------------------------------------------
 def test_bind_or_connect_as_vllm_decides() -> None:
     assert binds("tcp://*:5557") and binds("tcp://[::]:5557") and binds("ipc:///tmp/x") and binds("inproc://x")

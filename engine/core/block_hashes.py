@@ -9,10 +9,12 @@ that mixes pagode and vLLM replicas, finds the same blocks. That is vLLM's `sha2
     NONE_HASH = H(seed)       seed: $PYTHONHASHSEED if set, else "vllm-none-hash"
     block_i   = H((block_{i-1} or NONE_HASH, tuple(token_ids_i), extra_keys))
 
-over full blocks only, with extra_keys None (no LoRA, multimodal input, cache salt or prompt
-embeddings here). The parent is chained as the whole 32-byte digest; the events carry each
-digest's last 8 bytes as a big-endian integer (vLLM's VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1,
-its default).
+over full blocks only. extra_keys is None on the base model (no multimodal input, cache salt
+or prompt embeddings here); a block of a request on a LoRA adapter has vLLM's
+`(("lora", name, path),)` (`_gen_lora_extra_hash_keys`), so its hashes are the ones a vLLM
+serving the same adapter publishes, and never a base block's. The parent is chained as the
+whole 32-byte digest; the events carry each digest's last 8 bytes as a big-endian integer
+(vLLM's VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1, its default).
 """
 
 from __future__ import annotations
@@ -42,9 +44,15 @@ def none_hash(seed: str | None = None) -> bytes:
     return sha256_cbor(none_hash_seed() if seed is None else seed)
 
 
-def hash_block(parent: bytes | None, token_ids: Sequence[int], root: bytes) -> bytes:
+def hash_block(parent: bytes | None, token_ids: Sequence[int], root: bytes,
+               extra_keys: tuple[Any, ...] | None = None) -> bytes:
     """One block's digest, chained from its parent's digest (None: the first block)."""
-    return sha256_cbor((parent or root, tuple(token_ids), None))
+    return sha256_cbor((parent or root, tuple(token_ids), extra_keys))
+
+
+def lora_extra_keys(name: str, path: str) -> tuple[Any, ...]:
+    """The extra keys of every block of a request on the adapter `name` loaded from `path`."""
+    return (("lora", name, path),)
 
 
 def hash_blocks(token_ids: Sequence[int], block_size: int, seed: str | None = None) -> list[bytes]:

@@ -8,7 +8,10 @@ one batch:
 
 - BlockStored: a run of consecutive blocks of one request, with their hashes, the hash of the
   block before the run (None for a prompt's first block), the token ids of all of them,
-  block_size, lora_id None, medium ("CPU", or "GPU" on CUDA), lora_name None;
+  block_size, medium ("CPU", or "GPU" on CUDA), and the request's LoRA adapter as vLLM's
+  block pool gives it: lora_id (its int id, a fresh one per load as vLLM's lora_int_id is),
+  lora_name, and in the map layout extra_keys, the untagged `[name]` of each block (None on
+  the base model); an adapter's blocks hash with the adapter as an extra key, as vLLM's do;
 - BlockRemoved: one evicted block's hash, as vLLM sends one per eviction;
 - AllBlocksCleared: the prefix cache was reset.
 
@@ -24,12 +27,12 @@ Either way a batch is the array `[ts, [events], data_parallel_rank]`.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import msgspec
 
-from engine.core.block_hashes import external_hash, hash_block, none_hash
+from engine.core.block_hashes import external_hash, hash_block, lora_extra_keys, none_hash
 from engine.core.sequence import Sequence
 
 DATA_PARALLEL_RANK = 0  # one engine per server
@@ -82,10 +85,15 @@ class KVEventRecorder:
     """The block manager's observer: keeps the vLLM digest of each block in the prefix cache
     (keyed by pagode's own hash of the same prefix) and the events of the current step."""
 
-    def __init__(self, block_size: int, medium: str, layout: str = "array", seed: str | None = None) -> None:
+    def __init__(self, block_size: int, medium: str, layout: str = "array", seed: str | None = None,
+                 lora_paths: Callable[[], dict[str, str]] = dict) -> None:
+        """`lora_paths`: the loaded adapters' folders by name (an adapter's blocks hash with its
+        path, as vLLM's do, so one name loaded from another folder never matches them)."""
         self.block_size = block_size
         self.medium = medium
         self.types = LAYOUTS[layout]
+        self.lora_paths = lora_paths
+        self.per_block_keys = "extra_keys" in self.types["BlockStored"].__struct_fields__
         self.root = none_hash(seed)
         self.digests: dict[int, bytes] = {}
         self.pending: list[Any] = []
@@ -93,18 +101,22 @@ class KVEventRecorder:
     # ---- BlockObserver ---------------------------------------------------
     def blocks_stored(self, seq: Sequence, indices: list[int]) -> None:
         bs = self.block_size
+        extra = self._extra_keys(seq)
         for run in consecutive_runs(indices):
-            parent = self._digest(seq, run[0] - 1) if run[0] else None
+            parent = self._digest(seq, run[0] - 1, extra) if run[0] else None
             digests, previous = [], parent
             for i in run:
-                previous = hash_block(previous, seq.token_ids[i * bs:(i + 1) * bs], self.root)
+                previous = hash_block(previous, seq.token_ids[i * bs:(i + 1) * bs], self.root, extra)
                 self.digests[seq.block_hashes[i]] = previous
                 digests.append(previous)
+            adapter: dict[str, Any] = {"lora_id": seq.cache_root if seq.lora_name else None, "lora_name": seq.lora_name}
+            if self.per_block_keys and seq.lora_name is not None:
+                adapter["extra_keys"] = [[seq.lora_name]] * len(run)
             self.pending.append(self.types["BlockStored"](
                 block_hashes=[external_hash(d) for d in digests],
                 parent_block_hash=None if parent is None else external_hash(parent),
                 token_ids=list(seq.token_ids[run[0] * bs:(run[-1] + 1) * bs]), block_size=bs,
-                lora_id=None, medium=self.medium, lora_name=None))
+                medium=self.medium, **adapter))
 
     def block_removed(self, block_hash: int) -> None:
         digest = self.digests.pop(block_hash, None)
@@ -120,7 +132,14 @@ class KVEventRecorder:
         events, self.pending = self.pending, []
         return events
 
-    def _digest(self, seq: Sequence, i: int) -> bytes:
+    def _extra_keys(self, seq: Sequence) -> tuple[Any, ...] | None:
+        """vLLM's extra keys of the request's blocks: its adapter's, or None on the base. A
+        request runs only while its adapter is loaded, so the adapter's path is there."""
+        if seq.lora_name is None:
+            return None
+        return lora_extra_keys(seq.lora_name, self.lora_paths()[seq.lora_name])
+
+    def _digest(self, seq: Sequence, i: int, extra: tuple[Any, ...] | None) -> bytes:
         """Block i's digest: remembered while it is cached, else chained again from the nearest
         remembered ancestor (a parent that a sliding window or an eviction took out)."""
         start = i
@@ -129,6 +148,6 @@ class KVEventRecorder:
         digest = self.digests[seq.block_hashes[start]] if start >= 0 else None
         bs = self.block_size
         for k in range(start + 1, i + 1):
-            digest = hash_block(digest, seq.token_ids[k * bs:(k + 1) * bs], self.root)
+            digest = hash_block(digest, seq.token_ids[k * bs:(k + 1) * bs], self.root, extra)
         assert digest is not None
         return digest
