@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.pooling.bf16_linear import Bf16Linear, can_fuse
 from engine.pooling.packing import Packing
 
 Rope = tuple[torch.Tensor, torch.Tensor]  # cos, sin [B, L, head_dim]
@@ -248,13 +249,17 @@ class Encoder(nn.Module):
 
     def use_bf16(self) -> None:
         """The layers' linear weights in bf16, their products and attention computed in bf16
-        (AMX tiles or AVX512-BF16 where the CPU has them); embeddings, LayerNorms, the
-        residual stream and the classifier head stay fp32."""
+        (AMX tiles or AVX512-BF16 where the CPU has them), on oneDNN's packed weights with
+        BERT's activation fused into its intermediate GEMM where oneDNN has it; embeddings,
+        LayerNorms, the residual stream and the classifier head stay fp32."""
         for layer in self.encoder.layer:
             assert isinstance(layer, BertLayer | NomicLayer)
-            for module in layer.modules():
+            if isinstance(layer, BertLayer) and can_fuse(self.config.hidden_act):
+                layer.intermediate.dense = Bf16Linear(layer.intermediate.dense, self.config.hidden_act)  # type: ignore[assignment]
+                layer.act = identity
+            for name, module in list(layer.named_modules()):
                 if isinstance(module, nn.Linear):
-                    module.to(torch.bfloat16)
+                    replace(layer, name, Bf16Linear(module) if can_fuse("none") else module.to(torch.bfloat16))
             layer.dtype = torch.bfloat16
 
     def classify(self, hidden: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
@@ -275,3 +280,12 @@ class ClassifierHead(nn.Module):
 
     def forward(self, cls: torch.Tensor) -> torch.Tensor:
         return self.out_proj(torch.tanh(self.dense(cls)))
+
+
+def identity(x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
+def replace(root: nn.Module, name: str, module: nn.Module) -> None:
+    parent, _, leaf = name.rpartition(".")
+    setattr(root.get_submodule(parent) if parent else root, leaf, module)
