@@ -1,9 +1,13 @@
 """`pagode plan`: the flags and the report (server/cli.py only dispatches here).
 
-    pagode plan [--model M] [--kv-cache-memory 4GiB] [--kv-cache-dtype fp16]
+    pagode plan [MODEL | --model M] [--revision R] [--kv-cache-memory 4GiB] [--kv-cache-dtype fp16]
                 [--quantization int8] [--input-len 16:128] [--output-len 32:384]
                 [--rate 2] [--slo ttft=2000,itl=200] [--json]
     pagode plan --calibrate [--fit PATH]
+
+MODEL is what `pagode serve` takes: a local path, or a hub name (ORG/REPO, ORG/REPO:QUANT)
+fetched through the same hub code into the hub cache, and read from the cache with no network
+once it is there (engine/model/hub.py).
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import argparse
 import dataclasses
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +34,11 @@ from planner.workload import Workload
 
 def add_plan_flags(p: argparse.ArgumentParser) -> None:
     """pagode serve's engine flags (engine/arg_utils.py), then the workload's and the plan's."""
-    add_engine_flags(p)
+    p.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
+                   help="the model, as --model: a local path or a hub name ORG/REPO or ORG/REPO:QUANT")
+    engine = add_engine_flags(p)
+    engine.add_argument("--revision", default=None,
+                        help="the hub revision (branch, tag or commit) of a hub model (default: main)")
     w = p.add_argument_group("workload (--seed also seeds the trace)")
     w.add_argument("--input-len", type=parse_range, default=(16, 128), help="prompt tokens MIN:MAX")
     w.add_argument("--output-len", type=parse_range, default=(32, 384), help="output tokens MIN:MAX")
@@ -64,6 +73,16 @@ def parse_overhead(text: str) -> tuple[float, float]:
     return per_step, per_seq
 
 
+def local_model(args: argparse.Namespace) -> argparse.Namespace:
+    """The flags with `model` a local path: a hub name fetched as `pagode serve` fetches it (or
+    found in the hub cache when the hub cannot be reached); HubError says why it cannot be."""
+    from engine.model.hub import fetch, is_hub_name
+
+    model = args.model_tag or args.model
+    path = str(fetch(model, args.revision)) if is_hub_name(model) else model
+    return argparse.Namespace(**{**vars(args), "model": path, "model_name": model})
+
+
 def build_plan(args: argparse.Namespace) -> dict[str, Any]:
     from engine.model.loader import read_config, resolve_model
 
@@ -78,7 +97,8 @@ def build_plan(args: argparse.Namespace) -> dict[str, Any]:
 
     cpu = native.cpu_target().describe() if device == "cpu" else None
     plan: dict[str, Any] = {
-        "model": source.name, "device": device, "cpu": cpu, "kv_cache_dtype": kv_dtype, "weights_dtype": w_dtype,
+        "model": args.model_name or source.name, "device": device, "cpu": cpu, "kv_cache_dtype": kv_dtype,
+        "weights_dtype": w_dtype,
         "memory": {"kv_bytes_per_token": mem.kv_bytes_per_token, "kv_cache_bytes": parse_bytes(args.kv_cache_memory),
                    "num_blocks": mem.num_blocks, "kv_tokens": mem.kv_tokens, "parameters": mem.parameters,
                    "weights_bytes": mem.weights_bytes,
@@ -169,6 +189,13 @@ def print_plan(plan: dict[str, Any]) -> None:
 
 
 def run_plan(args: argparse.Namespace) -> int:
+    from engine.model.hub import HubError
+
+    try:
+        args = local_model(args)
+    except HubError as exc:
+        print(f"pagode plan: {exc}", file=sys.stderr)
+        return 1
     if args.calibrate:
         config = engine_config(args)
         model = calibrate(config)

@@ -10,6 +10,7 @@ llama-quantize (Q4_K_M), beside an mmproj and an imatrix file the pick must skip
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import signal
@@ -259,3 +260,30 @@ def test_several_hub_models_in_one_server(hub: LocalHub, hf_home: Path, tmp_path
         for name in cards:
             done = client.completions.create(model=name, prompt="one two", max_tokens=4, temperature=0)
             assert done.model == name and done.usage is not None and done.usage.completion_tokens > 0
+
+
+def plan_of(model_args: list[str], env: dict[str, str]) -> dict[str, object]:
+    done = pagode("plan", *model_args, "--device", "cpu", "--kv-cache-memory", "64MiB", "--json", env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    plan: dict[str, object] = json.loads(done.stdout)
+    return plan
+
+
+def test_plan_takes_a_hub_name_as_serve_does(hub: LocalHub, hf_home: Path, models: dict[str, Path]) -> None:
+    """`pagode plan ORG/REPO[:QUANT]` resolves the name through the hub code serve uses: fetched
+    into the hub cache (or found there), planned on the same weights as the local copy, then
+    planned again with the hub gone, from the cache; an unknown repo is the hub's message."""
+    env = hub_env(hub.url, hf_home)
+    local = plan_of(["--model", str(models["root"] / "folder")], env)
+    by_name = plan_of(["org/tiny-llama"], env)
+    assert by_name["model"] == "org/tiny-llama"
+    assert by_name["memory"] == local["memory"]
+    gguf = plan_of(["--model", "org/tiny-llama-GGUF:Q4_K_M"], env)
+    assert gguf["model"] == "org/tiny-llama-GGUF:Q4_K_M" and gguf["weights_dtype"] == by_name["weights_dtype"]
+    asked = len(hub.log)
+    gone = f"http://127.0.0.1:{free_port()}"
+    assert plan_of(["org/tiny-llama"], hub_env(gone, hf_home))["memory"] == local["memory"]
+    assert plan_of(["org/tiny-llama"], hub_env(hub.url, hf_home, HF_HUB_OFFLINE="1"))["memory"] == local["memory"]
+    assert len(hub.log) == asked  # the live hub was never asked
+    unknown = pagode("plan", "org/nothing-here", env=env)
+    assert unknown.returncode == 1 and "org/nothing-here is no local path, and no repo on the hub" in unknown.stderr
