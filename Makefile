@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 TORCH_SPEC ?= torch==2.13.0
 ARGS ?=
 
-.PHONY: install serve test lint bench-engine bench-structured bench-attention bench-serve profile-steps bench-kernels experiment crosscheck plan-check clean bench-quant bench-fused-ops test-docker bench-vs-peers bench-real-shapes bench-spec bench-sweep experiment-cache bench-embed
+.PHONY: install serve test lint bench-engine bench-structured bench-attention bench-serve profile-steps bench-kernels experiment crosscheck plan-check clean bench-quant bench-fused-ops test-docker bench-vs-peers bench-real-shapes bench-spec bench-sweep experiment-cache bench-embed bench-lora
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -97,6 +97,11 @@ $(VLLM_VENV)/.installed:
 
 bench-vs-peers: $(STAMP) $(VLLM_VENV)/.installed
 	$(PY) -m benchmarks.bench_vs_peers --vllm-bin $(VLLM_VENV)/bin/vllm $(ARGS)
+
+# Output tok/s at Poisson 16 req/s with 0, 1 and 4 LoRA adapters in the mix against the base alone,
+# on pagode and on vLLM's CPU build, the same bf16 folder and random PEFT adapters for both.
+bench-lora: $(STAMP) $(VLLM_VENV)/.installed
+	$(PY) -m benchmarks.bench_lora --vllm-bin $(VLLM_VENV)/bin/vllm $(ARGS)
 
 # The same side by side at real sizes: random weights at Llama 3.2 1B's, Qwen3 1.7B's and Gemma 3
 # 1B's shapes, written by llama.cpp's converter and llama-quantize (Q4_K_M); a quarter of the requests.
