@@ -128,6 +128,27 @@ async def test_concurrent_requests_each_get_their_own_vectors(embed_server: Serv
         assert_same_vectors(got, want[[i % 4, (i + 1) % 4]])
 
 
+async def test_concurrent_requests_share_forwards(embed_server: ServerProcess) -> None:
+    """Eight requests sent at once (the default --max-num-queued-reqs; a ninth would be a 429)
+    are packed into fewer forwards than requests (the engine takes every waiting request's
+    inputs into one step under the token budget), and each forward is counted as one engine
+    step of prompt tokens, as a prefill step is."""
+    def read() -> tuple[float, float, float]:
+        text = httpx.get(f"{embed_server.base_url}/metrics").text
+        return (metric_value(text, "pagode:iteration_tokens_total_count"),
+                metric_value(text, "pagode:iteration_tokens_total_sum"),
+                metric_value(text, "pagode:prompt_tokens_total"))
+
+    steps, step_tokens, prompt_tokens = read()
+    async with httpx.AsyncClient(base_url=embed_server.api_url, timeout=60) as http:
+        replies = await asyncio.gather(*(http.post("/embeddings", json={"input": TEXTS}) for _ in range(8)))
+    assert [reply.status_code for reply in replies] == [200] * len(replies), replies[-1].text
+    tokens = sum(reply.json()["usage"]["prompt_tokens"] for reply in replies)
+    new_steps, new_step_tokens, new_prompt_tokens = read()
+    assert 1 <= new_steps - steps < len(replies)
+    assert new_step_tokens - step_tokens == tokens == new_prompt_tokens - prompt_tokens
+
+
 def test_over_long_input_is_a_400_unless_truncated(embed_server: ServerProcess, embed_folder: Path) -> None:
     sdk = client(embed_server)
     with pytest.raises(openai.BadRequestError, match="maximum context length of 128.*truncate_prompt_tokens"):
