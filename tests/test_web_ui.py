@@ -365,3 +365,58 @@ def test_with_an_api_key_the_page_asks_for_it_fails_cleanly_without_and_works_wi
         assert kind == "snapshot"
     finally:
         page.context.close()
+
+
+@pytest.fixture(scope="module")
+def adapter_server(tiny_zoo: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """A tiny Llama serving two random PEFT adapters beside the base."""
+    if CHROMIUM is None:
+        pytest.skip("no system Chromium")
+    from lora_adapters import save_random_adapter
+    from tiny_models import tiny_spec
+
+    base = tiny_zoo.folder(tiny_spec("llama", "LlamaConfig", "LlamaForCausalLM", "llama"))
+    root = tmp_path_factory.mktemp("ui-lora")
+    for name, rank, seed in (("a", 8, 11), ("b", 16, 12)):
+        save_random_adapter(base, root / name, rank, seed)
+    args = ["--model", str(base), "--served-model-name", "tiny", "--quantization", "none", "--kv-cache-memory",
+            "32MiB", "--max-model-len", "512", "--lora-modules", f"a={root / 'a'}", "--lora-modules",
+            f"b={root / 'b'}", "--max-loras", "2"]
+    with running_server(args, root, name="ui-lora") as proc:
+        yield proc
+
+
+@needs_chromium
+def test_the_page_chats_with_the_model_or_adapter_picked(browser: Any, adapter_server: ServerProcess) -> None:
+    """The model picker lists /v1/models (the base, and each adapter as one of it), starts on
+    the default model, and the chat runs on what is picked: the page's reply on adapter b is
+    the API's reply on b to the same request, not the base's."""
+    page, watch = open_page(browser, adapter_server.base_url)
+    try:
+        page.wait_for_function("() => document.querySelectorAll('#model-pick option').length === 3")
+        options = page.eval_on_selector_all("#model-pick option", "els => els.map(e => [e.value, e.textContent])")
+        assert options[0] == ["tiny", "tiny"]
+        assert sorted(options[1:]) == [["a", "a (adapter of tiny)"], ["b", "b (adapter of tiny)"]]
+        assert page.input_value("#model-pick") == "tiny"
+        page.select_option("#model-pick", "b")
+        page.check("#show-json")
+        page.fill("#temperature", "0")
+        send_prompt(page, "w5 w17 w42 w9", max_tokens=12)
+        wait_reply_done(page)
+        request = json.loads(page.text_content("#request-json") or "{}")
+        assert request["model"] == "b"
+        shown = (page.text_content(".message.assistant .content") or "").split()
+
+        def reply(model: str) -> list[str]:
+            body = {k: v for k, v in request.items() if k not in ("stream", "stream_options")}
+            done = httpx.post(adapter_server.base_url + "/v1/chat/completions", json={**body, "model": model},
+                              timeout=120)
+            assert done.status_code == 200, done.text
+            assert done.json()["model"] == model
+            return str(done.json()["choices"][0]["message"]["content"]).split()
+
+        assert shown and shown == reply("b")
+        assert shown != reply("tiny")
+        assert watch.page_errors == [] and watch.failed == []
+    finally:
+        page.context.close()

@@ -1,6 +1,6 @@
 "use strict";
-// The page: a chat with the served model over /v1/chat/completions (streamed), and the live
-// view fed by /stats/stream. The API key, when the server wants one, goes in an
+// The page: a chat over /v1/chat/completions (streamed) with any model the server serves or
+// any LoRA adapter it holds (the list is GET /v1/models), and the live view fed by /stats/stream. The API key, when the server wants one, goes in an
 // Authorization header only (never a URL) and is kept for this tab's session only.
 window.pagode = window.pagode || {};
 
@@ -27,6 +27,7 @@ async function start() {
   $("api-key").value = sessionStorage.getItem(KEY_STORE) || "";
   showAuthNote();
   connectStats();
+  loadModels();
 }
 
 function bindControls() {
@@ -44,7 +45,10 @@ function bindControls() {
     sessionStorage.setItem(KEY_STORE, $("api-key").value.trim());
     showAuthNote();
     connectStats();
+    loadModels();
   });
+  // Adapters load and models come and go at run time: the list is read again on each visit.
+  $("model-pick").addEventListener("focus", loadModels);
   for (const radio of document.querySelectorAll("input[name=range]")) radio.addEventListener("change", drawLive);
 }
 
@@ -67,6 +71,32 @@ function authHeaders() {
 
 function showAuthNote() {
   $("auth-note").textContent = config.auth && !apiKey() ? "This server needs an API key: type it here first." : "";
+}
+
+// ---- which model: the served models and their adapters ----
+
+async function loadModels() {
+  if (config.auth && !apiKey()) return;  // /v1/models obeys the key: not asked keyless
+  let cards;
+  try {
+    const response = await fetch("/v1/models", { headers: authHeaders() });
+    if (!response.ok) return;
+    cards = (await response.json()).data || [];
+  } catch { return; }
+  const pick = $("model-pick");
+  const chosen = pick.value || config.model || (cards[0] && cards[0].id) || "";
+  pick.replaceChildren(...cards.map((card) => {
+    const option = document.createElement("option");
+    option.value = card.id;
+    option.textContent = card.parent ? `${card.id} (adapter of ${card.parent})`
+      : card.loaded === false ? `${card.id} (loads when asked)` : card.id;
+    return option;
+  }));
+  if (cards.some((card) => card.id === chosen)) pick.value = chosen;
+}
+
+function chosenModel() {
+  return $("model-pick").value || config.model;
 }
 
 // ---- conversations, kept in localStorage ----
@@ -152,7 +182,7 @@ function requestBody() {
   if (system) messages.push({ role: "system", content: system });
   for (const m of current.messages) if (!m.failed) messages.push({ role: m.role, content: m.content });
   return {
-    ...(config.model ? { model: config.model } : {}), messages, stream: true, stream_options: { include_usage: true },
+    ...(chosenModel() ? { model: chosenModel() } : {}), messages, stream: true, stream_options: { include_usage: true },
     temperature: Number($("temperature").value), top_p: Number($("top-p").value),
     max_tokens: Number($("max-tokens").value),
   };
