@@ -9,6 +9,7 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from lora_adapters import save_random_adapter
@@ -170,3 +171,37 @@ def test_speculative_drafts_run_on_their_adapter(tiny_zoo: TinyZoo) -> None:
         assert_greedy_match(ref, prompt, out.outputs[0].token_ids, cached_greedy(ref, prompt, NEW_TOKENS))
     counters = llm.engine.stats().spec_decode
     assert counters is not None and counters.num_draft_tokens > 0, "no drafts were verified"
+
+
+def test_stacked_and_grouped_deltas_are_the_same_sums() -> None:
+    """The two forms of a step's deltas (engine/lora/delta.py): the stacked one (one product
+    over every loaded adapter, masked per row) equals the grouped one (rows gathered per
+    adapter) and a per-row reference, on a fused q/k/v projection with ranks 8 and 16, an
+    adapter that leaves v alone, base rows, and a loaded adapter no row uses."""
+    from engine.lora.delta import STACKED_MAX_ROWS, LoraProjection, LoraRows, Shard
+
+    gen = torch.Generator().manual_seed(0)
+    ranges = ((0, 64), (64, 80), (80, 96))  # q, k, v
+    projection = LoraProjection()
+    for slot, rank, covered in ((0, 8, ranges), (1, 16, ranges[:2]), (2, 8, ranges)):
+        projection.attach(slot, [Shard(torch.randn(rank, 32, generator=gen),
+                                       torch.randn(stop - start, rank, generator=gen), start, stop)
+                                 for start, stop in covered])
+    slots = np.array([1, -1, 0, 1, 1, -1, 0, 1, 0, -1, 1], dtype=np.int64)
+    x = torch.randn(len(slots), 32, generator=gen)
+    base = torch.randn(len(slots), 96, generator=gen)
+    rows = LoraRows.from_slots(slots)
+    expected = base.clone()
+    for i, slot in enumerate(slots):
+        for shard in projection.shards.get(int(slot), []):
+            expected[i, shard.start:shard.stop] += shard.b @ (shard.a @ x[i])
+    assert len(rows.groups) > 1 and rows.num_rows <= STACKED_MAX_ROWS  # the stacked form runs
+    stacked = projection.add_deltas(x, base.clone(), rows)
+    grouped = base.clone()
+    projection._add_grouped(x, grouped, rows)
+    torch.testing.assert_close(stacked, expected, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(grouped, expected, rtol=1e-5, atol=1e-4)
+    projection.detach(0)  # rows of an unloaded slot are not asked for; the others are unchanged
+    kept = slots != 0
+    again = projection.add_deltas(x[kept], base[kept].clone(), LoraRows.from_slots(slots[kept]))
+    torch.testing.assert_close(again, expected[kept], rtol=1e-5, atol=1e-4)

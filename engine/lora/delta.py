@@ -1,7 +1,18 @@
 """The low-rank deltas of one step's rows, each row on its own adapter (the Punica / S-LoRA
 idea): the base projection runs once over the whole batch, reading its weights once; then
-the rows are grouped by adapter and each group adds x·Aᵀ·Bᵀ·scale for its adapter only.
-Base rows belong to no group and get nothing added."""
+each row gets x·Aᵀ·Bᵀ·scale of its own adapter only. Base rows get nothing added.
+
+Two ways to compute the same sums, picked per call by the number of rows:
+
+- **Stacked** (steps that mix adapters, up to STACKED_MAX_ROWS rows): every loaded adapter's A of the
+  projection in one matrix, one product for all rows, a mask that keeps each row's own
+  adapter's columns, then one product per output range (q, k, v; gate, up) with the adapters'
+  B side by side. A step costs the same few calls however many adapters it mixes: with small
+  matrices and few rows, the calls, not the arithmetic, are what a per-adapter loop pays for.
+- **Grouped** (one adapter in the step, or more rows: prefill chunks): the rows gathered per
+  adapter and each group's product run on its own matrices only, since there the arithmetic
+  the mask wastes (every row times every loaded adapter) outweighs the calls saved.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +22,7 @@ import numpy as np
 import torch
 
 BASE = -1  # the slot of a row that runs on the base weights only
+STACKED_MAX_ROWS = 64  # a step's rows up to which the stacked form runs
 
 
 @dataclass(frozen=True)
@@ -20,13 +32,14 @@ class LoraRows:
 
     groups: tuple[tuple[int, torch.Tensor], ...]  # (slot, row indices), one per adapter present
     num_rows: int
+    slots: torch.Tensor  # [num_rows] each row's slot (BASE for base rows), for the stacked form's mask
 
     @staticmethod
     def from_slots(slots: np.ndarray, device: torch.device | None = None) -> LoraRows:
         """From one slot per packed row (BASE for base rows); the indices on the model's device."""
         groups = tuple((int(slot), torch.from_numpy(np.flatnonzero(slots == slot)).to(device))
                        for slot in np.unique(slots) if slot != BASE)
-        return LoraRows(groups, len(slots))
+        return LoraRows(groups, len(slots), torch.from_numpy(slots.astype(np.int64)).to(device))
 
     @property
     def active(self) -> bool:
@@ -44,15 +57,66 @@ class Shard:
     stop: int
 
 
+@dataclass(frozen=True)
+class Stacked:
+    """Every loaded adapter's shards of one projection side by side, ordered by output range
+    then slot, so that each range's columns are one contiguous block."""
+
+    a: torch.Tensor  # [R, in]: all shards' A
+    column_slots: torch.Tensor  # [R]: the slot each column belongs to
+    ranges: tuple[tuple[int, int, int, int, torch.Tensor], ...]  # (start, stop, first col, end col, B [out, cols])
+
+    @staticmethod
+    def of(shards: dict[int, list[Shard]]) -> Stacked | None:
+        placed = sorted(((s.start, s.stop, slot, s) for slot, group in shards.items() for s in group),
+                        key=lambda item: item[:3])
+        if not placed:
+            return None
+        a = torch.cat([s.a for *_, s in placed])
+        column_slots = torch.cat([torch.full((s.a.shape[0],), slot, dtype=torch.int64, device=a.device)
+                                  for _, _, slot, s in placed])
+        ranges, col = [], 0
+        for start, stop in sorted({(start, stop) for start, stop, _, _ in placed}):
+            b = torch.cat([s.b for first, last, _, s in placed if (first, last) == (start, stop)], dim=1)
+            ranges.append((start, stop, col, col + b.shape[1], b))
+            col += b.shape[1]
+        return Stacked(a, column_slots, tuple(ranges))
+
+
 class LoraProjection:
     """The adapters' shards of one projection, by slot; adds a step's deltas to its output."""
 
     def __init__(self) -> None:
         self.shards: dict[int, list[Shard]] = {}
+        self._stacked: Stacked | None = None
+
+    def attach(self, slot: int, shards: list[Shard]) -> None:
+        self.shards[slot] = shards
+        self._stacked = Stacked.of(self.shards)
+
+    def detach(self, slot: int) -> None:
+        if self.shards.pop(slot, None) is not None:
+            self._stacked = Stacked.of(self.shards)
 
     def add_deltas(self, x: torch.Tensor, y: torch.Tensor, rows: LoraRows) -> torch.Tensor:
         x2 = x.reshape(-1, x.shape[-1])
         y2 = y.reshape(-1, y.shape[-1])
+        if self._stacked is None:
+            return y
+        if len(rows.groups) > 1 and rows.num_rows <= STACKED_MAX_ROWS:
+            self._add_stacked(x2, y2, rows, self._stacked)
+        else:
+            self._add_grouped(x2, y2, rows)
+        return y
+
+    @staticmethod
+    def _add_stacked(x2: torch.Tensor, y2: torch.Tensor, rows: LoraRows, stacked: Stacked) -> None:
+        h = x2.to(stacked.a.dtype) @ stacked.a.t()
+        h.mul_(rows.slots.unsqueeze(1) == stacked.column_slots)  # each row keeps its own adapter's columns
+        for start, stop, first, end, b in stacked.ranges:
+            y2[:, start:stop].add_((h[:, first:end] @ b.t()).to(y2.dtype))
+
+    def _add_grouped(self, x2: torch.Tensor, y2: torch.Tensor, rows: LoraRows) -> None:
         for slot, index in rows.groups:
             shards = self.shards.get(slot)
             if not shards:
@@ -67,4 +131,3 @@ class LoraProjection:
                     target.add_(delta.to(y2.dtype))
                 else:
                     target.index_add_(0, index, delta.to(y2.dtype))
-        return y

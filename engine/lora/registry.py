@@ -60,7 +60,7 @@ class LoraRegistry:
         slot = min(set(range(self.max_loras)) - set(self.slots.values()))
         placed = self._place(adapter)
         for name, shards in placed.items():
-            self.projections[name].shards[slot] = shards
+            self.projections[name].attach(slot, shards)
         self.adapters[adapter.name] = adapter
         self.slots[adapter.name] = slot
         self.cache_ids[adapter.name] = next(self._next_id)
@@ -69,7 +69,7 @@ class LoraRegistry:
         slot = self.slots.pop(name)
         del self.adapters[name], self.cache_ids[name]
         for projection in self.projections.values():
-            projection.shards.pop(slot, None)
+            projection.detach(slot)
 
     def _place(self, adapter: LoraAdapter) -> dict[str, list[Shard]]:
         """Each of the adapter's matrices on its projection and output range."""
