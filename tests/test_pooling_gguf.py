@@ -1,8 +1,9 @@
 """A Qwen3-Embedding-style folder written as GGUF by llama.cpp's own convert_hf_to_gguf.py
 (which records the last-token pooling as `qwen3.pooling_type` 3): served from the file, its
 embeddings equal sentence-transformers' on the folder, exactly from F32 and within the int8
-gate from Q8_0. GGUF encoders (bert, nomic-bert) are refused by name: the converter takes only
-tokenizers whose pre-tokenizer it knows, and no real BERT vocabulary is reachable here."""
+gate from Q8_0. GGUF encoders (bert, nomic-bert) are refused by name: the converter hashes how
+a tokenizer splits a fixed text, BERT's WordPiece included, and takes only hashes of real
+models' vocabularies, none of which is reachable here (docs/embeddings.md, "Not done yet")."""
 
 from __future__ import annotations
 
