@@ -149,6 +149,19 @@ async def test_concurrent_requests_share_forwards(embed_server: ServerProcess) -
     assert new_step_tokens - step_tokens == tokens == new_prompt_tokens - prompt_tokens
 
 
+async def test_requests_past_the_queue_bound_are_429s(embed_server: ServerProcess) -> None:
+    """A pooling request holds one queue slot until it is answered: past --max-num-queued-reqs
+    (8 by default) the others are refused at once with a 429 in OpenAI's shape and Retry-After,
+    as generation requests are, and the admitted ones are all answered."""
+    async with httpx.AsyncClient(base_url=embed_server.api_url, timeout=60) as http:
+        replies = await asyncio.gather(*(http.post("/embeddings", json={"input": TEXTS * 8}) for _ in range(32)))
+    refused = [reply for reply in replies if reply.status_code == 429]
+    assert refused and len(refused) <= len(replies) - 8
+    assert all(reply.status_code == 200 for reply in replies if reply.status_code != 429)
+    for reply in refused:
+        assert json_error(reply)["type"] == "RateLimitError" and int(reply.headers["Retry-After"]) >= 1
+
+
 def test_over_long_input_is_a_400_unless_truncated(embed_server: ServerProcess, embed_folder: Path) -> None:
     sdk = client(embed_server)
     with pytest.raises(openai.BadRequestError, match="maximum context length of 128.*truncate_prompt_tokens"):
