@@ -5,6 +5,7 @@
         prefill: [--chunks 128 512 1024] [--contexts 0 512] [--prefill-kv fp32 fp16 bf16 int8]
                  [--heads 9 --kv-heads 3 --head-dim 64] [--out-dir docs/results/attention]
         bf16:    [--prompt 1000] [--budget 512] [--heads 16 --kv-heads 8 --head-dim 128] [--reps 5]
+        bf16-model: [--model qwen3-1.7b] [--prompt 1000] [--reps 5]
 
 Decode: it times whole decode steps of the real model (packing, forward, logits) and, inside
 them, the paged attention calls (the step profiler's forward hooks, engine/io/profiler.py),
@@ -26,6 +27,12 @@ body and by its bf16 products, alternating, on one thread, each timed by
 time.thread_time() so that other processes on a busy machine do not count: the ratio of
 the two is the figure (with --heads 16 --kv-heads 8 --head-dim 128, Qwen3 1.7B's).
 
+bf16-model: whole prefills of --prompt random tokens (max_tokens 1) through the engine on a
+real-shape GGUF (benchmarks/real_shapes.py; or a path) with `auto` quantization, on one
+thread, the prefill kernel pinned, its bf16 products off and on alternating
+(PAGODE_PREFILL_BF16 is read at every call), each timed by time.thread_time(): the ratio is
+what bf16 attention gives a whole prefill.
+
 The prefill table (markdown), the JSON and a plot go to --out-dir; --quick (a smoke run:
 small sizes, one rep) writes under results/ instead.
 """
@@ -34,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -219,6 +227,40 @@ def run_bf16_ratio(args: argparse.Namespace) -> float:
     return fp32 / products
 
 
+def run_bf16_model(args: argparse.Namespace) -> float:
+    """Whole prefills with the kernel's fp32 body and with its bf16 products, one process."""
+    from benchmarks.real_shapes import SHAPES, gguf_file
+    from engine.sampling_params import SamplingParams
+
+    path = gguf_file(args.model) if args.model in SHAPES else Path(args.model)
+    os.environ["PAGODE_PREFILL_KERNEL"] = "kernel"  # both sides on the kernel: only its body differs
+    torch.set_num_threads(1)
+    llm = LLM(model=str(path), quantization="auto", max_model_len=2 * args.prompt + 16, kv_cache_memory="1GiB",
+              max_num_seqs=4)
+    bf16_from = getattr(llm.engine.runner.backend, "bf16_from", None)
+    params = SamplingParams(max_tokens=1, temperature=0)
+    seeds = iter(range(1, 1 << 20))
+
+    def prefill(mode: str) -> float:
+        os.environ["PAGODE_PREFILL_BF16"] = mode
+        ids = torch.randint(100, 30000, (args.prompt,), generator=torch.Generator().manual_seed(next(seeds))).tolist()
+        start = time.thread_time()
+        llm.generate([ids], params)
+        return time.thread_time() - start
+
+    prefill("on")  # warm-up
+    times: dict[str, list[float]] = {"off": [], "on": []}
+    for _ in range(args.reps):
+        for mode in times:
+            times[mode].append(prefill(mode))
+    off, on = min(times["off"]), min(times["on"])
+    print(f"{path.name}: prefill of {args.prompt} tokens, one thread, thread_time best of {args.reps} "
+          f"(bf16 steps from {bf16_from} tokens): fp32 attention {off:.2f} s ({args.prompt / off:.0f} tok/s), "
+          f"bf16 attention {on:.2f} s ({args.prompt / on:.0f} tok/s): x{off / on:.2f}\n  every run, s: "
+          f"off {[round(t, 2) for t in times['off']]}, on {[round(t, 2) for t in times['on']]}")
+    return off / on
+
+
 def write_prefill(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
     out: Path = args.out_dir or (Path("results/attention-quick") if args.quick else Path("docs/results/attention"))
     out.mkdir(parents=True, exist_ok=True)
@@ -235,7 +277,7 @@ def write_prefill(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--part", choices=("both", "decode", "prefill", "bf16"), default="both")
+    ap.add_argument("--part", choices=("both", "decode", "prefill", "bf16", "bf16-model"), default="both")
     ap.add_argument("--quick", action="store_true", help="a smoke run: small sizes, one rep, out under results/")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--context", type=int, default=256)
@@ -252,12 +294,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out-dir", type=Path, default=None)
     ap.add_argument("--prompt", type=int, default=1000, help="bf16: the prompt's tokens")
     ap.add_argument("--budget", type=int, default=512, help="bf16: tokens per chunk (the CPU's token budget)")
+    ap.add_argument("--model", default="qwen3-1.7b", help="bf16-model: a real shape's name, or a GGUF path")
     args = ap.parse_args(argv)
     if args.quick:
         args.batch, args.context, args.reps, args.kv_cache_dtype = 8, 64, 1, ["fp16"]
         args.chunks, args.prefill_reps = [128], 1
     if args.part == "bf16":
         run_bf16_ratio(args)
+        return
+    if args.part == "bf16-model":
+        run_bf16_model(args)
         return
     if args.part in ("both", "prefill"):
         write_prefill(run_prefill(args), args)
