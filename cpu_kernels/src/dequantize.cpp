@@ -1,4 +1,5 @@
-// GGUF block tensors to fp32, bit for bit what gguf-py's `dequantize` gives.
+// GGUF block tensors to fp32, bit for bit what gguf-py's `dequantize` gives (or to bf16, as torch
+// rounds those fp32 values).
 //
 // Why: a GGUF's matrices are dequantized once at load (the model is built on fp32 weights,
 // and the big-step GEMM copies are made from them); gguf-py does it in numpy on one core,
@@ -104,9 +105,47 @@ void decode_all(const uint8_t* data, int64_t blocks, int64_t block_bytes, int64_
     for (int64_t i = 0; i < blocks; ++i) Decode(data + i * block_bytes, out + i * block_size);
 }
 
+// fp32 to bf16 as torch's CPU `.to(torch.bfloat16)` rounds it: to nearest even, and every NaN
+// to 0xffff (its vectorized conversion's NaN, not c10::BFloat16's scalar 0x7fc0).
+inline uint16_t to_bf16(float value) {
+    uint32_t bits;
+    std::memcpy(&bits, &value, 4);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return 0xffff;
+    return (uint16_t)((bits + (((bits >> 16) & 1u) + 0x7fffu)) >> 16);
+}
+
+// The same blocks straight to bf16, for the big-step GEMM's bf16 copy of a file's matrix:
+// each block is decoded to fp32 as above, then rounded, so the result equals
+// torch's rounding of the fp32 weights without those ever filling memory.
+template <void (*Decode)(const uint8_t*, float*)>
+void decode_all_bf16(const uint8_t* data, int64_t blocks, int64_t block_bytes, int64_t block_size, uint16_t* out,
+                     int nthreads) {
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int64_t i = 0; i < blocks; ++i) {
+        float values[QK_K];
+        Decode(data + i * block_bytes, values);
+        for (int64_t j = 0; j < block_size; ++j) out[i * block_size + j] = to_bf16(values[j]);
+    }
+}
+
 }  // namespace
 
 extern "C" {
+
+// As dequantize_gguf, into bf16 (uint16 bits).
+int dequantize_gguf_bf16(int64_t type, const uint8_t* data, int64_t blocks, uint16_t* out, int nthreads) {
+    switch (type) {
+        case GGML_Q4_0: decode_all_bf16<q4_0>(data, blocks, 18, QK, out, nthreads); return 0;
+        case GGML_Q4_1: decode_all_bf16<q4_1>(data, blocks, 20, QK, out, nthreads); return 0;
+        case GGML_Q5_0: decode_all_bf16<q5_0>(data, blocks, 22, QK, out, nthreads); return 0;
+        case GGML_Q5_1: decode_all_bf16<q5_1>(data, blocks, 24, QK, out, nthreads); return 0;
+        case GGML_Q8_0: decode_all_bf16<q8_0>(data, blocks, 34, QK, out, nthreads); return 0;
+        case GGML_Q4_K: decode_all_bf16<k_with_mins<Q4K>>(data, blocks, Q4K::BYTES, QK_K, out, nthreads); return 0;
+        case GGML_Q5_K: decode_all_bf16<k_with_mins<Q5K>>(data, blocks, Q5K::BYTES, QK_K, out, nthreads); return 0;
+        case GGML_Q6_K: decode_all_bf16<q6_k>(data, blocks, Q6K::BYTES, QK_K, out, nthreads); return 0;
+        default: return -1;
+    }
+}
 
 // `blocks` blocks of GGML type `type` from `data` into out (blocks x the type's block size
 // floats). Returns 0, or -1 for a type this file does not decode (the caller falls back).

@@ -7,7 +7,7 @@ its own names (Family.gguf_tensors) and the tensors its config reads (rope facto
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -89,12 +89,16 @@ class GGUFModel:
             hf_name(t.name, self.family)
         return tensors
 
-    def weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+    def weights(self, skip: Collection[str] = ()) -> Iterator[tuple[str, torch.Tensor]]:
+        """HF name -> fp32 tensor of every weight, but those named in `skip` (matrices that
+        the quantization takes from the file's blocks), which are never dequantized here."""
         cfg = self.config()
         for t in self.weight_tensors():
+            name = hf_name(t.name, self.family)
+            if name in skip:
+                continue
             shape = tuple(int(x) for x in reversed(t.shape))  # GGUF lists dims fastest-first
             tensor = dequantized(t).reshape(shape)
-            name = hf_name(t.name, self.family)
             heads = _permuted_heads(self.family, name, cfg)
             if heads is not None:
                 tensor = unpermute(tensor, heads)

@@ -28,6 +28,7 @@ from engine.model.llama import LlamaForCausalLM
 from engine.model.registry import model_class
 from engine.model.weights import iter_safetensors, load_weights, read_hf_config
 from engine.quant import quantize_model, resolve_mode
+from engine.quant.apply import RawBlocks, file_weights
 from engine.quant.dense_linear import speed_up_fp32_linears
 from engine.quant.formats import KERNEL_GGUF_TYPES
 
@@ -146,39 +147,58 @@ def _keep(tensor: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor
 def build_model(source: ModelSource, cfg: ModelConfig, backend: AttentionBackend, max_positions: int,
                 dtype: torch.dtype, device: torch.device, quantization: str,
                 max_tokens: int) -> tuple[LlamaForCausalLM, str]:
-    """The model from its file: weights loaded, then quantized; and the quantization's report."""
+    """The model from its file: weights loaded, then quantized; and the quantization's report.
+    The matrices that the quantization takes from a GGUF's blocks are not read as floats
+    (file_weights): their parameters stay unwritten until the quantized layers replace them,
+    so a 1.7B Q4_K_M file is never a 7 GB fp32 model on the way."""
     model = empty_model(cfg, backend, max_positions).to_empty(device="cpu")
     with torch.device("cpu"):
         model.build_rope()  # shared by all layers
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
+    raw = None
     if source.is_gguf:
         gguf = GGUFModel(source.path)
-        load_weights(model, gguf.weights(), total=gguf.num_tensors)
+        raw, skip = _file_blocks(gguf, model, quantization, device, dtype)
+        load_weights(model, gguf.weights(skip), total=gguf.num_tensors - len(skip), filled_elsewhere=skip)
     else:
         load_weights(model, iter_safetensors(source.path))
     model.finish_loading()
     model = model.to(device=device, dtype=dtype).eval()
     with torch.device(device):
         model.build_rope()  # keep the table in fp32 whatever the dtype
-    return model, apply_quantization(model, source, quantization, device, dtype, max_tokens)
+    return model, apply_quantization(model, source, quantization, device, dtype, max_tokens, raw)
+
+
+def _file_blocks(gguf: GGUFModel, model: LlamaForCausalLM, quantization: str, device: torch.device,
+                 dtype: torch.dtype) -> tuple[RawBlocks | None, set[str]]:
+    """The file's block matrices for the quantization (None where it takes none), and the HF
+    names of those it takes as they are, which the loader need not dequantize. Only an fp32
+    model on the CPU skips them: a move to another dtype or device would read every parameter."""
+    mode, _ = resolve_mode(quantization, device, dtype)
+    if mode == "none":
+        return None, set()
+    raw = gguf.raw_blocks(KERNEL_GGUF_TYPES)
+    if model.config.rotary_dim != model.config.head_dim or device.type != "cpu" or dtype != torch.float32:
+        return raw, set()
+    return raw, file_weights(model, mode, raw, file_blocks=quantization == "auto")
 
 
 def apply_quantization(model: LlamaForCausalLM, source: ModelSource, requested: str, device: torch.device,
-                       dtype: torch.dtype, max_tokens: int) -> str:
+                       dtype: torch.dtype, max_tokens: int, raw: RawBlocks | None = None) -> str:
     """Resolve --quantization for this device, swap the linear layers, log what was picked;
-    return the summary of what the quantized layers hold."""
+    return the summary of what the quantized layers hold. `raw`: the GGUF's block matrices,
+    where the caller read them already."""
     mode, why = resolve_mode(requested, device, dtype)
     if mode == "none":
         gemms = speed_up_fp32_linears(model) if device.type == "cpu" else {}
         on = "; ".join(f"{n} on {g}" for g, n in sorted(Counter(gemms.values()).items()))
         log.info("quantization: none (%s): linear layers in %s%s", why, dtype, f" ({on})" if on else "")
         return ""
-    raw = None
     file_blocks = requested == "auto" and source.is_gguf  # the file's own quantization, as it is
     if source.is_gguf:
         gguf = GGUFModel(source.path)
-        raw = gguf.raw_blocks(KERNEL_GGUF_TYPES)
+        raw = raw if raw is not None else gguf.raw_blocks(KERNEL_GGUF_TYPES)
         kept = KERNEL_GGUF_TYPES if file_blocks else ("Q4_1", "Q8_0", "Q4_0")
         foreign = gguf.requantized_kinds(kept)
         if foreign:
@@ -186,6 +206,8 @@ def apply_quantization(model: LlamaForCausalLM, source: ModelSource, requested: 
                      ", ".join(f"{n} {kind} tensors" for kind, n in sorted(foreign.items())),
                      "to Q8_0: the kernels do not read them, and auto never lowers a file's bits" if file_blocks
                      else f"--quantization {requested} asks for its own formats")
+    else:
+        raw = None
     if raw is not None and model.config.rotary_dim != model.config.head_dim:
         # Partial rotary reorders Q/K rows after loading; the file's blocks keep the old order.
         log.info("quantization: partial rotary reorders Q/K rows, so no GGUF block is reused as is")

@@ -1,11 +1,11 @@
 """A quantized model's ready-to-run weights kept across starts, read back through a memory map.
 
 Why: a start spends most of its time before serving in turning the model file into the
-weights the kernels run on (GGUF blocks dequantized to fp32, Q/K rows unpermuted, shards
-fused into qkv and gate-up blocks, bf16 copies for the big-step GEMM), and that work gives
-the same bytes every time. After the first start the result is saved under
-PAGODE_CACHE_DIR/prepacked/ (by a thread, once the engine serves: ModelRunner.write_packs),
-and later starts map that file (torch.load(mmap=True)) instead:
+weights the kernels run on (GGUF blocks laid out for the kernels, Q/K rows unpermuted, shards
+fused into qkv and gate-up blocks, bf16 copies for the big-step GEMM dequantized from the
+blocks, the embedding in fp32), and that work gives the same bytes every time. After the
+first start the result is saved under PAGODE_CACHE_DIR/prepacked/ (by a thread, once the
+engine serves: ModelRunner.write_packs), and later starts map that file (torch.load(mmap=True)) instead:
 no copy is made, the pages come from the OS page cache, and servers started side by side
 share them.
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 
 import torch
@@ -50,7 +50,9 @@ def read_hf_config(folder: Path) -> ModelConfig:
 
 
 def load_weights(model: LlamaForCausalLM, weights: Iterator[tuple[str, torch.Tensor]],
-                 total: int | None = None) -> None:
+                 total: int | None = None, filled_elsewhere: Collection[str] = ()) -> None:
+    """Copy the checkpoint's weights into the model's parameters; every parameter must get one,
+    but those of the HF names in `filled_elsewhere` (left unread, the caller replaces them)."""
     params = dict(model.named_parameters())
     weights = split_stacked_experts(mixtral_names(weights))
     loaded: set[str] = set()
@@ -65,7 +67,8 @@ def load_weights(model: LlamaForCausalLM, weights: Iterator[tuple[str, torch.Ten
             raise KeyError(f"checkpoint weight {hf_name!r} has no place in the model")
         _copy_shard(model, target, params[target], tensor, shard)
         loaded.add(target)
-    missing = set(params) - loaded
+    missing = set(params) - loaded - {_map_name(n.removeprefix("model."), model.packed_modules_mapping)[0]
+                                      for n in filled_elsewhere}
     if model.config.tie_word_embeddings:
         missing.discard("lm_head.weight")
     if missing:

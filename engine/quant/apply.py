@@ -14,7 +14,9 @@ crossover can pick for the step sizes the engine runs.
 
 from __future__ import annotations
 
+import functools
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -24,8 +26,9 @@ from torch import nn
 from engine import native
 from engine.autotune import NO_LIMIT
 from engine.quant import dispatch, formats, gemm_choice
+from engine.quant.bf16_gemm import Bf16Gemm
 from engine.quant.formats import Blocks, Kind
-from engine.quant.gemm_choice import Gemm, choose_gemm
+from engine.quant.gemm_choice import GEMM_CLASSES, Gemm, choose_gemm
 from engine.quant.linear import QuantLinear
 from engine.quant.modes import weight_kind
 
@@ -61,7 +64,11 @@ class QuantReport:
 
 def quantize_model(model: nn.Module, mode: str, raw: RawBlocks | None = None, max_tokens: int = 512,
                    file_blocks: bool = False) -> QuantReport:
-    """Replace every nn.Linear of `model` in place; `max_tokens` is the most tokens one step runs."""
+    """Replace every nn.Linear of `model` in place; `max_tokens` is the most tokens one step runs.
+
+    A layer taken from the file's blocks never reads its nn.Linear's weight (a loader may
+    leave it unread: file_weights): its dense copy, where it keeps one, is the file's blocks
+    dequantized, the very values a loader would have put there."""
     report = QuantReport(mode)
     tied = bool(getattr(getattr(model, "config", None), "tie_word_embeddings", False))
     targets = [(name, mod) for name, mod in model.named_modules() if isinstance(mod, nn.Linear)]
@@ -71,18 +78,27 @@ def quantize_model(model: nn.Module, mode: str, raw: RawBlocks | None = None, ma
             continue
         kind = weight_kind(mode, is_lm_head=name == "lm_head")
         shards = shard_names(name, tied)
-        blocks = file_blocks_of(shards, raw or {}) if file_blocks else gguf_blocks(shards, kind, raw or {})
-        if blocks is not None:  # the loaded fp32 weight is exactly what the blocks stand for
+        blocks = file_blocks_of(shards, raw or {}) if takes_file_blocks(shards, kind, raw or {}, file_blocks) else None
+        if blocks is not None:
             report.from_gguf += 1
-            weight = linear.weight.detach()
-            dense = choose_gemm(weight, linear.bias, shared=name == "lm_head" and tied)
+            shared = name == "lm_head" and tied  # the embedding's weight, loaded as floats
+            rows = (functools.partial(loaded_rows, linear.weight.detach()) if shared
+                    else functools.partial(file_rows, shards, raw or {}, linear.in_features))
+            bf16_rows = None if shared else functools.partial(file_rows, shards, raw or {}, linear.in_features,
+                                                               dtype=torch.bfloat16)
+            gemm_name, whole = gemm_choice.pick(linear.out_features, linear.in_features, rows, linear.bias, shared)
+            dense: Gemm | DenseFor = whole if whole is not None else functools.cache(
+                functools.partial(build_dense, gemm_name, rows, bf16_rows, linear.bias, shared))
+            raced: tuple[Blocks, Gemm | DenseFor] | None = tall_rows(blocks, gemm_name, rows, bf16_rows,
+                                                                      linear.bias)
         else:
             kind = no_fewer_bits(shards, kind, raw or {}) if file_blocks else kind
             blocks = formats.quantize(linear.weight.detach().float(), kind)
             weight = formats.dequantize(blocks)
             dense = choose_gemm(weight, linear.bias)
-        report.gemms[f"{dense.out_features}x{dense.in_features}"] = dense.name
-        raced = raced_rows(blocks, dense, weight, linear.bias)
+            gemm_name = dense.name
+            raced = raced_rows(blocks, dense, weight, linear.bias)
+        report.gemms[f"{linear.out_features}x{linear.in_features}"] = gemm_name
         layer = build_layer(blocks, dense, linear.bias, max_tokens, report, raced)
         set_module(model, name, layer)
         report.layers += 1
@@ -91,6 +107,104 @@ def quantize_model(model: nn.Module, mode: str, raw: RawBlocks | None = None, ma
     if report.kept_fp32:
         log.warning("kept in fp32 (input size not a multiple of 32): %s", report.kept_fp32)
     return report
+
+
+def file_weights(model: nn.Module, mode: str, raw: RawBlocks, file_blocks: bool) -> set[str]:
+    """The HF names of the weights that quantize_model will take as the file's blocks, so that
+    a loader can skip reading them as floats (the fp32 model a 1.7B file would otherwise be
+    built on is 7 GB). A tied lm_head is the embedding, which is loaded whatever happens."""
+    tied = bool(getattr(getattr(model, "config", None), "tie_word_embeddings", False))
+    names: set[str] = set()
+    for name, linear in model.named_modules():
+        if not isinstance(linear, nn.Linear) or (name == "lm_head" and tied):
+            continue
+        shards = shard_names(name, tied)
+        kind = weight_kind(mode, is_lm_head=name == "lm_head")
+        if formats.quantizable(linear.in_features) and takes_file_blocks(shards, kind, raw, file_blocks):
+            names.update(shards)
+    return names
+
+
+def takes_file_blocks(names: list[str], kind: Kind, raw: RawBlocks, file_blocks: bool) -> bool:
+    """Whether a layer computes on the file's blocks: with `file_blocks`, where the kernel reads
+    every shard's format; else where every shard already is `kind`."""
+    found = [raw.get(n) for n in names]
+    if not all(f is not None and f[0] in formats.GGUF_BLOCK_BYTES and f[1] is not None for f in found):
+        return False
+    return file_blocks or all(f is not None and formats.kernel_kind(f[0]) == kind for f in found)
+
+
+DenseFor = Callable[[], Gemm]  # a dense GEMM built when first asked for (a layer may keep none)
+
+
+def loaded_rows(weight: torch.Tensor, n: int | None) -> torch.Tensor:
+    return weight if n is None else weight[:n]
+
+
+def file_rows(names: list[str], raw: RawBlocks, in_features: int, n: int | None,
+              dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The first n rows (None: all) of a layer's shards, dequantized from the file's blocks: in
+    fp32 the values a loader gets from the same bytes (its Q/K rows already in HF order); in
+    bf16 those values as torch rounds them, the fp32 never stored."""
+    parts, left = [], n
+    for name in names:
+        kind, data = raw[name]
+        assert data is not None
+        if left is not None:
+            data = data[:left]
+            left -= data.shape[0]
+        parts.append(data)
+        if left == 0:
+            break
+    out = torch.empty(sum(d.shape[0] for d in parts), in_features, dtype=dtype)
+    start = 0
+    for name, data in zip(names, parts, strict=False):
+        rows = data.shape[0]
+        file_values(data, raw[name][0], out[start:start + rows].view(-1))
+        start += rows
+    return out
+
+
+def file_values(data: np.ndarray, kind: str, out: torch.Tensor) -> None:
+    """GGUF block bytes into `out` (flat, fp32 or bf16): the CPU kernels' dequantizer (gguf-py's
+    values, on every thread), gguf-py where that is not built."""
+    from gguf import GGMLQuantizationType
+
+    ggml_type = GGMLQuantizationType[kind.upper()]
+    kernel = native.dequantizer()
+    if kernel is not None and kernel(data, int(ggml_type), out.dtype, out) is not None:
+        return
+    from gguf.quants import dequantize
+
+    values = np.array(dequantize(np.ascontiguousarray(data), ggml_type), dtype=np.float32).reshape(-1)
+    out.copy_(torch.from_numpy(values))  # rounded by torch where out is bf16
+
+
+def build_dense(name: str, rows: Callable[[int | None], torch.Tensor],
+                bf16_rows: Callable[[int | None], torch.Tensor] | None, bias: torch.Tensor | None,
+                shared: bool) -> Gemm:
+    """The named GEMM on the whole weight; a bf16 one from `bf16_rows` where given (a file's
+    blocks dequantized straight to bf16: the same bits as the fp32 weight rounded)."""
+    if name == "bf16" and bf16_rows is not None:
+        return Bf16Gemm(bf16_rows(None), bias)
+    return gemm_choice.build(name, rows(None), bias, shared)
+
+
+def tall_rows(blocks: Blocks, gemm_name: str, rows: Callable[[int | None], torch.Tensor],
+              bf16_rows: Callable[[int | None], torch.Tensor] | None,
+              bias: torch.Tensor | None) -> tuple[Blocks, DenseFor] | None:
+    """raced_rows for a layer whose weight is dequantized only when asked for."""
+    n = gemm_choice.RACE_ROWS
+    first = dispatch.first_rows(blocks, n)
+    if first is blocks:
+        return None
+    first_bf16 = None if bf16_rows is None else functools.partial(rows_up_to, bf16_rows, n)
+    return first, functools.partial(build_dense, gemm_name, functools.partial(rows_up_to, rows, n), first_bf16,
+                                    None if bias is None else bias[:n], True)
+
+
+def rows_up_to(rows: Callable[[int | None], torch.Tensor], n: int, _: int | None) -> torch.Tensor:
+    return rows(n)
 
 
 def raced_rows(blocks: Blocks, dense: Gemm, weight: torch.Tensor,
@@ -104,15 +218,16 @@ def raced_rows(blocks: Blocks, dense: Gemm, weight: torch.Tensor,
     return rows, gemm_choice.build(dense.name, weight[:n], None if bias is None else bias[:n], True)
 
 
-def build_layer(blocks: Blocks, dense: Gemm, bias: torch.Tensor | None, max_tokens: int,
-                report: QuantReport, raced: tuple[Blocks, Gemm] | None = None) -> QuantLinear:
+def build_layer(blocks: Blocks, dense: Gemm | DenseFor, bias: torch.Tensor | None, max_tokens: int,
+                report: QuantReport, raced: tuple[Blocks, Gemm | DenseFor] | None = None) -> QuantLinear:
     """Measure this shape's crossover; keep the dense copy only if steps of <= max_tokens can pick it.
 
     The blocks stay even where the GEMM wins at one token: the fused decode step
-    (engine/model/decode_step.py) computes every projection on them.
+    (engine/model/decode_step.py) computes every projection on them. A dense GEMM given as
+    a builder is built only if a race times it or the layer keeps it.
     """
     if native.block_linear() is None:
-        return QuantLinear(None, dense, bias, 0)
+        return QuantLinear(None, built(dense), bias, 0)
     shape = f"{blocks.kind} {blocks.out_features}x{blocks.in_features}"
     tile_from = dispatch.switch_to_tiles(blocks, None if raced is None else raced[0])
     if tile_from:
@@ -120,19 +235,23 @@ def build_layer(blocks: Blocks, dense: Gemm, bias: torch.Tensor | None, max_toke
     if raced is not None:  # the raced rows run the tile body from the same count
         for part in raced[0].parts:
             part.tile_from = tile_from
-    timed_blocks, timed_gemm = (None, dense) if raced is None else raced
-    crossover = dispatch.measure(blocks, timed_gemm, timed_blocks).max_kernel_tokens
+    found = dispatch.known(dispatch.shape_key(blocks))
+    if found is None:
+        timed_blocks, timed_gemm = (None, built(dense)) if raced is None else (raced[0], built(raced[1]))
+        found = dispatch.measure(blocks, timed_gemm, timed_blocks)
+    crossover = found.max_kernel_tokens
     report.crossovers[shape] = crossover
-    gemm = None if crossover >= max_tokens else dense  # steps never get big enough for the GEMM
+    gemm = None if crossover >= max_tokens else built(dense)  # steps never get big enough for the GEMM
     return QuantLinear(blocks, gemm, bias, crossover)
+
+
+def built(dense: Gemm | DenseFor) -> Gemm:
+    return dense if isinstance(dense, GEMM_CLASSES) else dense()
 
 
 def gguf_blocks(names: list[str], kind: Kind, raw: RawBlocks) -> Blocks | None:
     """A layer's weight straight from the GGUF's blocks, if every shard is already `kind`."""
-    found = [raw.get(n) for n in names]
-    if any(f is None or formats.kernel_kind(f[0]) != kind for f in found):
-        return None
-    return file_blocks_of(names, raw)
+    return file_blocks_of(names, raw) if takes_file_blocks(names, kind, raw, False) else None
 
 
 def file_blocks_of(names: list[str], raw: RawBlocks) -> Blocks | None:

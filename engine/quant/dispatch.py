@@ -94,6 +94,19 @@ def measure(blocks: Blocks, gemm: Callable[[torch.Tensor], torch.Tensor], raced:
     to time instead of all (first_rows), `gemm` then built on the same rows."""
     key = shape_key(blocks)
     blocks = blocks if raced is None else raced
+    found = known(key)
+    if found is not None:
+        return found
+    result = autotune.crossover(autotune.COUNTS, lambda m: time_layer(blocks, gemm, m), digits=4)
+    log.debug("crossover %s: kernel up to %d tokens, %s", key, result.max_kernel_tokens, result.timings_ms)
+    race_memory.keep("block-kernel", ":".join(map(str, key)), result.max_kernel_tokens)
+    _cache[key] = result
+    return result
+
+
+def known(key: tuple[str, int, int]) -> Crossover | None:
+    """The crossover of this shape where no race is needed (measured in this process, pinned,
+    or remembered from an earlier start), so that a layer builds its GEMM only if it keeps it."""
     if key in _cache:
         return _cache[key]
     pinned = envs.QUANT_CROSSOVER.get()
@@ -104,11 +117,7 @@ def measure(blocks: Blocks, gemm: Callable[[torch.Tensor], torch.Tensor], raced:
     if kept is not None:
         _cache[key] = Crossover(int(kept))
         return _cache[key]
-    result = autotune.crossover(autotune.COUNTS, lambda m: time_layer(blocks, gemm, m), digits=4)
-    log.debug("crossover %s: kernel up to %d tokens, %s", key, result.max_kernel_tokens, result.timings_ms)
-    race_memory.keep("block-kernel", ":".join(map(str, key)), result.max_kernel_tokens)
-    _cache[key] = result
-    return result
+    return None
 
 
 def time_layer(blocks: Blocks, gemm: Callable[[torch.Tensor], torch.Tensor], m: int) -> tuple[float, float]:

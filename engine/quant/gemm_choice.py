@@ -32,6 +32,7 @@ from engine.quant.onednn_gemm import available as onednn_available
 log = logging.getLogger("pagode")
 
 Gemm = DenseGemm | OnednnGemm | Bf16Gemm | Int8Gemm
+GEMM_CLASSES = (DenseGemm, OnednnGemm, Bf16Gemm, Int8Gemm)
 RACE_TOKENS = 64  # a serving step's size, where big-step GEMMs take over from the block kernel
 # A taller weight (an lm_head of 150k rows) is raced on its first rows: every row costs the
 # same, and building three candidates of the whole matrix to time them cost seconds a start.
@@ -69,28 +70,42 @@ def build(name: str, weight: torch.Tensor, bias: torch.Tensor | None, shared: bo
 def choose_gemm(weight: torch.Tensor, bias: torch.Tensor | None, shared: bool = False,
                 allowed: tuple[str, ...] | None = None) -> Gemm:
     """The big-step GEMM for this fp32 weight, among `allowed` (PAGODE_QUANT_GEMM pins one)."""
+    name, built = pick(weight.shape[0], weight.shape[1], lambda n: weight if n is None else weight[:n], bias,
+                       shared, allowed)
+    return built if built is not None else build(name, weight, bias, shared)
+
+
+Rows = Callable[[int | None], torch.Tensor]  # a weight's first n rows in fp32 (None: all of them)
+
+
+def pick(out_features: int, in_features: int, rows: Rows, bias: torch.Tensor | None, shared: bool = False,
+         allowed: tuple[str, ...] | None = None) -> tuple[str, Gemm | None]:
+    """The name of the big-step GEMM for this shape, and the whole weight's GEMM where its
+    race built it (else None: the caller builds it, if it keeps one). The weight is asked
+    for (`rows`) only where a race runs: a file's blocks are dequantized for it then, and
+    never where a winner is pinned, remembered or the only candidate."""
     pinned = envs.QUANT_GEMM.get()
     if pinned != "auto" and (allowed is None or pinned in allowed):
-        return build(pinned, weight, bias, shared)
+        return pinned, None
     names = candidates(allowed)
     if len(names) == 1:
-        return build(names[0], weight, bias, shared)
-    key = (weight.shape[0], weight.shape[1], tuple(names))
+        return names[0], None
+    key = (out_features, in_features, tuple(names))
     kept = race_memory.recall("big-step-gemm", ":".join(map(str, [*key[:2], *names])))
     if key not in _winners and kept in names:
         _winners[key] = kept
         log.info("big-step GEMM %dx%d: %s (of %s; measured at an earlier start)", key[0], key[1], kept,
                  ", ".join(names))
     if key in _winners:
-        return build(_winners[key], weight, bias, shared)
-    sliced = weight.shape[0] > RACE_ROWS
-    rows = weight[:RACE_ROWS] if sliced else weight
-    built = {name: build(name, rows, None if bias is None else bias[:RACE_ROWS], shared) for name in names}
-    _winners[key] = race(built, weight.shape[1])  # type: ignore[arg-type]
+        return _winners[key], None
+    sliced = out_features > RACE_ROWS
+    weight = rows(RACE_ROWS if sliced else None)
+    built = {name: build(name, weight, None if bias is None else bias[:RACE_ROWS], shared) for name in names}
+    _winners[key] = race(built, in_features)  # type: ignore[arg-type]
     race_memory.keep("big-step-gemm", ":".join(map(str, [*key[:2], *names])), _winners[key])
     log.info("big-step GEMM %dx%d: %s (of %s%s)", key[0], key[1], _winners[key], ", ".join(names),
              f"; raced on its first {RACE_ROWS} rows" if sliced else "")
-    return build(_winners[key], weight, bias, shared) if sliced else built[_winners[key]]
+    return _winners[key], None if sliced else built[_winners[key]]
 
 
 def race(candidates: dict[str, Callable[[torch.Tensor], torch.Tensor]], in_features: int) -> str:
