@@ -205,3 +205,57 @@ def test_stacked_and_grouped_deltas_are_the_same_sums() -> None:
     kept = slots != 0
     again = projection.add_deltas(x[kept], base[kept].clone(), LoraRows.from_slots(slots[kept]))
     torch.testing.assert_close(again, expected[kept], rtol=1e-5, atol=1e-4)
+
+
+def test_kv_events_carry_the_adapter(tiny_zoo: TinyZoo) -> None:
+    """An engine publishing KV events (map layout) to a real ZMQ subscriber: one prompt on the
+    base and on adapter `a` stores blocks under different hashes; the adapter's event names it
+    (lora_id, lora_name, [name] per block) and its hashes chain vLLM's sha256_cbor with the
+    extra key ("lora", name, path), the base's with none (tests/vllm_block_hash.py)."""
+    import time
+
+    import msgspec
+    import vllm_block_hash as vllm
+    import zmq
+
+    from engine.io.kv_events_config import parse_kv_events_config
+    from loadgen.server_process import free_port
+
+    spec = SPECS[0]
+    made = adapters(tiny_zoo, spec)
+    port = free_port()
+    config = parse_kv_events_config({"enable_kv_cache_events": True, "endpoint": f"tcp://*:{port}",
+                                     "event_layout": "map"})
+    llm = LLM(model=str(tiny_zoo.folder(spec)), enable_lora=True, max_loras=2, max_lora_rank=16,
+              lora_modules={name: str(path) for name, (path, _) in made.items()}, kv_events_config=config,
+              kv_cache_memory="8MiB", max_model_len=128, kv_cache_dtype="fp32")
+    context = zmq.Context()
+    sub = context.socket(zmq.SUB)
+    try:
+        sub.connect(f"tcp://127.0.0.1:{port}")
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        time.sleep(0.5)  # the subscription reaches the publisher before anything is sent
+        prompt = list(range(10, 50))  # two full blocks of 16
+        for lora in (None, "a"):
+            llm.generate([prompt], SamplingParams(temperature=0, max_tokens=1), lora_name=lora)
+        stored: list[dict[str, object]] = []
+        deadline = time.monotonic() + 30
+        while len(stored) < 2 and time.monotonic() < deadline:
+            if sub.poll(200):
+                _, _, payload = sub.recv_multipart()
+                stored += [e for e in msgspec.msgpack.decode(payload)[1] if e["type"] == "BlockStored"]
+    finally:
+        sub.close(linger=0)
+        context.term()
+    base, adapter = stored[:2]
+    vllm.init_none_hash(vllm.sha256_cbor)
+    keys = (("lora", "a", str(made["a"][0])),)
+    chained: list[int] = []
+    parent = None
+    for start in (0, 16):
+        parent = vllm.hash_block_tokens(vllm.sha256_cbor, parent, prompt[start:start + 16], keys)
+        chained.append(vllm.maybe_convert_block_hash(parent))
+    assert base["block_hashes"] == vllm.request_block_hashes(prompt, 16)
+    assert base["lora_id"] is None and base["lora_name"] is None and "extra_keys" not in base
+    assert adapter["block_hashes"] == chained and adapter["token_ids"] == prompt[:32]
+    assert (adapter["lora_id"], adapter["lora_name"], adapter["extra_keys"]) == (1, "a", [["a"], ["a"]])
