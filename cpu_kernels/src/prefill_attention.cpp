@@ -124,7 +124,6 @@ inline void transpose8x8(const float* const* rows, int64_t col, float* dst, int6
 struct Scratch {
   std::vector<float> acc, m, l, s, kbuf, kt, vt, zeros;
   std::vector<uint16_t> qbf, kb, vb, pb;
-  std::vector<uint32_t> kp, vp;
   const uint32_t* kpp = nullptr;  // the bf16 bodies' current key tile as pairs (PairTiles)
   const uint32_t* vpp = nullptr;  // and its value tile
 
@@ -146,11 +145,7 @@ struct Scratch {
     vt.resize(KT * D);
     zeros.assign(D, 0.f);
     qbf.assign(padded * D, 0);
-    kb.resize(KT * D);
-    vb.resize(KT * D);
     pb.assign(padded * KT, 0);
-    kp.resize(D / 2 * KT);
-    vp.resize(KT / 2 * D);
   }
 };
 
