@@ -29,6 +29,20 @@ def words() -> list[str]:
     return out
 
 
+def write_sentence_transformers_modules(folder: Path, width: int, pooling_mode: str, max_seq_length: int) -> None:
+    """The files that make a transformers folder a sentence-transformers model: Transformer,
+    then Pooling in `pooling_mode`, then Normalize."""
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+               {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}]
+    (folder / "modules.json").write_text(json.dumps(modules))
+    (folder / "1_Pooling").mkdir(exist_ok=True)
+    (folder / "2_Normalize").mkdir(exist_ok=True)
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": width,
+                                                                  pooling_mode: True}))
+    (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": max_seq_length}))
+
+
 def build_minilm(folder: Path) -> Path:
     """The folder, built once (kept if it is there already)."""
     if (folder / "modules.json").exists():
@@ -40,15 +54,7 @@ def build_minilm(folder: Path) -> Path:
     BertModel(BertConfig(**MINILM), add_pooling_layer=False).save_pretrained(folder)
     vocab = {tok: i for i, tok in enumerate(SPECIALS + words())}
     BertTokenizerFast(vocab=vocab, model_max_length=512).save_pretrained(folder)
-    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
-               {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}]
-    (folder / "modules.json").write_text(json.dumps(modules))
-    (folder / "1_Pooling").mkdir(exist_ok=True)
-    (folder / "2_Normalize").mkdir(exist_ok=True)
-    (folder / "1_Pooling" / "config.json").write_text(json.dumps(
-        {"word_embedding_dimension": 384, "pooling_mode_mean_tokens": True}))
-    (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 512}))
+    write_sentence_transformers_modules(folder, 384, "pooling_mode_mean_tokens", 512)
     return folder
 
 
@@ -87,15 +93,7 @@ def build_qwen3_embedding(folder: Path) -> Path:
     config["architectures"] = ["Qwen3ForCausalLM"]  # as Qwen3-Embedding's folder declares it
     (folder / "config.json").write_text(json.dumps(config))
     tokenizer.save_pretrained(folder)
-    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
-               {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}]
-    (folder / "modules.json").write_text(json.dumps(modules))
-    (folder / "1_Pooling").mkdir(exist_ok=True)
-    (folder / "2_Normalize").mkdir(exist_ok=True)
-    (folder / "1_Pooling" / "config.json").write_text(json.dumps(
-        {"word_embedding_dimension": QWEN3_EMBED["hidden_size"], "pooling_mode_lasttoken": True}))
-    (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 2048}))
+    write_sentence_transformers_modules(folder, QWEN3_EMBED["hidden_size"], "pooling_mode_lasttoken", 2048)
     return folder
 
 

@@ -15,6 +15,7 @@
 // rows whose length is not a multiple of 256.
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "block_formats.h"
 
@@ -98,13 +99,6 @@ NO_FMA void q6_k(const uint8_t* b, float* out) {
     }
 }
 
-template <void (*Decode)(const uint8_t*, float*)>
-void decode_all(const uint8_t* data, int64_t blocks, int64_t block_bytes, int64_t block_size, float* out,
-                int nthreads) {
-#pragma omp parallel for num_threads(nthreads) schedule(static)
-    for (int64_t i = 0; i < blocks; ++i) Decode(data + i * block_bytes, out + i * block_size);
-}
-
 // fp32 to bf16 as torch's CPU `.to(torch.bfloat16)` rounds it: to nearest even, and every NaN
 // to 0xffff (its vectorized conversion's NaN, not c10::BFloat16's scalar 0x7fc0).
 inline uint16_t to_bf16(float value) {
@@ -114,42 +108,27 @@ inline uint16_t to_bf16(float value) {
     return (uint16_t)((bits + (((bits >> 16) & 1u) + 0x7fffu)) >> 16);
 }
 
-// The same blocks straight to bf16, for the big-step GEMM's bf16 copy of a file's matrix:
-// each block is decoded to fp32 as above, then rounded, so the result equals
-// torch's rounding of the fp32 weights without those ever filling memory.
-template <void (*Decode)(const uint8_t*, float*)>
-void decode_all_bf16(const uint8_t* data, int64_t blocks, int64_t block_bytes, int64_t block_size, uint16_t* out,
-                     int nthreads) {
+// Every block decoded in place (fp32 out), or decoded to fp32 then rounded (bf16 out, the
+// big-step GEMM's copy of a file's matrix): the result equals torch's rounding of the fp32
+// weights without those ever filling memory.
+template <void (*Decode)(const uint8_t*, float*), typename Out>
+void decode_all(const uint8_t* data, int64_t blocks, int64_t block_bytes, int64_t block_size, Out* out,
+                int nthreads) {
 #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int64_t i = 0; i < blocks; ++i) {
-        float values[QK_K];
-        Decode(data + i * block_bytes, values);
-        for (int64_t j = 0; j < block_size; ++j) out[i * block_size + j] = to_bf16(values[j]);
+        if constexpr (std::is_same_v<Out, float>) {
+            Decode(data + i * block_bytes, out + i * block_size);
+        } else {
+            float values[QK_K];
+            Decode(data + i * block_bytes, values);
+            for (int64_t j = 0; j < block_size; ++j) out[i * block_size + j] = to_bf16(values[j]);
+        }
     }
 }
 
-}  // namespace
-
-extern "C" {
-
-// As dequantize_gguf, into bf16 (uint16 bits).
-int dequantize_gguf_bf16(int64_t type, const uint8_t* data, int64_t blocks, uint16_t* out, int nthreads) {
-    switch (type) {
-        case GGML_Q4_0: decode_all_bf16<q4_0>(data, blocks, 18, QK, out, nthreads); return 0;
-        case GGML_Q4_1: decode_all_bf16<q4_1>(data, blocks, 20, QK, out, nthreads); return 0;
-        case GGML_Q5_0: decode_all_bf16<q5_0>(data, blocks, 22, QK, out, nthreads); return 0;
-        case GGML_Q5_1: decode_all_bf16<q5_1>(data, blocks, 24, QK, out, nthreads); return 0;
-        case GGML_Q8_0: decode_all_bf16<q8_0>(data, blocks, 34, QK, out, nthreads); return 0;
-        case GGML_Q4_K: decode_all_bf16<k_with_mins<Q4K>>(data, blocks, Q4K::BYTES, QK_K, out, nthreads); return 0;
-        case GGML_Q5_K: decode_all_bf16<k_with_mins<Q5K>>(data, blocks, Q5K::BYTES, QK_K, out, nthreads); return 0;
-        case GGML_Q6_K: decode_all_bf16<q6_k>(data, blocks, Q6K::BYTES, QK_K, out, nthreads); return 0;
-        default: return -1;
-    }
-}
-
-// `blocks` blocks of GGML type `type` from `data` into out (blocks x the type's block size
-// floats). Returns 0, or -1 for a type this file does not decode (the caller falls back).
-int dequantize_gguf(int64_t type, const uint8_t* data, int64_t blocks, float* out, int nthreads) {
+// One GGML type's blocks into out; -1 for a type this file does not decode.
+template <typename Out>
+int decode_type(int64_t type, const uint8_t* data, int64_t blocks, Out* out, int nthreads) {
     switch (type) {
         case GGML_Q4_0: decode_all<q4_0>(data, blocks, 18, QK, out, nthreads); return 0;
         case GGML_Q4_1: decode_all<q4_1>(data, blocks, 20, QK, out, nthreads); return 0;
@@ -161,6 +140,21 @@ int dequantize_gguf(int64_t type, const uint8_t* data, int64_t blocks, float* ou
         case GGML_Q6_K: decode_all<q6_k>(data, blocks, Q6K::BYTES, QK_K, out, nthreads); return 0;
         default: return -1;
     }
+}
+
+}  // namespace
+
+extern "C" {
+
+// As dequantize_gguf, into bf16 (uint16 bits).
+int dequantize_gguf_bf16(int64_t type, const uint8_t* data, int64_t blocks, uint16_t* out, int nthreads) {
+    return decode_type(type, data, blocks, out, nthreads);
+}
+
+// `blocks` blocks of GGML type `type` from `data` into out (blocks x the type's block size
+// floats). Returns 0, or -1 for a type this file does not decode (the caller falls back).
+int dequantize_gguf(int64_t type, const uint8_t* data, int64_t blocks, float* out, int nthreads) {
+    return decode_type(type, data, blocks, out, nthreads);
 }
 
 }  // extern "C"
