@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -123,3 +124,21 @@ def test_only_the_newest_packs_stay_on_disk(tmp_path: Path) -> None:
     prepack.prune(tmp_path, keep=packs[0])  # the one just written stays even when it is the oldest
     assert sorted(p.name for p in tmp_path.glob("*.pt")) == ["0.pt", "4.pt", "5.pt"]
     assert prepack.KEEP_PACKS == 3
+
+
+def test_a_pack_that_would_fill_the_disk_is_not_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    """A pack is a cache: with less free space than its bytes and the margin, none is written
+    and the log says why; with room, the same model is written."""
+    model = torch.nn.Linear(256, 256)
+    size = prepack.pack_bytes({"state": model.state_dict(), "tied": model.weight})
+    assert size == (256 * 256 + 256) * 4  # the tied weight counts once
+    path = tmp_path / "pack.pt"
+    disk = {"free": prepack.MIN_FREE_BYTES + size // 2}
+    monkeypatch.setattr(prepack.shutil, "disk_usage", lambda _: SimpleNamespace(free=disk["free"]))
+    with caplog.at_level("WARNING", logger="pagode"):
+        prepack.write(model, path, {"k": 1}, "summary", 0.1)
+    assert not path.exists() and "not saved" in caplog.text
+    disk["free"] = prepack.MIN_FREE_BYTES + 2 * size
+    prepack.write(model, path, {"k": 1}, "summary", 0.1)
+    assert path.exists()

@@ -30,6 +30,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -52,6 +53,9 @@ log = logging.getLogger("pagode")
 FORMAT_VERSION = 4  # bump when the layout of a pack changes
 PACKABLE_GEMMS = ("fp32", "bf16", "onednn")
 KEEP_PACKS = 3  # a pack is hundreds of MiB, and every code or flag change keys a new one
+# A pack is a cache: it is not written where it would leave less than this free on the disk,
+# since the disk may be the one the models, the logs and other programs need.
+MIN_FREE_BYTES = 4 << 30
 _SOURCES = (Path(__file__).resolve().parent, Path(__file__).resolve().parents[1] / "quant")
 
 
@@ -165,6 +169,12 @@ def write(model: nn.Module, path: Path, key: dict[str, Any], summary: str, packe
         name: linear_entry(module) for name, module in model.named_modules() if isinstance(module, QuantLinear)}}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+        size, free = pack_bytes(pack), shutil.disk_usage(path.parent).free
+        if free - size < MIN_FREE_BYTES:
+            log.warning("weights: packed in %.2f s; not saved: the pack's %.1f GiB would leave %.1f GiB free on "
+                        "the disk of %s (at least %.0f GiB is kept free)", packed_s, size / 2**30,
+                        (free - size) / 2**30, path.parent, MIN_FREE_BYTES / 2**30)
+            return
         with tempfile.NamedTemporaryFile(dir=path.parent, delete=False, suffix=".tmp") as f:
             try:
                 torch.save(pack, f)
@@ -177,6 +187,24 @@ def write(model: nn.Module, path: Path, key: dict[str, Any], summary: str, packe
         return
     log.info("weights: packed in %.2f s, saved to %s in %.2f s", packed_s, path, time.perf_counter() - start)
     prune(path.parent, keep=path)
+
+
+def pack_bytes(pack: Any) -> int:
+    """The bytes of every distinct tensor storage in the pack (tied weights count once)."""
+    seen: dict[int, int] = {}
+
+    def visit(value: Any) -> None:
+        if isinstance(value, torch.Tensor):
+            storage = value.untyped_storage()
+            seen[storage.data_ptr()] = storage.nbytes()
+        elif isinstance(value, dict):
+            for item in value.values():
+                visit(item)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                visit(item)
+    visit(pack)
+    return sum(seen.values())
 
 
 def prune(folder: Path, keep: Path) -> None:
