@@ -50,7 +50,7 @@ from typing import Any
 import torch
 
 from benchmarks.decode_probe import forward_seconds, held_decode_batch
-from engine import autotune, native
+from engine import autotune, envs, native
 from engine.attention import prefill_choice
 from engine.attention.cpu_backend import CpuAttentionBackend
 from engine.attention.sdpa_backend import SdpaAttentionBackend
@@ -233,7 +233,7 @@ def run_bf16_model(args: argparse.Namespace) -> float:
     from engine.sampling_params import SamplingParams
 
     path = gguf_file(args.model) if args.model in SHAPES else Path(args.model)
-    os.environ["PAGODE_PREFILL_KERNEL"] = "kernel"  # both sides on the kernel: only its body differs
+    os.environ[envs.PREFILL_KERNEL.name] = "kernel"  # both sides on the kernel: only its body differs
     torch.set_num_threads(1)
     llm = LLM(model=str(path), quantization="auto", max_model_len=2 * args.prompt + 16, kv_cache_memory="1GiB",
               max_num_seqs=4)
@@ -242,7 +242,7 @@ def run_bf16_model(args: argparse.Namespace) -> float:
     seeds = iter(range(1, 1 << 20))
 
     def prefill(mode: str) -> float:
-        os.environ["PAGODE_PREFILL_BF16"] = mode
+        os.environ[envs.PREFILL_BF16.name] = mode
         ids = torch.randint(100, 30000, (args.prompt,), generator=torch.Generator().manual_seed(next(seeds))).tolist()
         start = time.thread_time()
         llm.generate([ids], params)
