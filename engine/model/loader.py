@@ -70,8 +70,8 @@ def resolve_model(model: str | None) -> ModelSource:
     if not path.exists():
         raise FileNotFoundError(
             f"model {model!r} not found: pass a local Hugging Face folder (config.json, "
-            f"*.safetensors, tokenizer.json) or a .gguf file (`pagode serve` and `pagode pull` also take a hub "
-            f"name, ORG/REPO or ORG/REPO:QUANT)")
+            f"*.safetensors, tokenizer.json) or a .gguf file (`pagode serve`, `pagode pull` and `pagode plan` "
+            f"also take a hub name, ORG/REPO or ORG/REPO:QUANT)")
     if path.is_dir() and not (path / "config.json").exists():
         raise FileNotFoundError(f"{path} has no config.json; it is not a Hugging Face model folder")
     return ModelSource(path, path.stem if path.is_file() else path.name)
