@@ -222,15 +222,17 @@ def bf16_kernel(head_dim: int = 64) -> PrefillAttentionKernel:
 
 def test_the_backend_takes_bf16_products_in_steps_from_bf16_from(monkeypatch: pytest.MonkeyPatch) -> None:
     """With bf16_from 64, a step's 47 chunk rows stay fp32 and its 137 take the bf16 products
-    (each output equal to the kernel's own with or without them); bf16_from None (no bf16
+    (each output equal to the kernel's own with or without them), but not 135 rows of which a
+    sequence extends by 5; bf16_from None (no bf16
     GEMM) never takes them; PAGODE_PREFILL_BF16=on and =off pin them."""
     k = bf16_kernel()
     monkeypatch.setenv("PAGODE_PREFILL_KERNEL", "kernel")
     monkeypatch.delenv("PAGODE_PREFILL_BF16", raising=False)
 
-    def attended(backend: CpuAttentionBackend, chunks: list[int]) -> tuple[bool, bool]:
+    def attended(backend: CpuAttentionBackend, chunks: list[int], lens: tuple[int, int] = (60, 80)
+                 ) -> tuple[bool, bool]:
         """Whether the backend's output is the kernel's fp32 one, and whether its bf16 one."""
-        q, kv, meta = case(7, [60, 80], chunks, 9, 3, 64, 16, torch.float16)
+        q, kv, meta = case(7, list(lens), chunks, 9, 3, 64, 16, torch.float16)
         got = backend.attend(q, kv, meta, SCALE)
         args = (q, kv, meta.block_tables, meta.query_start_loc, meta.seq_lens, SCALE)
         return torch.equal(got, k.prefill(*args)), torch.equal(got, k.prefill(*args, bf16=True))
@@ -239,6 +241,8 @@ def test_the_backend_takes_bf16_products_in_steps_from_bf16_from(monkeypatch: py
     backend.prepare(9, torch.float32, torch.zeros(2, 8, 16, 3, 64, dtype=torch.float16), bf16_from=64)
     assert attended(backend, [7, 40]) == (True, False)
     assert attended(backend, [60, 77]) == (False, True)
+    # A short extend beside a big chunk (a drafted decode's verification) keeps the whole call fp32.
+    assert attended(backend, [130, 5], (140, 80)) == (True, False)
     backend.prepare(9, torch.float32, torch.zeros(2, 8, 16, 3, 64, dtype=torch.float16), bf16_from=None)
     assert attended(backend, [60, 77]) == (True, False)
     monkeypatch.setenv("PAGODE_PREFILL_BF16", "on")

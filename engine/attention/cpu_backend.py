@@ -23,6 +23,12 @@ from engine.attention.metadata import AttentionMetadata
 from engine.attention.sdpa_backend import SdpaAttentionBackend
 
 
+def shortest_extend(meta: AttentionMetadata) -> int:
+    """The fewest new rows of a sequence in the step's prefill part (after its decodes)."""
+    starts = meta.query_start_loc_cpu[meta.num_decodes:]
+    return min((b - a for a, b in zip(starts, starts[1:], strict=False)), default=0)
+
+
 class CpuAttentionBackend(SdpaAttentionBackend):
     name = "cpu"
 
@@ -47,7 +53,7 @@ class CpuAttentionBackend(SdpaAttentionBackend):
                 scale: float, *, window: int | None = None, softcap: float | None = None) -> torch.Tensor:
         masked = window is not None or softcap is not None
         bf16 = prefill_choice.wants_bf16(self.prefill_kernel, query.shape[0], query.shape[-1], kv_cache.dtype,
-                                         self.bf16_from)
+                                         self.bf16_from, shortest_extend(meta))
         if not prefill_choice.use_kernel(self.prefill_kernel, query, kv_cache, masked, self.prefill_maskless,
                                          bf16):
             return super().prefill(query, kv_cache, meta, scale, window=window, softcap=softcap)

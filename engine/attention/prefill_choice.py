@@ -21,7 +21,9 @@ rounded to bf16, every sum in fp32. That is the precision of the bf16 big-step G
 chunk takes it only when its step is at least `bf16_from` tokens, the size from which the
 model's projections run that GEMM already (bf16_from(model); None when none does, as for
 an unquantized model, whose greedy tokens are held to transformers' fp32). Such chunks are
-raced against the maskless path under a key of their own. PAGODE_PREFILL_BF16=on or =off
+raced against the maskless path under a key of their own. A call that holds a short extend
+(fewer than BF16_MIN_EXTEND rows: a drafted decode's verification) keeps fp32 products, so
+that a drafted row computes what a plain decode computes. PAGODE_PREFILL_BF16=on or =off
 pins it (tests, benchmarks).
 """
 
@@ -40,6 +42,10 @@ from engine.attention.metadata import AttentionMetadata
 from engine.quant.linear import QuantLinear
 
 log = logging.getLogger("pagode")
+
+# Longer than any drafted decode's verification (its drafts and one), shorter than a prompt's
+# chunk worth the bf16 body.
+BF16_MIN_EXTEND = 16
 
 RACE_CHUNK = 256  # queries of the raced chunk: half the CPU's default token budget
 RACE_CONTEXT = 256  # cached positions before it, so that both the causal and the cached part count
@@ -61,16 +67,18 @@ def bf16_from(model: nn.Module) -> int | None:
 
 
 def wants_bf16(kernel: PrefillAttentionKernel | None, tokens: int, head_dim: int, cache_dtype: torch.dtype,
-               from_tokens: int | None) -> bool:
+               from_tokens: int | None, shortest: int | None = None) -> bool:
     """Whether a chunk of `tokens` rows takes the kernel's bf16 products: the kernel has a bf16
-    body for this head size and cache that asking changes, and the step is as big as the ones
-    whose projections run bf16 already (or PAGODE_PREFILL_BF16 pins it)."""
+    body for this head size and cache that asking changes, the step is as big as the ones
+    whose projections run bf16 already, and no sequence in it extends by fewer than
+    BF16_MIN_EXTEND rows (`shortest`; or PAGODE_PREFILL_BF16 pins it)."""
     if kernel is None or not kernel.has_bf16_products(head_dim, cache_dtype):
         return False
     pinned = envs.PREFILL_BF16.get()
     if pinned != "auto":
         return pinned == "on"
-    return from_tokens is not None and tokens >= from_tokens
+    return (from_tokens is not None and tokens >= from_tokens
+            and (shortest is None or shortest >= BF16_MIN_EXTEND))
 
 
 def use_kernel(kernel: PrefillAttentionKernel | None, query: torch.Tensor, kv_cache: torch.Tensor,
