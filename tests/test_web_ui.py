@@ -417,6 +417,12 @@ def test_the_page_chats_with_the_model_or_adapter_picked(browser: Any, adapter_s
 
         assert shown and shown == reply("b")
         assert shown != reply("tiny")
-        assert watch.page_errors == [] and watch.failed == []
+        # What a user would see go wrong: an uncaught error, the page's error line, an error status
+        # or a request that failed. Chromium may report the streamed chat's fetch as aborted after
+        # the page has read it whole (the reply above equals the API's), so that one alone is
+        # not a failure here, as in the other chat tests.
+        assert watch.page_errors == [] and page.is_hidden("#error")
+        chat = adapter_server.base_url + "/v1/chat/completions: net::ERR_ABORTED"
+        assert [f for f in watch.failed if f != chat] == []
     finally:
         page.context.close()
