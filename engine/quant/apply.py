@@ -193,7 +193,8 @@ def build_dense(name: str, rows: Callable[[int | None], torch.Tensor],
 def tall_rows(blocks: Blocks, gemm_name: str, rows: Callable[[int | None], torch.Tensor],
               bf16_rows: Callable[[int | None], torch.Tensor] | None,
               bias: torch.Tensor | None) -> tuple[Blocks, DenseFor] | None:
-    """raced_rows for a layer whose weight is dequantized only when asked for."""
+    """A tall layer's first rows as blocks and a builder of the named GEMM on the same rows
+    (built only if a race times it); None for a layer that is not taller."""
     n = gemm_choice.RACE_ROWS
     first = dispatch.first_rows(blocks, n)
     if first is blocks:
@@ -208,14 +209,11 @@ def rows_up_to(rows: Callable[[int | None], torch.Tensor], n: int, _: int | None
 
 
 def raced_rows(blocks: Blocks, dense: Gemm, weight: torch.Tensor,
-               bias: torch.Tensor | None) -> tuple[Blocks, Gemm] | None:
-    """A tall layer's first rows as blocks and as the GEMM that won its race, for the load-time
-    races to time instead of the whole matrix; None for a layer that is not taller."""
-    n = gemm_choice.RACE_ROWS
-    rows = dispatch.first_rows(blocks, n)
-    if rows is blocks:
-        return None
-    return rows, gemm_choice.build(dense.name, weight[:n], None if bias is None else bias[:n], True)
+               bias: torch.Tensor | None) -> tuple[Blocks, DenseFor] | None:
+    """tall_rows for a layer whose weight is already loaded: its first rows as blocks and as
+    the GEMM that won its race, for the load-time races to time instead of the whole matrix;
+    None for a layer that is not taller."""
+    return tall_rows(blocks, dense.name, functools.partial(loaded_rows, weight), None, bias)
 
 
 def build_layer(blocks: Blocks, dense: Gemm | DenseFor, bias: torch.Tensor | None, max_tokens: int,
