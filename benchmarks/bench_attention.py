@@ -50,13 +50,14 @@ from typing import Any
 import torch
 
 from benchmarks.decode_probe import forward_seconds, held_decode_batch
-from engine import autotune, envs, native
+from engine import envs, native
 from engine.attention import prefill_choice
 from engine.attention.cpu_backend import CpuAttentionBackend
 from engine.attention.sdpa_backend import SdpaAttentionBackend
 from engine.io.profiler import StepProfiler
 from engine.llm import LLM
 from engine.runner.kv_cache import kv_cache_dtype
+from engine.tuning import timing
 
 BACKENDS = {"cpu": "cpu backend (C++ kernels where they build)",
             "sdpa": "sdpa backend (pure torch, gathers blocks)"}
@@ -127,8 +128,8 @@ def run_prefill(args: argparse.Namespace) -> list[dict[str, Any]]:
         for context in args.contexts:
             for chunk in args.chunks:
                 paths = prefill_paths(args.heads, args.kv_heads, args.head_dim, kv, chunk, context)
-                with autotune.racing(None):
-                    ms = {name: autotune.best_time(fn, args.prefill_reps) * 1e3 for name, fn in paths.items()}
+                with timing.racing(None):
+                    ms = {name: timing.best_time(fn, args.prefill_reps) * 1e3 for name, fn in paths.items()}
                 body = None if kernel is None else kernel.body(args.head_dim, kv_cache_dtype(kv))
                 row = {"kv": kv, "chunk": chunk, "context": context, "ms": ms, "kernel_body": body}
                 rows.append(row)
@@ -211,7 +212,7 @@ def run_bf16_ratio(args: argparse.Namespace) -> float:
         return time.thread_time() - start
 
     times: dict[bool, list[float]] = {False: [], True: []}
-    with autotune.racing(1):
+    with timing.racing(1):
         for bf16 in (False, True):
             attend(bf16)  # warm-up: scratch, pages, tile state
         for _ in range(args.reps):

@@ -132,7 +132,7 @@ FBGEMM_REDUCE_RANGE: EnvVar[bool] = EnvVar(
     "sums cannot saturate; 0 uses the full 8 bits.")
 RACE_CACHE: EnvVar[bool] = EnvVar(
     "PAGODE_RACE_CACHE", _flag, True,
-    "0: race the kernels at every load and keep nothing (engine/race_memory.py); 1 (the "
+    "0: race the kernels at every load and keep nothing (engine/tuning/race_memory.py); 1 (the "
     "default): a result measured on this machine is read back instead of measured again.")
 API_KEY: EnvVar[str | None] = EnvVar(
     "PAGODE_API_KEY", _optional_str, None,

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import torch
 
-from engine import native, race_memory
+from engine import native
 from engine.config import EngineConfig, dtype_name
 from engine.core.block_manager import BlockManager
 from engine.core.request_state import RequestState
@@ -41,6 +41,7 @@ from engine.spec.drafter import Drafter
 from engine.structured_output import StructuredOutputError, StructuredOutputManager
 from engine.thinking_budget import ThinkingTracker
 from engine.tokenizer import Tokenizer
+from engine.tuning import race_memory
 
 log = logging.getLogger("pagode")
 

@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from engine import envs, race_memory
+from engine import envs
 from engine.core.batch_cap import from_step_seconds
 from engine.llm import LLM
 from engine.runner.decode_rates import BATCHES, plausible
+from engine.tuning import race_memory
 from planner import batch_cap
 from planner.calibrate import decode_rates
 from planner.step_model import FEATURES, StepTimeModel, StepWork

@@ -14,12 +14,13 @@ import pytest
 import torch
 from quant_paths import pinned_path
 
-from engine import autotune, native
+from engine import native
 from engine.io.outputs import RequestOutput
 from engine.llm import LLM
 from engine.model import decode_step
 from engine.model.decode_step import FusedDecodeStep
 from engine.sampling_params import SamplingParams
+from engine.tuning import timing
 from loadgen.prose import prose_token_ids
 
 pytestmark = pytest.mark.skipif(native.decode_step() is None, reason="no C++ compiler")
@@ -62,7 +63,7 @@ def test_fused_step_gives_the_layer_by_layer_tokens_and_logprobs(quantized_llm: 
     # them), so that is the benchmark's to report, not something to assert here.
     limit = decode_step.measure_limit(step, runner.model, runner.kv_caches, 8)
     assert limit.timings_ms and min(limit.timings_ms) == 1, limit.timings_ms
-    decided = autotune.Crossover(-1, dict(limit.timings_ms))
+    decided = timing.Crossover(-1, dict(limit.timings_ms))
     decided.decide()
     assert step.max_tokens == limit.max_kernel_tokens == decided.max_kernel_tokens, limit.timings_ms
     step.max_tokens = 8  # every decode step of this batch takes it

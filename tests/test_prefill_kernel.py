@@ -17,7 +17,7 @@ from torch import nn
 
 from cpu_kernels.prefill_attention import BF16_BODIES, PrefillAttentionKernel
 from cuda_kernels.reference import paged_decode_attention_ref, paged_prefill_attention_ref
-from engine import LLM, SamplingParams, autotune, envs, native, race_memory
+from engine import LLM, SamplingParams, envs, native
 from engine.attention import kv_int8, prefill_choice
 from engine.attention.cpu_backend import CpuAttentionBackend
 from engine.attention.metadata import AttentionMetadata
@@ -26,6 +26,7 @@ from engine.quant.dense_gemm import DenseGemm
 from engine.quant.formats import quantize
 from engine.quant.linear import QuantLinear
 from engine.runner.kv_cache import kv_cache_dtype
+from engine.tuning import race_memory, timing
 
 # Fresh prompts (context 0) and extends after a cached prefix, with chunk lengths that are
 # not multiples of any tile (1, 7, 37, 40), a chunk crossing many blocks, one 100 long.
@@ -287,14 +288,14 @@ def test_the_race_runs_once_and_is_kept(dtype: torch.dtype, tmp_path: Path, monk
     monkeypatch.setattr(race_memory, "_fresh", False)
     monkeypatch.setattr(prefill_choice, "_winners", {})
     raced: list[dict[str, float]] = []
-    fastest = autotune.fastest
+    fastest = timing.fastest
 
     def counted(*args: object, **kwargs: object) -> tuple[str, dict[str, float]]:
         name, times = fastest(*args, **kwargs)  # type: ignore[arg-type]
         raced.append(times)
         return name, times
 
-    monkeypatch.setattr(autotune, "fastest", counted)
+    monkeypatch.setattr(timing, "fastest", counted)
     cache = torch.zeros(2, 8, 16, 3, kv_int8.row_width(64, dtype), dtype=dtype)
     backend = CpuAttentionBackend()
     backend.prepare(9, torch.float32, cache)

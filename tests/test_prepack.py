@@ -17,8 +17,8 @@ import torch
 from server_fixtures import SMALL_ARGS, ServerProcess, running_server
 from tests_support import cache_sharing_builds
 
-from engine import race_memory
 from engine.model import prepack
+from engine.tuning import race_memory
 
 # The default --quantization auto (int4 on a CPU with the kernels), with a pinned fused-decode
 # limit: its race is no part of what is packed, and it is most of a start on a busy machine.

@@ -17,7 +17,7 @@ from quant_paths import pinned_path
 from tiny_models import save_tiny_model
 
 from cpu_kernels.quant_linear import BlockLinear
-from engine import autotune, native
+from engine import native
 from engine.config import EngineConfig
 from engine.core.scheduler import ScheduledSeq
 from engine.core.sequence import Sequence
@@ -33,6 +33,7 @@ from engine.quant.modes import resolve_mode
 from engine.quant.onednn_gemm import OnednnGemm
 from engine.runner.teacher_forcing import Reading, read_text
 from engine.sampling_params import SamplingParams
+from engine.tuning import timing
 from server.cli import build_parser, engine_config
 
 KINDS = ("q4_1", "q8_0")
@@ -101,14 +102,14 @@ def test_gguf_blocks_are_used_as_they_are(default_model_path: str) -> None:
 
 
 def test_crossover_is_the_last_win_before_two_losses() -> None:
-    c = autotune.Crossover(0, {1: (1.0, 2.0), 2: (1.0, 2.0), 4: (3.0, 2.0), 8: (1.0, 2.0), 16: (3.0, 2.0),
+    c = timing.Crossover(0, {1: (1.0, 2.0), 2: (1.0, 2.0), 4: (3.0, 2.0), 8: (1.0, 2.0), 16: (3.0, 2.0),
                                32: (3.0, 2.0), 64: (1.0, 2.0)})
     c.decide()
     assert c.max_kernel_tokens == 8
-    everywhere = autotune.Crossover(0, {1: (1.0, 2.0), 2: (1.0, 2.0)})
+    everywhere = timing.Crossover(0, {1: (1.0, 2.0), 2: (1.0, 2.0)})
     everywhere.decide()
-    assert everywhere.max_kernel_tokens == autotune.NO_LIMIT
-    never = autotune.Crossover(5, {1: (3.0, 2.0), 2: (3.0, 2.0)})
+    assert everywhere.max_kernel_tokens == timing.NO_LIMIT
+    never = timing.Crossover(5, {1: (3.0, 2.0), 2: (3.0, 2.0)})
     never.decide()
     assert never.max_kernel_tokens == 0
 
@@ -117,7 +118,7 @@ def test_measured_crossover_follows_its_own_timings() -> None:
     w = formats.quantize(torch.randn(96, 64), "q4_1")
     measured = dispatch.measure(w, DenseGemm(formats.dequantize(w)))
     assert measured.timings_ms and min(measured.timings_ms) == 1
-    again = autotune.Crossover(0, dict(measured.timings_ms))
+    again = timing.Crossover(0, dict(measured.timings_ms))
     again.decide()
     assert again.max_kernel_tokens == measured.max_kernel_tokens
     assert dispatch.measure(w, DenseGemm(formats.dequantize(w))) is measured  # cached per shape
@@ -139,8 +140,8 @@ def test_each_call_runs_the_kernel_its_token_count_picks() -> None:
 def test_a_layer_keeps_the_dense_copy_only_if_its_crossover_can_pick_it(monkeypatch: pytest.MonkeyPatch) -> None:
     w = formats.quantize(torch.randn(40, 64), "q4_1")
     report = apply.QuantReport("int4")
-    for crossover, has_blocks, has_dense in ((4, True, True), (autotune.NO_LIMIT, True, False), (0, True, True)):
-        monkeypatch.setattr(dispatch, "_cache", {("q4_1", 40, 64): autotune.Crossover(crossover)})
+    for crossover, has_blocks, has_dense in ((4, True, True), (timing.NO_LIMIT, True, False), (0, True, True)):
+        monkeypatch.setattr(dispatch, "_cache", {("q4_1", 40, 64): timing.Crossover(crossover)})
         layer = apply.build_layer(w, DenseGemm(formats.dequantize(w)), None, 512, report)
         assert (layer.blocks is not None, layer.gemm is not None) == (has_blocks, has_dense)
 
@@ -158,7 +159,7 @@ def test_the_big_step_gemm_race_picks_the_faster_candidate(monkeypatch: pytest.M
     # The race's clock advances only when a candidate says it took time, so the winner does
     # not depend on what else the machine runs.
     clock = [0.0]
-    monkeypatch.setattr(autotune, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    monkeypatch.setattr(timing, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
 
     def slow(x: torch.Tensor) -> torch.Tensor:
         clock[0] += 0.005

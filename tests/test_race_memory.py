@@ -1,4 +1,4 @@
-"""Race results kept across starts (engine/race_memory.py): a second load on the same machine
+"""Race results kept across starts (engine/tuning/race_memory.py): a second load on the same machine
 races nothing and gives the same tokens; a changed machine, --warmup or PAGODE_RACE_CACHE=0
 races again; a broken cache file costs a race, not a start."""
 
@@ -11,12 +11,13 @@ import pytest
 from tests_support import cache_sharing_builds
 from tiny_models import TinyZoo, one_torch_thread, prompts, tiny_spec
 
-from engine import autotune, envs, native, race_memory
+from engine import envs, native
 from engine.attention import prefill_choice
 from engine.llm import LLM
 from engine.model import decode_step
 from engine.quant import dispatch, gemm_choice
 from engine.sampling_params import SamplingParams
+from engine.tuning import race_memory, timing
 
 LLAMA = tiny_spec("llama", "LlamaConfig", "LlamaForCausalLM", "llama")
 ARGS: dict[str, Any] = dict(kv_cache_memory="16MiB", max_model_len=128, max_num_seqs=8, quantization="int8")
@@ -43,11 +44,11 @@ def forget_this_process(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def count_races(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Every race the engine runs from now on, by kind, through autotune's two entry points."""
+    """Every race the engine runs from now on, by kind, through timing's two entry points."""
     races: list[str] = []
-    crossover, fastest = autotune.crossover, autotune.fastest
+    crossover, fastest = timing.crossover, timing.fastest
 
-    def counted_crossover(*args: Any, **kwargs: Any) -> autotune.Crossover:
+    def counted_crossover(*args: Any, **kwargs: Any) -> timing.Crossover:
         races.append("crossover")
         return crossover(*args, **kwargs)
 
@@ -55,8 +56,8 @@ def count_races(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         races.append("fastest")
         return fastest(*args, **kwargs)
 
-    monkeypatch.setattr(autotune, "crossover", counted_crossover)
-    monkeypatch.setattr(autotune, "fastest", counted_fastest)
+    monkeypatch.setattr(timing, "crossover", counted_crossover)
+    monkeypatch.setattr(timing, "fastest", counted_fastest)
     return races
 
 

@@ -18,8 +18,8 @@ import torch
 from test_kquant_kernel import random_blocks
 from test_quantization import block_kernel
 
-from engine import autotune
 from engine.quant import dispatch, formats
+from engine.tuning import timing
 
 # One tile, partial tiles, 1 to 7 token tiles, each side of 8 (bf16 tokens) and of 64
 # (dequantized panels), an odd count of token tiles in a panel's pairs.
@@ -98,13 +98,13 @@ def test_parts_of_different_formats_each_take_the_tile_body() -> None:
 
 
 def test_the_switch_starts_past_the_integer_bodys_last_win() -> None:
-    race = autotune.Crossover(0, {1: (1.0, 2.0), 2: (1.0, 2.0), 4: (3.0, 2.0), 8: (3.0, 2.0)})
+    race = timing.Crossover(0, {1: (1.0, 2.0), 2: (1.0, 2.0), 4: (3.0, 2.0), 8: (3.0, 2.0)})
     race.decide()
     assert dispatch.tile_switch(race) == 3
-    never = autotune.Crossover(0, {1: (3.0, 2.0), 2: (3.0, 2.0)})
+    never = timing.Crossover(0, {1: (3.0, 2.0), 2: (3.0, 2.0)})
     never.decide()
     assert dispatch.tile_switch(never) == 1
-    always = autotune.Crossover(0, {1: (1.0, 2.0), 2: (1.0, 2.0)})
+    always = timing.Crossover(0, {1: (1.0, 2.0), 2: (1.0, 2.0)})
     always.decide()
     assert dispatch.tile_switch(always) == 0
 

@@ -6,8 +6,8 @@ query group, while the maskless path gathers K/V and leans on torch's flash kern
 GEMMs may be the better ones on some CPU, head size or cache dtype. So at load, per
 attention shape (heads, KV heads, head size, cache dtype), both run one synthetic chunk of
 RACE_CHUNK queries after RACE_CONTEXT cached positions, on one thread, best of a few
-(engine/autotune.py), and the faster one takes every unwindowed, uncapped chunk of that
-shape. The result is kept per machine (engine/race_memory.py), so later starts read it back.
+(engine/tuning/timing.py), and the faster one takes every unwindowed, uncapped chunk of that
+shape. The result is kept per machine (engine/tuning/race_memory.py), so later starts read it back.
 
 Windowed or soft-capped chunks take the kernel wherever it is built: their alternative is
 not the maskless path but the masked one, which materialises the whole score matrix.
@@ -36,10 +36,11 @@ import torch
 from torch import nn
 
 from cpu_kernels.prefill_attention import PrefillAttentionKernel
-from engine import autotune, envs, race_memory
+from engine import envs
 from engine.attention import kv_int8
 from engine.attention.metadata import AttentionMetadata
 from engine.quant.linear import QuantLinear
+from engine.tuning import race_memory, timing
 
 log = logging.getLogger("pagode")
 
@@ -128,7 +129,7 @@ def race(kernel: PrefillAttentionKernel, maskless: MasklessPath, heads: int, blo
                                          scale, bf16=bf16),
         "maskless": lambda: maskless(query, cache, meta, scale),
     }
-    return autotune.fastest(candidates, RACE_REPS)
+    return timing.fastest(candidates, RACE_REPS)
 
 
 def synthetic_chunk(heads: int, kv_heads: int, head_dim: int, block_size: int, dtype: torch.dtype,

@@ -18,7 +18,7 @@ backend reads with the same C++ kernel
 (AttentionBackend.supports_fused_cpu_step), up to a number of decodes measured at load:
 both paths run synthetic decode steps of 1, 2, 4, ... 64 tokens, and the
 fused step keeps every count up to its last win before the layer-by-layer path (whose big
-projections move to their dense GEMM) wins twice in a row (engine/autotune.py; the
+projections move to their dense GEMM) wins twice in a row (engine/tuning/timing.py; the
 start-up log prints the timings). Anything else runs layer by layer. PAGODE_DECODE_STEP=0
 turns it off; EngineConfig.fused_decode_limit (`--fused-decode-limit N`) pins the limit.
 """
@@ -34,12 +34,13 @@ from torch import nn
 
 from cpu_kernels.decode_step_kernel import ACTIVATIONS, CACHE_TYPES, PROJECTIONS, DecodeStepKernel
 from cpu_kernels.quant_linear import part_table
-from engine import autotune, envs, native, race_memory
+from engine import envs, native
 from engine.attention import AttentionBackend, AttentionMetadata
-from engine.autotune import Crossover
 from engine.model.layers import RMSNorm
 from engine.model.llama import Attention, LlamaForCausalLM, SublayerNorms
 from engine.quant.linear import QuantLinear
+from engine.tuning import race_memory, timing
+from engine.tuning.timing import Crossover
 
 log = logging.getLogger("pagode")
 
@@ -189,7 +190,7 @@ def measure_limit(step: FusedDecodeStep, model: LlamaForCausalLM, kv_caches: lis
                   max_decodes: int) -> Crossover:
     """Race both paths on decode steps of 1, 2, 4, ... sequences, on the engine's threads;
     cached per model shape, and read back at later starts on the same machine
-    (engine/race_memory.py).
+    (engine/tuning/race_memory.py).
 
     Each synthetic sequence holds one block of the (still empty) cache, so the K/V written
     here is overwritten before any request reads it.
@@ -202,15 +203,15 @@ def measure_limit(step: FusedDecodeStep, model: LlamaForCausalLM, kv_caches: lis
     if kept is not None:
         _limits[key] = Crossover(int(kept["limit"]), {int(m): (t[0], t[1]) for m, t in kept["ms"].items()})
         return _limits[key]
-    counts = [m for m in autotune.COUNTS if m <= min(max_decodes, num_blocks, RACE_MAX_DECODES)]
+    counts = [m for m in timing.COUNTS if m <= min(max_decodes, num_blocks, RACE_MAX_DECODES)]
 
     def time_both(m: int) -> tuple[float, float]:
         ids, positions, meta = synthetic_decodes(m, block_size, step.embedding.shape[0])
-        return (autotune.best_time(lambda: step(ids, positions, meta), 3),
-                autotune.best_time(lambda: model(ids, positions, meta, kv_caches), 3))
+        return (timing.best_time(lambda: step(ids, positions, meta), 3),
+                timing.best_time(lambda: model(ids, positions, meta, kv_caches), 3))
 
-    result = autotune.crossover(counts, time_both, digits=2, threads=None)
-    if result.max_kernel_tokens >= autotune.NO_LIMIT and min(max_decodes, num_blocks) > RACE_MAX_DECODES:
+    result = timing.crossover(counts, time_both, digits=2, threads=None)
+    if result.max_kernel_tokens >= timing.NO_LIMIT and min(max_decodes, num_blocks) > RACE_MAX_DECODES:
         result.max_kernel_tokens = max(counts)  # bigger steps were not raced: layer by layer
     race_memory.keep("fused-decode-step", ":".join(map(str, key)),
                      {"limit": result.max_kernel_tokens, "ms": result.timings_ms})

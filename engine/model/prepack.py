@@ -11,7 +11,7 @@ share them.
 
 A pack is keyed by everything its bytes depend on: the model file(s) (path, size, mtime),
 the resolved quantization mode, dtype and device, the most tokens a step runs (it decides
-which dense copies a layer keeps), the machine of the load-time races (engine/race_memory.py:
+which dense copies a layer keeps), the machine of the load-time races (engine/tuning/race_memory.py:
 CPU, ISA level, kernel build, torch version, threads), the env switches that pin a race, a
 hash of the Python sources that build the weights, and FORMAT_VERSION. `--warmup` and
 PAGODE_RACE_CACHE=0 neither read nor write one, since a pack carries race winners. A file
@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from engine import envs, race_memory
+from engine import envs
 from engine.model.llama import LlamaForCausalLM
 from engine.quant.apply import set_module
 from engine.quant.bf16_gemm import Bf16Gemm
@@ -47,6 +47,7 @@ from engine.quant.dense_gemm import DenseGemm
 from engine.quant.formats import BlockParts, Blocks, BlockWeights
 from engine.quant.linear import QuantLinear
 from engine.quant.onednn_gemm import OnednnGemm
+from engine.tuning import race_memory
 
 log = logging.getLogger("pagode")
 

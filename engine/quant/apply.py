@@ -24,13 +24,13 @@ import torch
 from torch import nn
 
 from engine import native
-from engine.autotune import NO_LIMIT
 from engine.quant import dispatch, formats, gemm_choice
 from engine.quant.bf16_gemm import Bf16Gemm
 from engine.quant.formats import Blocks, Kind
 from engine.quant.gemm_choice import GEMM_CLASSES, Gemm, choose_gemm
 from engine.quant.linear import QuantLinear
 from engine.quant.modes import weight_kind
+from engine.tuning.timing import NO_LIMIT
 
 log = logging.getLogger("pagode")
 

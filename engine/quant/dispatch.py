@@ -1,7 +1,7 @@
 """Which kernel a quantized layer runs, by tokens per call: measured, not guessed.
 
 At load, for each distinct weight shape and format, two races run on 1, 2, 4, ... tokens,
-on one thread (engine/autotune.py). First the block kernel's own two bodies, where the
+on one thread (engine/tuning/timing.py). First the block kernel's own two bodies, where the
 library has the tile body (the amx build): the integer body keeps every count up to the
 last one it wins, and the tile body takes the steps above (`tile_from`, kept on the weight,
 which the layer path and the fused decode step both follow). Both read the same blocks, so
@@ -9,7 +9,7 @@ the race compares their arithmetic fairly even while the weight sits in cache. T
 block kernel, so switched, against the dense GEMM: the kernel keeps every token count up to
 the last one it wins before the GEMM wins twice in a row. Layers of the same shape share
 the results for the life of the process, and later starts on the same machine read them
-back (engine/race_memory.py). PAGODE_QUANT_TILES=N and PAGODE_QUANT_CROSSOVER=N pin them
+back (engine/tuning/race_memory.py). PAGODE_QUANT_TILES=N and PAGODE_QUANT_CROSSOVER=N pin them
 instead (reproducible runs).
 """
 
@@ -20,9 +20,10 @@ from collections.abc import Callable
 
 import torch
 
-from engine import autotune, envs, native, race_memory
-from engine.autotune import Crossover
+from engine import envs, native
 from engine.quant.formats import Blocks, BlockWeights
+from engine.tuning import race_memory, timing
+from engine.tuning.timing import Crossover
 
 log = logging.getLogger("pagode")
 
@@ -59,10 +60,10 @@ def race_tile_body(blocks: Blocks, key: tuple[str, int, int]) -> int:
     def time_bodies(m: int) -> tuple[float, float]:
         x = torch.randn(m, blocks.in_features)
         reps = 5 if m <= 16 else 2
-        return (autotune.best_time(lambda: kernel(x, blocks, tile_from=0), reps),
-                autotune.best_time(lambda: kernel(x, blocks, tile_from=1), reps))
+        return (timing.best_time(lambda: kernel(x, blocks, tile_from=0), reps),
+                timing.best_time(lambda: kernel(x, blocks, tile_from=1), reps))
 
-    result = autotune.crossover(autotune.COUNTS, time_bodies, digits=4)
+    result = timing.crossover(timing.COUNTS, time_bodies, digits=4)
     tile_from = tile_switch(result)
     log.debug("tile body %s: from %d tokens, %s", key, tile_from, result.timings_ms)
     race_memory.keep("tile-body", remembered_as, tile_from)
@@ -72,7 +73,7 @@ def race_tile_body(blocks: Blocks, key: tuple[str, int, int]) -> int:
 def tile_switch(race: Crossover) -> int:
     """The fewest tokens the tile body runs, from a race whose candidate was the integer body:
     every count past the integer body's last win (1: it never won; 0: it always did)."""
-    return 0 if race.max_kernel_tokens >= autotune.NO_LIMIT else race.max_kernel_tokens + 1
+    return 0 if race.max_kernel_tokens >= timing.NO_LIMIT else race.max_kernel_tokens + 1
 
 
 def shape_key(blocks: Blocks) -> tuple[str, int, int]:
@@ -97,7 +98,7 @@ def measure(blocks: Blocks, gemm: Callable[[torch.Tensor], torch.Tensor], raced:
     found = known(key)
     if found is not None:
         return found
-    result = autotune.crossover(autotune.COUNTS, lambda m: time_layer(blocks, gemm, m), digits=4)
+    result = timing.crossover(timing.COUNTS, lambda m: time_layer(blocks, gemm, m), digits=4)
     log.debug("crossover %s: kernel up to %d tokens, %s", key, result.max_kernel_tokens, result.timings_ms)
     race_memory.keep("block-kernel", ":".join(map(str, key)), result.max_kernel_tokens)
     _cache[key] = result
@@ -126,7 +127,7 @@ def time_layer(blocks: Blocks, gemm: Callable[[torch.Tensor], torch.Tensor], m: 
     assert kernel is not None, "the block-quantized kernel is not available"
     x = torch.randn(m, blocks.in_features)
     reps = 5 if m <= 16 else 2
-    return autotune.best_time(lambda: kernel(x, blocks), reps), autotune.best_time(lambda: gemm(x), reps)
+    return timing.best_time(lambda: kernel(x, blocks), reps), timing.best_time(lambda: gemm(x), reps)
 
 
 def cached() -> dict[tuple[str, int, int], Crossover]:

@@ -8,9 +8,9 @@ on this model, with per-tensor (fbgemm) or per-token activation scales alike
 (docs/quantization.md), so it is a measuring option only (PAGODE_QUANT_GEMM=fbgemm). bf16
 enters the race only where the CPU has bf16 dot products (AVX512-BF16 or AMX-BF16, within
 PAGODE_CPU_ISA's cap): elsewhere oneDNN emulates it and it never wins, and timing it would
-only slow the load. The race (engine/autotune.py) times the candidates on RACE_TOKENS
+only slow the load. The race (engine/tuning/timing.py) times the candidates on RACE_TOKENS
 tokens, one thread, best of a few runs, once per weight shape, and later starts on the same
-machine read the winner back (engine/race_memory.py) and build only it; the losers' copies
+machine read the winner back (engine/tuning/race_memory.py) and build only it; the losers' copies
 are dropped, so an fp32 copy of the weights stays only where an fp32 GEMM wins.
 """
 
@@ -22,12 +22,13 @@ from collections.abc import Callable
 
 import torch
 
-from engine import autotune, envs, native, race_memory
+from engine import envs, native
 from engine.quant.bf16_gemm import Bf16Gemm
 from engine.quant.dense_gemm import DenseGemm
 from engine.quant.int8_gemm import Int8Gemm
 from engine.quant.onednn_gemm import OnednnGemm
 from engine.quant.onednn_gemm import available as onednn_available
+from engine.tuning import race_memory, timing
 
 log = logging.getLogger("pagode")
 
@@ -111,7 +112,7 @@ def pick(out_features: int, in_features: int, rows: Rows, bias: torch.Tensor | N
 def race(candidates: dict[str, Callable[[torch.Tensor], torch.Tensor]], in_features: int) -> str:
     """The fastest candidate on RACE_TOKENS random tokens, one thread, best of three."""
     x = torch.randn(RACE_TOKENS, in_features)
-    winner, times = autotune.fastest({name: functools.partial(gemm, x) for name, gemm in candidates.items()}, 3)
+    winner, times = timing.fastest({name: functools.partial(gemm, x) for name, gemm in candidates.items()}, 3)
     log.debug("big-step GEMM race at %d tokens: %s", RACE_TOKENS,
               {k: round(v * 1e3, 3) for k, v in times.items()})
     return winner

@@ -6,7 +6,7 @@ sequence's share of the GEMMs) does. `pagode serve` sizes its batch from these t
 (engine/batch_cap.py) at the first start on a machine, with no manual step: each batch
 size runs whole decode steps (the fused C++ step where it applies, the lm_head included)
 at one context length, best of two, and the times are kept with the load-time races
-(engine/race_memory.py), so later starts read them back.
+(engine/tuning/race_memory.py), so later starts read them back.
 
 The steps read and write real cache blocks: the blocks they use are filled first, because
 untouched pages of a lazily zeroed cache all map to one shared zero page, which would
@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import logging
 
-from engine import autotune, race_memory
-from engine.autotune import plausible
 from engine.config import EngineConfig, dtype_name
 from engine.core.batch_cap import BatchCap, from_step_seconds
 from engine.model import decode_step
 from engine.runner.kv_cache import touch_blocks
 from engine.runner.model_runner import ModelRunner, StepInputs
+from engine.tuning import race_memory, timing
+from engine.tuning.timing import plausible
 
 log = logging.getLogger("pagode")
 
@@ -87,7 +87,7 @@ def step_seconds(runner: ModelRunner, inputs: StepInputs) -> float:
     percent of the next ones (its GEMMs' first call at a new size costs little next to a
     whole step), and the best of the runs drops it where it is slower. A warm-up would be a
     third of this measurement, and of a first start's."""
-    return autotune.best_time(lambda: runner.forward(inputs), REPS, warm_up=False)
+    return timing.best_time(lambda: runner.forward(inputs), REPS, warm_up=False)
 
 
 def blocks_per_sequence(runner: ModelRunner, context: int) -> int:

@@ -18,7 +18,7 @@ within the fused limit is priced on the fused curve, and one that pushes it past
 leaving it.
 
 Timing the curves is a share of a speculating engine's start, and they answer the same on
-the same machine: they are kept with the load-time races (engine/race_memory.py), per model
+the same machine: they are kept with the load-time races (engine/tuning/race_memory.py), per model
 shape, weights and cache dtype, and read back at later starts; engines built alike in one
 process measure once.
 """
@@ -32,10 +32,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from engine import autotune, race_memory
 from engine.attention.metadata import AttentionMetadata
 from engine.model.decode_step import synthetic_decodes
 from engine.runner.kv_cache import touch_blocks
+from engine.tuning import race_memory, timing
 
 if TYPE_CHECKING:  # the runner imports the scheduler, which imports the drafter and this
     from engine.runner.model_runner import ModelRunner
@@ -86,7 +86,7 @@ def measure_step_cost(runner: ModelRunner, max_tokens: int) -> StepCost:
     blocks), or read them back from an earlier start on this machine. The synthetic
     sequences write into the still empty cache, so requests never read what they wrote."""
     num_blocks = runner.kv_caches[0].shape[1]
-    counts = [m for m in autotune.COUNTS if m <= min(max_tokens, num_blocks)]
+    counts = [m for m in timing.COUNTS if m <= min(max_tokens, num_blocks)]
     if len(counts) < 2:
         counts = [1, 2]  # a cache or budget this small still has two blocks and two tokens
     key = race_key(runner, counts)
@@ -110,8 +110,8 @@ def race_key(runner: ModelRunner, counts: list[int]) -> str:
 
 
 def plausible(cost: StepCost) -> bool:
-    """Whether the general curve looks like a quiet machine's (autotune.plausible)."""
-    return autotune.plausible(dict(zip(cost.counts, cost.seconds, strict=True)))
+    """Whether the general curve looks like a quiet machine's (timing.plausible)."""
+    return timing.plausible(dict(zip(cost.counts, cost.seconds, strict=True)))
 
 
 def to_json(cost: StepCost) -> dict[str, Any]:
@@ -151,9 +151,9 @@ def _curve(runner: ModelRunner, counts: list[int], fused: bool) -> StepCost:
                 hidden = runner.model(ids, positions, meta, runner.kv_caches)
             return runner.model.compute_logits(hidden)
 
-        return autotune.best_time(run, REPS)
+        return timing.best_time(run, REPS)
 
-    with autotune.racing(None):
+    with timing.racing(None):
         # Rounds over all counts, so that a burst of load on a shared machine spoils one
         # round's time of a count, not every time of it.
         seconds = [min(rounds) for rounds in zip(*([step(m) for m in counts] for _ in range(ROUNDS)), strict=True)]

@@ -1,6 +1,6 @@
 """Load-time race results kept across starts, keyed by the machine that measured them.
 
-Why: the races of engine/autotune.py (block kernel against GEMM per layer shape, the
+Why: the races of engine/tuning/timing.py (block kernel against GEMM per layer shape, the
 big-step GEMMs, the fused decode step against layer by layer) are a large share of a
 start, and they answer the same on the same machine every time. A result is kept under
 PAGODE_CACHE_DIR/races/, in one JSON file per machine key: the CPU model, its flags, the ISA
