@@ -8,7 +8,7 @@
         bf16-model: [--model qwen3-1.7b] [--prompt 1000] [--reps 5]
 
 Decode: it times whole decode steps of the real model (packing, forward, logits) and, inside
-them, the paged attention calls (the step profiler's forward hooks, engine/io/profiler.py),
+them, the paged attention calls (the step profiler's forward hooks, engine/observers/profiler.py),
 for each KV cache dtype: with the `cpu` attention backend (the CPU default: the C++
 kernels where they build), and for fp32 also with `sdpa` (pure torch, never C++: it
 gathers the batch's blocks).
@@ -54,8 +54,8 @@ from engine import envs, native
 from engine.attention import prefill_choice
 from engine.attention.cpu_backend import CpuAttentionBackend
 from engine.attention.sdpa_backend import SdpaAttentionBackend
-from engine.io.profiler import StepProfiler
 from engine.llm import LLM
+from engine.observers.profiler import StepProfiler
 from engine.runner.kv_cache import kv_cache_dtype
 from engine.tuning import timing
 

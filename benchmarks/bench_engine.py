@@ -30,9 +30,9 @@ import torch
 from benchmarks import transformers_reference
 from benchmarks.decode_probe import bare_forward_rate
 from engine.config import BATCHING_MODES, QUANTIZATION_MODES, EngineConfig
-from engine.io.stats import StepStats
 from engine.llm import LLM
 from engine.sampling_params import SamplingParams
+from engine.types.stats import StepStats
 from loadgen.datasets import parse_range
 from loadgen.prose import prose_token_ids
 

@@ -19,13 +19,13 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.decode_probe import bare_forward_rate
-from engine.io.stats import StepStats
 from engine.llm import LLM
 from engine.quant import dispatch
 from engine.quant.formats import dequantize
 from engine.quant.linear import QuantLinear
 from engine.sampling_params import SamplingParams
 from engine.tuning.timing import best_time
+from engine.types.stats import StepStats
 from loadgen.prose import prose_token_ids
 
 

@@ -18,10 +18,10 @@ import json
 import statistics
 from typing import Any
 
-from engine.io.stats import StepStats
 from engine.llm import LLM
 from engine.sampling_params import SamplingParams
 from engine.structured_output import StructuredOutputSpec
+from engine.types.stats import StepStats
 
 NEVER_ENDING = StructuredOutputSpec.regex(r"[a-z ,.]+!!!QQQ")
 PROMPTS = ["Tell me about the sea.", "Describe a forest at night.", "Write about a city.",

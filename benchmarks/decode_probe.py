@@ -15,9 +15,9 @@ from contextlib import contextmanager
 
 from engine.core.scheduler import ScheduledSeq
 from engine.core.sequence import Sequence
-from engine.io.outputs import RequestTimes
 from engine.llm import LLM
 from engine.sampling_params import SamplingParams
+from engine.types.outputs import RequestTimes
 
 
 @contextmanager

@@ -18,7 +18,7 @@ import bisect
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from engine.io.stats import StepStats
+from engine.types.stats import StepStats
 
 
 @dataclass

@@ -5,7 +5,7 @@
 
 For each batch size, that many greedy requests of `context` prompt tokens run with
 ignore_eos; once all have their first token, N pure decode steps are profiled
-(engine/io/profiler.py) and the table is printed. The serving path's own share (SSE and
+(engine/observers/profiler.py) and the table is printed. The serving path's own share (SSE and
 JSON encoding) is added by `pagode serve --profile-steps N`. With --speculative-config the
 prompts repeat one random passage, so that n-gram drafts find matches, and the table ends
 with the drafts per step, the acceptance rate and the mean acceptance length.

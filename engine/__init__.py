@@ -11,8 +11,8 @@ import os
 os.environ.setdefault("GOMP_SPINCOUNT", "10000000")
 
 from engine.config import EngineConfig
-from engine.io.outputs import CompletionOutput, RequestOutput, StreamDelta
 from engine.sampling_params import SamplingParams
+from engine.types.outputs import CompletionOutput, RequestOutput, StreamDelta
 
 __all__ = ["LLM", "AsyncEngine", "CompletionOutput", "EngineConfig", "RequestOutput",
            "SamplingParams", "StreamDelta"]

@@ -23,8 +23,8 @@ from engine.config import (
     SCHEDULING_POLICIES,
     EngineConfig,
 )
-from engine.io.kv_events_config import KVEventsConfig, parse_kv_events_config
-from engine.io.request_limits import RequestCaps
+from engine.observers.kv_events_config import KVEventsConfig, parse_kv_events_config
+from engine.request_limits import RequestCaps
 from engine.spec.config import SpeculativeConfig, parse_speculative_config
 
 # EngineConfig fields that the flags set, each from the flag of the same name.

@@ -25,14 +25,14 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from engine.config import EngineConfig
-from engine.io.errors import EngineDeadError, InvalidRequestError
-from engine.io.info import EngineInfo
-from engine.io.outputs import StreamDelta
-from engine.io.stats import EngineStats, StepStats
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from engine.step_turns import STEPS
 from engine.structured_output import StructuredOutputSpec
+from engine.types.errors import EngineDeadError, InvalidRequestError
+from engine.types.info import EngineInfo
+from engine.types.outputs import StreamDelta
+from engine.types.stats import EngineStats, StepStats
 
 log = logging.getLogger("pagode")
 

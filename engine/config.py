@@ -8,8 +8,8 @@ from typing import Literal
 
 import torch
 
-from engine.io.kv_events_config import KVEventsConfig
-from engine.io.request_limits import RequestCaps
+from engine.observers.kv_events_config import KVEventsConfig
+from engine.request_limits import RequestCaps
 from engine.spec.config import SpeculativeConfig
 
 # How requests share the batch and the KV cache (engine/core/scheduler.py).

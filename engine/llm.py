@@ -8,10 +8,10 @@ from collections.abc import Iterator
 from collections.abc import Sequence as Seq
 
 from engine.config import EngineConfig
-from engine.io.outputs import CompletionOutput, RequestOutput, StreamDelta, TokenLogprob
-from engine.io.progress import progress
 from engine.llm_engine import LLMEngine
+from engine.progress import progress
 from engine.sampling_params import SamplingParams, expand_choices
+from engine.types.outputs import CompletionOutput, RequestOutput, StreamDelta, TokenLogprob
 
 Prompt = str | list[int]
 

@@ -12,23 +12,19 @@ import torch
 from engine import native
 from engine.config import EngineConfig, dtype_name
 from engine.core.block_manager import BlockManager
+from engine.core.detokenizer import IncrementalDetokenizer
 from engine.core.request_state import RequestState
 from engine.core.scheduler import Scheduler, SchedulerOutput
 from engine.core.sequence import Sequence
-from engine.io.detokenizer import IncrementalDetokenizer
-from engine.io.errors import InvalidRequestError
-from engine.io.info import EngineInfo
-from engine.io.kv_events import KVEventRecorder
-from engine.io.kv_publisher import ZmqEventPublisher
-from engine.io.outputs import RequestTimes, StreamDelta, TokenLogprob
-from engine.io.profiler import StepProfiler
-from engine.io.request_limits import RequestLimits, check_request
-from engine.io.stats import EngineStats, FinishedRequestStats, StepStats
-from engine.io.stats_recorder import StatsRecorder, finished_request_stats
 from engine.lora import LoraError, LoraRegistry
 from engine.lora.sources import read_adapter
 from engine.model.layers import kv_window
 from engine.model.loader import load_tokenizer, read_config, resolve_model
+from engine.observers.kv_events import KVEventRecorder
+from engine.observers.kv_publisher import ZmqEventPublisher
+from engine.observers.profiler import StepProfiler
+from engine.observers.stats_recorder import StatsRecorder, finished_request_stats
+from engine.request_limits import RequestLimits, check_request
 from engine.runner import prompt_logprobs, row_sampling
 from engine.runner.decode_rates import size_batch
 from engine.runner.kv_cache import bytes_per_block
@@ -42,6 +38,10 @@ from engine.structured_output import StructuredOutputError, StructuredOutputMana
 from engine.thinking_budget import ThinkingTracker
 from engine.tokenizer import Tokenizer
 from engine.tuning import race_memory
+from engine.types.errors import InvalidRequestError
+from engine.types.info import EngineInfo
+from engine.types.outputs import RequestTimes, StreamDelta, TokenLogprob
+from engine.types.stats import EngineStats, FinishedRequestStats, StepStats
 
 log = logging.getLogger("pagode")
 

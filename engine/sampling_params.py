@@ -12,9 +12,9 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
-from engine.io.errors import InvalidRequestError
 from engine.structured_output.spec import StructuredOutputSpec
 from engine.thinking_budget import ThinkingBudget
+from engine.types.errors import InvalidRequestError
 
 MAX_LOGPROBS = 20
 GREEDY_EPSILON = 1e-5  # vLLM's _SAMPLING_EPS: a smaller temperature means greedy

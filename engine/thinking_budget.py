@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.io.errors import InvalidRequestError
+from engine.types.errors import InvalidRequestError
 
 
 @dataclass(frozen=True)

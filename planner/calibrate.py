@@ -21,9 +21,9 @@ import numpy as np
 
 from engine import envs
 from engine.config import EngineConfig, dtype_name
-from engine.io.stats import StepStats
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
+from engine.types.stats import StepStats
 from planner.memory import device_dtypes, kv_bytes_per_token
 from planner.step_model import StepTimeModel, StepWork, fit, work_of
 

@@ -19,10 +19,10 @@ from engine.config import Batching, EngineConfig
 from engine.core.block_manager import BlockManager
 from engine.core.scheduler import Scheduler
 from engine.core.sequence import Sequence
-from engine.io.errors import InvalidRequestError
-from engine.io.outputs import RequestTimes
-from engine.io.request_limits import check_context
+from engine.request_limits import check_context
 from engine.sampling_params import SamplingParams
+from engine.types.errors import InvalidRequestError
+from engine.types.outputs import RequestTimes
 from planner.step_model import StepTimeModel, work_of
 from planner.workload import PlannedRequest
 

@@ -13,9 +13,9 @@ import pytest
 
 from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
-from engine.io.errors import EngineDeadError
-from engine.io.stats import StepStats
 from engine.sampling_params import SamplingParams
+from engine.types.errors import EngineDeadError
+from engine.types.stats import StepStats
 
 pytestmark = pytest.mark.slow
 

@@ -11,8 +11,8 @@ from engine.config import Batching, EngineConfig
 from engine.core.block_manager import FREED, BlockManager
 from engine.core.scheduler import Scheduler
 from engine.core.sequence import Sequence
-from engine.io.outputs import RequestTimes
 from engine.sampling_params import SamplingParams
+from engine.types.outputs import RequestTimes
 
 BLOCK = 4
 

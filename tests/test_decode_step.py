@@ -15,12 +15,12 @@ import torch
 from quant_paths import pinned_path
 
 from engine import native
-from engine.io.outputs import RequestOutput
 from engine.llm import LLM
 from engine.model import decode_step
 from engine.model.decode_step import FusedDecodeStep
 from engine.sampling_params import SamplingParams
 from engine.tuning import timing
+from engine.types.outputs import RequestOutput
 from loadgen.prose import prose_token_ids
 
 pytestmark = pytest.mark.skipif(native.decode_step() is None, reason="no C++ compiler")

@@ -12,9 +12,9 @@ import math
 import pytest
 
 from engine import LLM, SamplingParams
-from engine.io.errors import InvalidRequestError
-from engine.io.outputs import StreamDelta
 from engine.runner.logprob_values import finite_logprob
+from engine.types.errors import InvalidRequestError
+from engine.types.outputs import StreamDelta
 
 STREAM = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 

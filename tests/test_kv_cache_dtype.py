@@ -20,8 +20,8 @@ from server_fixtures import ServerProcess, metric_value
 from engine import LLM
 from engine.core.scheduler import ScheduledSeq
 from engine.core.sequence import Sequence
-from engine.io.outputs import RequestTimes
 from engine.sampling_params import SamplingParams
+from engine.types.outputs import RequestTimes
 
 WINDOWS, WINDOW, CHUNK = 4, 512, 128
 GATE = (0.03, 0.95)  # the largest perplexity change against the fp32 cache, the least top-1 agreement

@@ -18,9 +18,9 @@ import vllm_block_hash as vllm
 
 from engine.core.block_manager import BlockManager
 from engine.core.sequence import Sequence
-from engine.io.kv_events import KVEventRecorder, encode_batch
-from engine.io.outputs import RequestTimes
+from engine.observers.kv_events import KVEventRecorder, encode_batch
 from engine.sampling_params import SamplingParams
+from engine.types.outputs import RequestTimes
 
 BS = 16
 GOPATH = Path("/usr/share/gocode")  # where Debian's golang-*-dev packages put their sources

@@ -17,8 +17,8 @@ from reference import assert_greedy_match
 from tiny_models import TinySpec, TinyZoo, cached_greedy, one_torch_thread, preempting_cache_bytes, prompts, tiny_spec
 
 from engine import LLM, SamplingParams
-from engine.io.errors import InvalidRequestError
 from engine.lora import LoraError
+from engine.types.errors import InvalidRequestError
 
 NEW_TOKENS = 24
 SPECS = [tiny_spec("llama", "LlamaConfig", "LlamaForCausalLM", "llama"),
@@ -218,7 +218,7 @@ def test_kv_events_carry_the_adapter(tiny_zoo: TinyZoo) -> None:
     import vllm_block_hash as vllm
     import zmq
 
-    from engine.io.kv_events_config import parse_kv_events_config
+    from engine.observers.kv_events_config import parse_kv_events_config
     from loadgen.server_process import free_port
 
     spec = SPECS[0]

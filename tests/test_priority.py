@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from engine import LLM, SamplingParams
-from engine.io.outputs import RequestTimes
+from engine.types.outputs import RequestTimes
 
 pytestmark = pytest.mark.slow
 

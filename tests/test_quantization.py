@@ -21,7 +21,6 @@ from engine import native
 from engine.config import EngineConfig
 from engine.core.scheduler import ScheduledSeq
 from engine.core.sequence import Sequence
-from engine.io.outputs import RequestTimes
 from engine.llm import LLM
 from engine.model.gguf_file import GGUFModel
 from engine.quant import apply, dispatch, formats, gemm_choice, onednn_gemm
@@ -34,6 +33,7 @@ from engine.quant.onednn_gemm import OnednnGemm
 from engine.runner.teacher_forcing import Reading, read_text
 from engine.sampling_params import SamplingParams
 from engine.tuning import timing
+from engine.types.outputs import RequestTimes
 from server.cli import build_parser, engine_config
 
 KINDS = ("q4_1", "q8_0")

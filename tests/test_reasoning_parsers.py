@@ -101,8 +101,8 @@ def test_chat_grammar_starts_after_the_reasoning(default_model_path: str, fields
     """The chat route's engine requests, as its ChatFormat directs: the request's structured
     output (or the grammar of a forced call) starts after `</think>` when the request reasons
     first, from the first token otherwise; calls are read with special tokens kept."""
-    from engine.io.request_limits import RequestLimits
     from engine.model.loader import load_tokenizer, resolve_model
+    from engine.request_limits import RequestLimits
     from server.api.protocol import ChatCompletionRequest
     from server.respond.chat_format import ChatFormat
     from server.translate.engine_requests import chat_requests

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from engine.runner.sampler import SamplingRow, apply_processors, filter_probs, sample
+from engine.core.sampling_row import SamplingRow
+from engine.runner.sampler import apply_processors, filter_probs, sample
 from engine.sampling_params import SamplingParams
 
 VOCAB = 300

@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from engine.io.outputs import StreamDelta
-from engine.runner.sampler import SamplingRow, sample
+from engine.core.sampling_row import SamplingRow
+from engine.runner.sampler import sample
+from engine.types.outputs import StreamDelta
 
 CHAT = "<|im_start|>user\nSay hello in one word.<|im_end|>\n<|im_start|>assistant\n"
 

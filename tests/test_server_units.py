@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.io.errors import InvalidRequestError
-from engine.io.request_limits import RequestLimits, check_prompt
+from engine.request_limits import RequestLimits, check_prompt
+from engine.types.errors import InvalidRequestError
 from server.api.errors import APIError
 from server.middleware.auth import bearer_matches, is_protected
 from server.runtime.admission import Admission

@@ -18,10 +18,10 @@ from tiny_models import one_torch_thread
 from engine import LLM, SamplingParams
 from engine.core.block_manager import BlockManager
 from engine.core.sequence import Sequence
-from engine.io.outputs import RequestTimes
-from engine.io.stats import StepStats
 from engine.spec.config import parse_speculative_config
 from engine.spec.cost_model import StepCost
+from engine.types.outputs import RequestTimes
+from engine.types.stats import StepStats
 
 SPEC = parse_speculative_config('{"method": "ngram", "num_speculative_tokens": 4, '
                                 '"prompt_lookup_min": 2, "prompt_lookup_max": 4}')

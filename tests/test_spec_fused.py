@@ -25,9 +25,9 @@ from tiny_models import one_torch_thread
 
 from engine import LLM, SamplingParams, native
 from engine.core.scheduler import SchedulerOutput
-from engine.io.outputs import RequestOutput
-from engine.io.stats import StepStats
 from engine.model.decode_step import FusedDecodeStep
+from engine.types.outputs import RequestOutput
+from engine.types.stats import StepStats
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(native.decode_step() is None, reason="no C++ compiler")]
 

@@ -3,9 +3,9 @@ their deltas over a run into vLLM's acceptance rate and mean acceptance length."
 
 from __future__ import annotations
 
-from engine.io.profiler import StepProfiler
-from engine.io.stats import EngineStats, StepStats
-from engine.spec.counters import SpecCounters
+from engine.observers.profiler import StepProfiler
+from engine.types.spec_counters import SpecCounters
+from engine.types.stats import EngineStats, StepStats
 from loadgen.scrape import Sample, extract_fields, parse_prometheus, spec_summary
 from server.runtime.metrics import ServerMetrics
 

@@ -4,12 +4,12 @@ by a cost curve, and sequences whose drafts keep failing back off. No model need
 from __future__ import annotations
 
 from engine.core.sequence import Sequence
-from engine.io.outputs import RequestTimes
 from engine.sampling_params import SamplingParams
 from engine.spec import drafter as drafter_module
 from engine.spec.config import parse_speculative_config
 from engine.spec.cost_model import StepCost, plausible
 from engine.spec.drafter import Drafter, StepLoad
+from engine.types.outputs import RequestTimes
 
 SPEC = parse_speculative_config('{"num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}')
 # The shape a CPU step has: flat while the weights' reads dominate, then linear in tokens.

@@ -7,7 +7,7 @@ from __future__ import annotations
 import tracemalloc
 from typing import Any
 
-from engine.io.stats import EngineStats, StepStats
+from engine.types.stats import EngineStats, StepStats
 from server.runtime.saturation import judge_preemptions, judge_queue, judge_stream_speed, judge_ttft
 from server.runtime.stats_ring import COARSE_POINTS, FINE_POINTS, SERIES, StatsRing, fold_minute
 from server.runtime.stats_sampler import IntervalRecorder, StatsSampler, percentile

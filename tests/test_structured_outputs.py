@@ -12,8 +12,8 @@ import pytest
 from tests_support import PROMPTS
 
 from engine import LLM, SamplingParams
-from engine.io.outputs import CompletionOutput
 from engine.structured_output import StructuredOutputError, StructuredOutputSpec
+from engine.types.outputs import CompletionOutput
 
 pytestmark = pytest.mark.slow
 

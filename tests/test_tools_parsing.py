@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from engine.io.request_limits import RequestLimits
+from engine.request_limits import RequestLimits
 from server.api.protocol import ChatCompletionRequest
 from server.respond.tool_calls import ToolCallStream
 from server.translate.tool_prompt import render_chat_with_tools

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from server_fixtures import metric_value
 
-from engine.io.info import EngineInfo
-from engine.io.stats import EngineStats
+from engine.types.info import EngineInfo
+from engine.types.stats import EngineStats
 from server.runtime.metrics import ServerMetrics
 from server.settings import ServerSettings
 

@@ -42,7 +42,7 @@ class Block:
 
 
 class BlockObserver(Protocol):
-    """Told when the prefix cache changes (engine/io/kv_events.py publishes it as KV events)."""
+    """Told when the prefix cache changes (engine/observers/kv_events.py publishes it as KV events)."""
 
     def blocks_stored(self, seq: Sequence, indices: list[int]) -> None:
         """Blocks `indices` of seq's table just entered the prefix cache."""

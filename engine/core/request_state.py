@@ -7,12 +7,12 @@ from dataclasses import dataclass
 import torch
 
 from engine.bad_words import banned_now
+from engine.core.detokenizer import IncrementalDetokenizer
+from engine.core.sampling_row import SamplingRow
 from engine.core.sequence import Sequence
-from engine.io.detokenizer import IncrementalDetokenizer
-from engine.io.outputs import StreamDelta, TokenLogprob
-from engine.runner.sampler import SamplingRow
 from engine.structured_output import GrammarState, StructuredOutputError
 from engine.thinking_budget import ThinkingTracker
+from engine.types.outputs import StreamDelta, TokenLogprob
 
 
 @dataclass

@@ -5,8 +5,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from engine.io.outputs import RequestTimes
 from engine.sampling_params import SamplingParams
+from engine.types.outputs import RequestTimes
 
 
 class SequenceStatus(enum.Enum):

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import torch
 
-from engine.io.progress import progress
 from engine.model.config import ModelConfig
 from engine.model.llama import LlamaForCausalLM
 from engine.model.moe import mixtral_names, split_stacked_experts
+from engine.progress import progress
 
 
 def iter_safetensors(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:

@@ -22,17 +22,17 @@ import torch
 
 from engine import native
 from engine.config import EngineConfig
-from engine.io.errors import EngineDeadError, InvalidRequestError
-from engine.io.info import EngineInfo
-from engine.io.outputs import StreamDelta
-from engine.io.request_limits import RequestLimits
-from engine.io.stats import EngineStats, StepStats
 from engine.lora.adapter import LoraError
 from engine.pooling.batching import plan_batches
 from engine.pooling.inputs import PoolingInput
 from engine.pooling.pooling_model import PoolingModel
+from engine.request_limits import RequestLimits
 from engine.sampling_params import SamplingParams
 from engine.structured_output import StructuredOutputSpec
+from engine.types.errors import EngineDeadError, InvalidRequestError
+from engine.types.info import EngineInfo
+from engine.types.outputs import StreamDelta
+from engine.types.stats import EngineStats, StepStats
 
 log = logging.getLogger("pagode")
 

@@ -14,6 +14,7 @@ from torch import nn
 
 from engine.attention import AttentionMetadata, prefill_choice, select_backend
 from engine.config import EngineConfig, parse_dtype
+from engine.core.sampling_row import SamplingRow
 from engine.core.scheduler import ScheduledSeq
 from engine.lora import LoraRegistry, LoraRows
 from engine.model import decode_step
@@ -22,7 +23,7 @@ from engine.model.llama import LlamaForCausalLM
 from engine.model.loader import ModelSource, load_model
 from engine.runner.cuda_graph import CudaGraphRunner, use_cuda_graphs
 from engine.runner.kv_cache import allocate_kv_cache, num_blocks_for, resolve_kv_cache_dtype
-from engine.runner.sampler import SampleResult, SamplingRow, sample
+from engine.runner.sampler import SampleResult, sample
 
 log = logging.getLogger("pagode")
 

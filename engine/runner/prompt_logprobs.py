@@ -20,9 +20,9 @@ import torch
 from engine.core.request_state import RequestState
 from engine.core.scheduler import ScheduledSeq
 from engine.core.sequence import Sequence
-from engine.io.outputs import TokenLogprob
 from engine.runner.logprob_values import finite_logprob
 from engine.runner.model_runner import StepInputs
+from engine.types.outputs import TokenLogprob
 
 
 @dataclass

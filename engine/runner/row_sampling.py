@@ -13,8 +13,9 @@ import logging
 import torch
 
 from engine.core.request_state import RequestState
+from engine.core.sampling_row import SamplingRow
 from engine.runner.model_runner import ModelRunner
-from engine.runner.sampler import RawLogprob, SampleResult, SamplingRow
+from engine.runner.sampler import RawLogprob, SampleResult
 
 log = logging.getLogger("pagode")
 

@@ -10,26 +10,16 @@ what else is in the batch; unseeded rows share one draw from the global generato
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
+from engine.core.sampling_row import SamplingRow
 from engine.sampling_params import SamplingParams
 
 # What the sampler gives for one row that asked for logprobs: the chosen token's logprob and
 # the top-N alternatives as (token id, logprob). The engine turns it into a TokenLogprob.
 RawLogprob = tuple[float, list[tuple[int, float]]]
-
-
-@dataclass
-class SamplingRow:
-    params: SamplingParams
-    prompt_ids: list[int]  # only read when the request has penalties
-    output_ids: list[int]
-    generator: torch.Generator | None
-    blocked_ids: list[int]  # EOS / stop ids masked while min_tokens is not reached
-    forced_id: int | None = None  # the one token allowed (a spent thinking budget's end)
-    banned_ids: list[int] = field(default_factory=list)  # bad_words' last tokens at this step
 
 
 @dataclass

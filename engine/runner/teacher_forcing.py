@@ -18,9 +18,9 @@ import torch
 from engine.core.block_manager import BlockManager
 from engine.core.scheduler import ScheduledSeq
 from engine.core.sequence import Sequence
-from engine.io.outputs import RequestTimes
 from engine.runner.model_runner import ModelRunner
 from engine.sampling_params import SamplingParams
+from engine.types.outputs import RequestTimes
 
 
 @dataclass

@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from engine.core.sequence import Sequence
 from engine.spec.config import SpeculativeConfig
 from engine.spec.cost_model import StepCost
-from engine.spec.counters import SpecCounters
 from engine.spec.ngram import NgramProposer
+from engine.types.spec_counters import SpecCounters
 
 PRIOR_ACCEPTANCE = 0.5  # a sequence's expected acceptance before its first draft is verified
 ACCEPTANCE_EMA = 0.5  # weight of the newest draft in a sequence's acceptance average

@@ -14,8 +14,8 @@ import threading
 from collections import OrderedDict
 from typing import Any
 
-from engine.io.errors import InvalidRequestError
 from engine.structured_output.spec import StructuredOutputSpec
+from engine.types.errors import InvalidRequestError
 
 DEFAULT_CACHE_SIZE = 256
 XGRAMMAR_LOG_PREFIX = re.compile(r"^\[[\d:]+\]\s+\S+:\d+:\s*")

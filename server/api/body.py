@@ -23,7 +23,7 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect
 
-from engine.io.request_limits import clip
+from engine.request_limits import clip
 from server.api.errors import APIError
 from server.settings import ServerSettings
 from server.worker_pool import run_blocking

@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Scope
 
-from engine.io.errors import EngineDeadError, InvalidRequestError, RequestFailedError
+from engine.types.errors import EngineDeadError, InvalidRequestError, RequestFailedError
 from server.api.anthropic_errors import anthropic_error_body, anthropic_status, speaks_anthropic
 from server.api.ollama_protocol import ollama_error_body, speaks_ollama
 

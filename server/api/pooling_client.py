@@ -10,9 +10,9 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from engine.config import EngineConfig
-from engine.io.request_limits import RequestLimits
 from engine.pooling.checkpoint import PoolingSpec
 from engine.pooling.inputs import PoolingInput
+from engine.request_limits import RequestLimits
 from engine.tokenizer import Tokenizer
 
 

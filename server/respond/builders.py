@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from engine.io.outputs import TokenLogprob
+from engine.types.outputs import TokenLogprob
 from server.api.protocol import (
     ChatChoice,
     ChatCompletionChunk,

@@ -11,13 +11,13 @@ from collections.abc import AsyncGenerator, Callable
 from typing import Protocol
 
 from engine.config import EngineConfig
-from engine.io.info import EngineInfo
-from engine.io.outputs import StreamDelta
-from engine.io.request_limits import RequestLimits
-from engine.io.stats import EngineStats, StepStats
+from engine.request_limits import RequestLimits
 from engine.sampling_params import SamplingParams
 from engine.structured_output import StructuredOutputSpec
 from engine.tokenizer import Tokenizer
+from engine.types.info import EngineInfo
+from engine.types.outputs import StreamDelta
+from engine.types.stats import EngineStats, StepStats
 
 
 class EngineClient(Protocol):

@@ -19,9 +19,9 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from engine.io.errors import InvalidRequestError, RequestFailedError
-from engine.io.outputs import StreamDelta
 from engine.sampling_params import SamplingParams
+from engine.types.errors import InvalidRequestError, RequestFailedError
+from engine.types.outputs import StreamDelta
 from server.api.errors import APIError, api_error_from
 from server.runtime.admission import QueueSlot
 from server.runtime.engine_client import EngineClient

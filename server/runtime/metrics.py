@@ -1,6 +1,6 @@
 """Prometheus metrics under the `pagode:` prefix, with vLLM's names and meanings.
 
-Gauges and engine-wide token counters are read from engine.io.stats() at scrape time, so
+Gauges and engine-wide token counters are read from engine.types.stats() at scrape time, so
 they cannot drift from the engine. Per-request histograms are fed by the server when a
 request finishes (it sees every request end, aborts included), ITL from each delta, and
 iteration sizes from the engine's step listener.
@@ -23,9 +23,9 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from engine.io.info import EngineInfo
-from engine.io.stats import EngineStats, StepStats
-from engine.spec.counters import SpecCounters
+from engine.types.info import EngineInfo
+from engine.types.spec_counters import SpecCounters
+from engine.types.stats import EngineStats, StepStats
 from server.runtime.endpoint_metrics import EndpointCollector
 from server.runtime.response_stats import ResponseStats
 from server.runtime.vllm_metrics import VllmCompatCollector

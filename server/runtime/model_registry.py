@@ -17,7 +17,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
-from engine.io.request_limits import clip
+from engine.request_limits import clip
 from server.api.errors import APIError
 from server.runtime.engine_client import EngineClient
 from server.runtime.served_model import ServedModel

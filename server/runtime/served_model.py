@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.config import EngineConfig
-from engine.io.stats import EngineStats
+from engine.types.stats import EngineStats
 from server.runtime.admission import Admission
 from server.runtime.engine_client import EngineClient
 from server.runtime.generation import GenerationService

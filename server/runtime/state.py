@@ -12,7 +12,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from engine.config import EngineConfig
-from engine.io.stats import EngineStats
+from engine.types.stats import EngineStats
 from server.api.errors import APIError
 from server.runtime.admission import Admission, default_queue_bound
 from server.runtime.admitted import Admitted, P

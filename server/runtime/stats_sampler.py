@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from engine.io.stats import EngineStats, StepStats
+from engine.types.stats import EngineStats, StepStats
 from server.runtime.stats_ring import FINE_INTERVAL_S, Point, StatsRing
 
 logger = logging.getLogger("pagode.server")

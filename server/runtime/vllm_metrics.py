@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterable
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from engine.io.info import EngineInfo
-from engine.io.stats import EngineStats
+from engine.types.info import EngineInfo
+from engine.types.stats import EngineStats
 
 PREFIX = "vllm:"
 ENGINE = "0"  # vLLM numbers its engine cores; a pagode server runs one

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.io.request_limits import RequestLimits, check_prompt, check_sampling
+from engine.request_limits import RequestLimits, check_prompt, check_sampling
 from engine.sampling_params import SamplingParams, expand_choices
 from engine.structured_output import StructuredOutputSpec
 from engine.thinking_budget import ThinkingBudget

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from engine.io.request_limits import clip
+from engine.request_limits import clip
 from server.api.errors import bad_request
 from server.api.protocol import OpenAIModel, SamplingFields
 

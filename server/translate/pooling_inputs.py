@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.io.request_limits import check_prompt_chars, check_token_ids, clip
 from engine.pooling.inputs import PoolingInput, encode_pair, encode_text, encode_texts
+from engine.request_limits import check_prompt_chars, check_token_ids, clip
 from server.api.errors import APIError
 from server.api.pooling_client import PoolingClient
 from server.api.pooling_protocol import EmbeddingRequest, RerankRequest, ScoreRequest

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from engine.io.request_limits import RequestLimits, check_prompt_chars, check_token_ids, too_many
+from engine.request_limits import RequestLimits, check_prompt_chars, check_token_ids, too_many
 from engine.tokenizer import Tokenizer
 from server.api.errors import bad_request
 from server.api.protocol import ChatMessage, Prompt

@@ -5,7 +5,7 @@ CPU-bound: the routes run these in the worker pool."""
 
 from __future__ import annotations
 
-from engine.io.request_limits import RequestLimits, check_prompt_chars, check_token_ids
+from engine.request_limits import RequestLimits, check_prompt_chars, check_token_ids
 from engine.tokenizer import Tokenizer
 from server.api.errors import bad_request
 from server.api.protocol import DetokenizeRequest, TokenizeRequest

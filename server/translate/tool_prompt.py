@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from engine.io.request_limits import RequestLimits
+from engine.request_limits import RequestLimits
 from engine.structured_output import StructuredOutputSpec
 from engine.tokenizer import Tokenizer
 from server.api.protocol import (

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from engine.core.block_manager import BlockManager
 from engine.core.request_state import RequestState
 from engine.core.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
-from engine.io.outputs import StreamDelta
-from engine.io.stats import EngineStats, FinishedRequestStats, StepStats
-from engine.spec.counters import SpecCounters
+from engine.types.outputs import StreamDelta
+from engine.types.spec_counters import SpecCounters
+from engine.types.stats import EngineStats, FinishedRequestStats, StepStats
 
 
 @dataclass

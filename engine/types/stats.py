@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.io.outputs import RequestTimes
-from engine.spec.counters import SpecCounters
+from engine.types.outputs import RequestTimes
+from engine.types.spec_counters import SpecCounters
 
 
 @dataclass
@@ -22,7 +22,7 @@ class EngineStats:
     prefix_cache_hits_total: int = 0  # tokens found
     num_steps_total: int = 0
     max_concurrent_seqs: int = 0
-    # Speculative decoding, vLLM's counters (engine/spec/counters.py); None: not speculating.
+    # Speculative decoding, vLLM's counters (engine/types/spec_counters.py); None: not speculating.
     spec_decode: SpecCounters | None = None
     # LoRA: most adapters loaded at once (0: adapters off), and the adapters of running and of
     # waiting requests (vLLM's lora_requests_info).
@@ -59,7 +59,7 @@ class StepStats:
     num_decodes: int = 0
     num_prefill_tokens: int = 0
     mean_decode_context: float = 0.0
-    # Where the step's time went, in seconds (see engine/io/profiler.py for the forward's split).
+    # Where the step's time went, in seconds (see engine/observers/profiler.py for the forward's split).
     schedule_time: float = 0.0
     prepare_time: float = 0.0  # packing the step's inputs
     forward_time: float = 0.0  # model forward + logits

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.io.errors import InvalidRequestError
 from engine.sampling_params import SamplingParams
+from engine.types.errors import InvalidRequestError
 
 REFLECT_CHARS = 100  # reflected user input is cut to this many characters
 

@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING
 
 from torch import nn
 
-from engine.io.stats import StepStats
 from engine.model.decode_step import FusedDecodeStep
 from engine.model.layers import PagedAttention, RMSNorm, RotaryCacheWrite, SiluAndMul
-from engine.spec.counters import SpecCounters
+from engine.types.spec_counters import SpecCounters
+from engine.types.stats import StepStats
 
 if TYPE_CHECKING:
     from engine.runner.model_runner import ModelRunner
