@@ -3,25 +3,22 @@ model on fixed prose, for each mode and each of its kernel paths.
 
     python -m benchmarks.quant_quality [--text tests/data/prose.txt] [--modes int8 int4]
 
-The measurement is the engine's own teacher-forced reading (engine/runner/teacher_forcing.py),
-the one the quality-gate tests call; this only runs it for every mode and path and prints
-the rows as JSON. A path is pinned by setting every quantized layer's crossover, so that
-each call takes the block kernel ("kernel") or the dense GEMM ("gemm").
+The measurement is the quality-gate tests' own teacher-forced reading (tests/teacher_forcing.py,
+through the engine's model, KV cache and attention); this only runs it for every mode and path
+and prints the rows as JSON. A path is pinned by the engine's `pinned_path`, so that each call
+takes the block kernel ("kernel") or the dense GEMM ("gemm"). Run it from the repository root.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
-from engine.autotune import NO_LIMIT
 from engine.llm import LLM
 from engine.quant.linear import Path as KernelPath
-from engine.quant.linear import QuantLinear
-from engine.runner.teacher_forcing import Reading, read_text
+from engine.quant.linear import pinned_path
+from tests.teacher_forcing import Reading, read_text
 
 PATHS: tuple[KernelPath | None, ...] = ("kernel", "gemm", None)  # None: the layer's own crossover
 DEFAULT_TEXT = Path(__file__).resolve().parents[1] / "tests" / "data" / "prose.txt"
@@ -29,20 +26,6 @@ DEFAULT_TEXT = Path(__file__).resolve().parents[1] / "tests" / "data" / "prose.t
 
 def load(model: str | None, mode: str) -> LLM:
     return LLM(model=model, quantization=mode, kv_cache_memory="256MiB", max_model_len=1024)
-
-
-@contextlib.contextmanager
-def pinned(llm: LLM, path: KernelPath | None) -> Iterator[None]:
-    """Every QuantLinear on `path` inside the block (None: on its own crossover)."""
-    layers = [m for m in llm.engine.runner.model.modules() if isinstance(m, QuantLinear)]
-    saved = [layer.max_kernel_tokens for layer in layers]
-    for layer in layers if path is not None else []:
-        layer.max_kernel_tokens = NO_LIMIT if path == "kernel" else 0
-    try:
-        yield
-    finally:
-        for layer, crossover in zip(layers, saved, strict=True):
-            layer.max_kernel_tokens = crossover
 
 
 def read(llm: LLM, ids: list[int]) -> Reading:
@@ -63,7 +46,7 @@ def main(argv: list[str] | None = None) -> None:
     for mode in args.modes:
         llm = load(args.model, mode)
         for path in PATHS:
-            with pinned(llm, path):
+            with pinned_path(llm.engine.runner.model, path):
                 got = read(llm, ids)
             rows.append({"mode": mode, "path": path or "auto", "perplexity": round(got.perplexity, 4),
                          "ppl_vs_fp32": round(got.perplexity / ref.perplexity - 1, 4),

@@ -4,7 +4,7 @@
 a kernel name, so (a) the package imports where triton is missing, and (b) setting
 TRITON_INTERPRET=1 any time before that first use selects the interpreter (the
 choice is made when the kernels are decorated, not when triton is imported).
-The test oracle (reference.py) is not part of this interface: tests import it directly.
+The tests' oracle is theirs: tests/kernel_reference.py.
 """
 
 from __future__ import annotations

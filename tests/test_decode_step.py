@@ -12,12 +12,12 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-from quant_paths import pinned_path
 
 from engine import native
 from engine.llm import LLM
 from engine.model import decode_step
 from engine.model.decode_step import FusedDecodeStep
+from engine.quant.linear import pinned_path
 from engine.sampling_params import SamplingParams
 from engine.tuning import timing
 from engine.types.outputs import RequestOutput
@@ -71,7 +71,7 @@ def test_fused_step_gives_the_layer_by_layer_tokens_and_logprobs(quantized_llm: 
     hook = step.register_forward_hook(lambda mod, args, out: batches.append(out.shape[0]))
     prompts = prose_token_ids(quantized_llm.engine.tokenize, [7, 40, 23], seed=3)
     try:
-        with pinned_path(quantized_llm, "kernel"):  # the prefills too: each path's first token
+        with pinned_path(quantized_llm.engine.runner.model, "kernel"):  # the prefills too: each path's first token
             fused = generate(quantized_llm, prompts)
             runner.decode_step = None
             layered = generate(quantized_llm, prompts)
@@ -90,7 +90,7 @@ def test_fused_step_output_is_the_final_norm_of_the_last_layer(quantized_llm: LL
     step = runner.decode_step
     assert isinstance(step, FusedDecodeStep)
     ids, positions, meta = decode_step.synthetic_decodes(4, runner.block_size, step.embedding.shape[0])
-    with pinned_path(quantized_llm, "kernel"), torch.inference_mode():
+    with pinned_path(quantized_llm.engine.runner.model, "kernel"), torch.inference_mode():
         got = step(ids, positions, meta)
         expected = runner.model(ids, positions, meta, runner.kv_caches)
     assert torch.equal(got, expected)

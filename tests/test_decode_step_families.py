@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 import torch
 from converter_files import quantize
-from quant_paths import pinned_path
 from reference import assert_greedy_match
 from test_converter_gguf import FAMILIES as CONVERTER_FAMILIES
 from test_converter_gguf import QWEN3_256
@@ -29,6 +28,7 @@ from tiny_models import TinySpec, TinyZoo, cached_greedy, one_torch_thread, prom
 from engine import native
 from engine.llm import LLM
 from engine.model.decode_step import FusedDecodeStep
+from engine.quant.linear import pinned_path
 from engine.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.skipif(native.decode_step() is None, reason="no C++ compiler")
@@ -69,7 +69,7 @@ def assert_fused_equals_layered(path: Path, mode: str, reference: torch.nn.Modul
     ids = [p * 3 for p in prompts(3)]
     params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True, logprobs=5)
     try:
-        with pinned_path(llm, "kernel"):
+        with pinned_path(llm.engine.runner.model, "kernel"):
             fused = llm.generate(ids, params)
             runner.decode_step = None
             layered = llm.generate(ids, params)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from teacher_forcing import Reading, read_text
 from test_families import SPECS
 from test_kv_cache_dtype import GATE
 from test_window_models import GEMMA2
@@ -24,7 +25,6 @@ from tiny_models import TinySpec, TinyZoo, cached_greedy, one_torch_thread, pree
 from engine import LLM, SamplingParams
 from engine.model.loader import read_config, resolve_model
 from engine.runner.kv_cache import bytes_per_block
-from engine.runner.teacher_forcing import Reading, read_text
 
 FAMILIES = [s for s in SPECS if s.name == "qwen2"] + [GEMMA2]
 TEXT_TOKENS, CHUNK = 192, 48  # chunks, so that attention reads earlier chunks back from the cache

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from quant_paths import pinned_path
+from teacher_forcing import Reading, read_text
 from test_families import SPECS
 from test_quantization import GATE
 from test_window_models import GEMMA2, GEMMA3
@@ -33,9 +33,8 @@ from tiny_models import (
 from engine import LLM
 from engine.model import decode_step
 from engine.quant import dispatch, formats
-from engine.quant.linear import QuantLinear
+from engine.quant.linear import QuantLinear, pinned_path
 from engine.quant.modes import weight_kind
-from engine.runner.teacher_forcing import Reading, read_text
 
 GATED = ("llama", "qwen2", "qwen3", "phi3-long", "granite", "olmo2", "smollm3", "gemma2", "gemma3")
 # What decode_step.unsupported() must name for each family the C++ step cannot compute: none of
@@ -101,7 +100,7 @@ def assert_passes_gate(llm: LLM, ids: list[int], rounded: Reading, label: str, m
     """The gate through the block kernel on every position, then through each layer's own choice."""
     assert_every_linear_quantized(llm)
     for path in ("kernel", None):
-        with pinned_path(llm, path):
+        with pinned_path(llm.engine.runner.model, path):
             got = read(llm, ids)
         rise, agreement = got.perplexity / rounded.perplexity - 1, got.agreement(rounded)
         print(f"{label} path={path or 'crossover'}: perplexity {got.perplexity:.3f} vs "

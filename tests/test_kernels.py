@@ -21,13 +21,13 @@ from pathlib import Path
 
 import pytest
 import torch
-
-import cuda_kernels
-from cuda_kernels.reference import (
+from kernel_reference import (
     paged_decode_attention_ref,
     paged_prefill_attention_ref,
     reshape_and_cache_ref,
 )
+
+import cuda_kernels
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -210,6 +210,17 @@ def test_kernels_compile_for_hopper_without_a_gpu() -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count(" ok: ") == 10  # five kernel variants, over an fp16 cache and an int8 one
     assert proc.stdout.count("cache   i8 ok: ") == 5
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="with CUDA the kernels are compiled")
+def test_triton_backend_refuses_a_cpu_that_did_not_choose_the_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine leaves the process's environment alone: the interpreter is the caller's choice."""
+    from engine.attention.triton_backend import TritonAttentionBackend
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
+        TritonAttentionBackend()
+    assert "TRITON_INTERPRET" not in os.environ
 
 
 @needs_triton

@@ -2,8 +2,8 @@
 
 A tiny random-weight Llama (2 layers, 4 query heads over 2 KV heads, head_dim 16)
 is saved as a Hugging Face folder with a word-level tokenizer. Without CUDA the
-triton backend runs its kernels under Triton's interpreter (the backend turns it on
-itself when no GPU is present); the prompts cover chunked prefill, prefix-cache hits
+triton backend runs its kernels under Triton's interpreter (this module turns it on
+when no GPU is present); the prompts cover chunked prefill, prefix-cache hits
 (prefill over cached positions), block boundaries and batched decodes.
 """
 

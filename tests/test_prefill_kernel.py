@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from kernel_reference import paged_decode_attention_ref, paged_prefill_attention_ref
 from tests_support import SHARED_PREFIX, cache_sharing_builds, paged_attention_case
 from torch import nn
 
 from cpu_kernels.prefill_attention import BF16_BODIES, PrefillAttentionKernel
-from cuda_kernels.reference import paged_decode_attention_ref, paged_prefill_attention_ref
 from engine import LLM, SamplingParams, envs, native
 from engine.attention import kv_int8, prefill_choice
 from engine.attention.cpu_backend import CpuAttentionBackend

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import allowed_isa_caps
-from quant_paths import pinned_path
+from teacher_forcing import Reading, read_text
 from tiny_models import save_tiny_model
 
 from cpu_kernels.quant_linear import BlockLinear
@@ -27,10 +27,9 @@ from engine.quant import apply, dispatch, formats, gemm_choice, onednn_gemm
 from engine.quant.bf16_gemm import Bf16Gemm
 from engine.quant.dense_gemm import DenseGemm
 from engine.quant.int8_gemm import Int8Gemm
-from engine.quant.linear import QuantLinear
+from engine.quant.linear import QuantLinear, pinned_path
 from engine.quant.modes import resolve_mode
 from engine.quant.onednn_gemm import OnednnGemm
-from engine.runner.teacher_forcing import Reading, read_text
 from engine.sampling_params import SamplingParams
 from engine.tuning import timing
 from engine.types.outputs import RequestTimes
@@ -86,6 +85,11 @@ def test_quantize_round_trip_error_is_within_half_a_step(kind: str) -> None:
     assert ((formats.dequantize(blocks) - w).abs() <= step * 0.5 + 4e-3).all()
 
 
+def gguf_blocks(names: list[str], kind: formats.Kind, raw: apply.RawBlocks) -> formats.Blocks | None:
+    """A layer's weight straight from the GGUF's blocks, if every shard is already `kind`."""
+    return apply.file_blocks_of(names, raw) if apply.takes_file_blocks(names, kind, raw, False) else None
+
+
 def test_gguf_blocks_are_used_as_they_are(default_model_path: str) -> None:
     gguf = GGUFModel(Path(default_model_path))
     raw = gguf.raw_blocks(formats.KERNEL_GGUF_TYPES)
@@ -96,9 +100,9 @@ def test_gguf_blocks_are_used_as_they_are(default_model_path: str) -> None:
         assert data is not None
         # Bit-exact with the gguf package's dequantization, Q/K un-permutation included.
         assert torch.equal(formats.dequantize(formats.from_gguf(data, kind)), weights[name])  # type: ignore[arg-type]
-    qkv = apply.gguf_blocks(apply.shard_names("layers.0.self_attn.qkv_proj", tied=True), "q4_1", raw)
+    qkv = gguf_blocks(apply.shard_names("layers.0.self_attn.qkv_proj", tied=True), "q4_1", raw)
     assert qkv is not None and qkv.out_features == 576 + 2 * 192
-    assert apply.gguf_blocks(apply.shard_names("layers.0.mlp.down_proj", tied=True), "q8_0", raw) is None
+    assert gguf_blocks(apply.shard_names("layers.0.mlp.down_proj", tied=True), "q8_0", raw) is None
 
 
 def test_crossover_is_the_last_win_before_two_losses() -> None:
@@ -283,7 +287,7 @@ def test_hf_checkpoints_are_quantized_at_load(tmp_path: Path, arch: str, tie: bo
         layers = [m for m in model.modules() if isinstance(m, QuantLinear)]
         assert len(layers) == 4 * 2 + 1 and isinstance(model.lm_head, QuantLinear)
         for path in ("kernel", "gemm"):
-            with pinned_path(llm, path):
+            with pinned_path(llm.engine.runner.model, path):
                 got = full_logits(llm, ids)
             error = ((got - expected).norm() / expected.norm()).item()
             print(f"{arch} tie={tie} {mode} {path}: relative logit error {error:.4f}")
@@ -384,7 +388,7 @@ def test_quantized_modes_pass_the_quality_gate(prose_and_fp32: tuple[list[int], 
     max_ppl, min_agree = GATE[mode]
     assert len(ids) - 1 >= 2000
     for path in ("kernel", None):  # the decode kernel on every position, then each layer's own choice
-        with pinned_path(llm, path):
+        with pinned_path(llm.engine.runner.model, path):
             got = read_prose(llm, ids)
         ppl_rise, agreement = got.perplexity / fp32.perplexity - 1, got.agreement(fp32)
         print(f"\n{mode} path={path or 'crossover'}: perplexity {got.perplexity:.3f} vs fp32 "

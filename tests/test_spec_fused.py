@@ -19,13 +19,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
-from quant_paths import pinned_path
 from test_spec_decode import COPY, COUNT, FLAT, OPEN, SPEC, off
 from tiny_models import one_torch_thread
 
 from engine import LLM, SamplingParams, native
 from engine.core.scheduler import SchedulerOutput
 from engine.model.decode_step import FusedDecodeStep
+from engine.quant.linear import pinned_path
 from engine.types.outputs import RequestOutput
 from engine.types.stats import StepStats
 
@@ -61,7 +61,7 @@ def spec() -> Iterator[LLM]:
         step = llm.engine.runner.decode_step
         assert isinstance(step, FusedDecodeStep)
         step.max_tokens = BUDGET
-        with pinned_path(llm, "kernel"):
+        with pinned_path(llm.engine.runner.model, "kernel"):
             yield llm
 
 

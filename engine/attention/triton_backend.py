@@ -1,12 +1,12 @@
 """Attention through the Triton kernels of cuda_kernels: the paged cache is read in place.
 
-On CUDA the kernels are compiled; on a machine without CUDA they run under Triton's
-interpreter (slow, for tests), which must be chosen before the kernels are defined.
+On CUDA the kernels are compiled. Without CUDA they run only under Triton's interpreter (slow,
+for tests), which the caller chooses by setting TRITON_INTERPRET=1 before the kernels are first
+used: the engine never changes a process's environment on its own.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 
 import torch
@@ -14,23 +14,20 @@ import torch
 from engine.attention.backend import AttentionBackend
 from engine.attention.metadata import AttentionMetadata
 
-logger = logging.getLogger(__name__)
 
-
-def enable_interpreter_without_cuda() -> None:
-    """Without CUDA the interpreter is Triton's only way to run; pick it before decoration."""
-    if torch.cuda.is_available() or "TRITON_INTERPRET" in os.environ:
+def require_cuda_or_interpreter() -> None:
+    """Refuse at construction what would fail at the first step: compiled kernels need CUDA."""
+    if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         return
-    os.environ["TRITON_INTERPRET"] = "1"
-    logger.warning("no CUDA device: running the Triton attention kernels under the "
-                   "interpreter (TRITON_INTERPRET=1), which is slow and meant for tests")
+    raise ValueError("the triton attention backend needs a CUDA device; on a CPU use the cpu backend, "
+                     "or start with TRITON_INTERPRET=1 to run the kernels under Triton's interpreter (slow)")
 
 
 class TritonAttentionBackend(AttentionBackend):
     name = "triton"
 
     def __init__(self, decode_num_splits: int | None = None) -> None:
-        enable_interpreter_without_cuda()
+        require_cuda_or_interpreter()
         # Import after the interpreter choice: it is fixed when the kernels are decorated.
         from cuda_kernels.cache_write import reshape_and_cache
         from cuda_kernels.decode_attention import paged_decode_attention

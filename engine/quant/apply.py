@@ -247,11 +247,6 @@ def built(dense: Gemm | DenseFor) -> Gemm:
     return dense if isinstance(dense, GEMM_CLASSES) else dense()
 
 
-def gguf_blocks(names: list[str], kind: Kind, raw: RawBlocks) -> Blocks | None:
-    """A layer's weight straight from the GGUF's blocks, if every shard is already `kind`."""
-    return file_blocks_of(names, raw) if takes_file_blocks(names, kind, raw, False) else None
-
-
 def file_blocks_of(names: list[str], raw: RawBlocks) -> Blocks | None:
     """A layer's weight as the file's own blocks, if the kernel reads every shard's format."""
     found = [raw.get(n) for n in names]

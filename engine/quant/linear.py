@@ -3,11 +3,14 @@
 It holds the copies its kernels need, and no others: the block-quantized weight for the
 C++ block kernel (few tokens; cpu_kernels/quant_linear.py) and/or a dense weight for big
 steps (fp32 for BLAS or oneDNN, or bf16 for oneDNN: engine/quant/gemm_choice.py). Each call picks by
-its number of tokens against the layer's measured crossover.
+its number of tokens against the layer's measured crossover, unless `pinned_path` holds every
+layer on one path (the quality gates read each path on its own).
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Literal
 
 import torch
@@ -34,8 +37,11 @@ class QuantLinear(nn.Module):
         self.bias = None if bias is None else nn.Parameter(bias.detach().float().contiguous(), requires_grad=False)
         self.max_kernel_tokens = max_kernel_tokens if blocks is not None else 0
         self.kernel = native.block_linear() if blocks is not None else None
+        self.pinned: Path | None = None  # pinned_path's override of the crossover
 
     def path_for(self, tokens: int) -> Path:
+        if self.pinned is not None:
+            return self.pinned
         return "kernel" if tokens <= self.max_kernel_tokens or self.gemm is None else "gemm"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -62,3 +68,24 @@ class QuantLinear(nn.Module):
         kind = None if self.blocks is None else self.blocks.kind
         return (f"in={self.in_features}, out={self.out_features}, blocks={kind}, "
                 f"gemm={self.gemm is not None}, kernel_up_to={self.max_kernel_tokens}")
+
+
+@contextlib.contextmanager
+def pinned_path(model: nn.Module, path: Path | None) -> Iterator[None]:
+    """Every QuantLinear of `model` on `path` inside the block; None leaves each on its crossover.
+
+    A model's crossovers mix both paths by step size, so a measure of one path's quality (the
+    quantization tests, `python -m benchmarks.quant_quality`) needs every call held on it.
+    """
+    layers = [m for m in model.modules() if isinstance(m, QuantLinear)]
+    if path is not None:
+        for layer in layers:
+            if (layer.blocks if path == "kernel" else layer.gemm) is None:
+                raise ValueError(f"a layer keeps no weights for the {path} path: {layer.extra_repr()}")
+    try:
+        for layer in layers:
+            layer.pinned = path
+        yield
+    finally:
+        for layer in layers:
+            layer.pinned = None
