@@ -73,11 +73,15 @@ def test_every_entry_of_the_layout_exists_and_says_what_it_holds() -> None:
     entries = layout_entries()
     assert len(entries) > 50
     paths = [path for path, _ in entries]
-    assert sorted(p for p in set(paths) if paths.count(p) > 1) == [], "listed twice"
-    assert [p for p in paths if not (ROOT / p).exists()] == [], "listed in docs/architecture.md, not in the tree"
-    assert [p for p, what in entries if not what] == [], "an entry with nothing said of it"
+    twice = sorted(p for p in set(paths) if paths.count(p) > 1)
+    assert not twice, f"listed twice in docs/architecture.md: {twice}"
+    gone = [p for p in paths if not (ROOT / p).exists()]
+    assert not gone, f"listed in docs/architecture.md, not in the tree: {gone}"
+    silent = [p for p, what in entries if not what]
+    assert not silent, f"listed in docs/architecture.md with nothing said of it: {silent}"
 
 
 def test_the_layout_lists_every_folder_and_module_of_the_code() -> None:
     listed = {path for path, _ in layout_entries()}
-    assert sorted(code_paths() - listed) == [], "in the tree, missing from docs/architecture.md's layout"
+    missing = sorted(code_paths() - listed)
+    assert not missing, f"in the tree, missing from docs/architecture.md's layout: {missing}"
