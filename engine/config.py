@@ -97,7 +97,7 @@ class EngineConfig:
     kv_events_config: KVEventsConfig | None = None  # None: no KV events (docs/deploy.md)
     warmup: bool = False  # race the kernels again rather than read an earlier start's results
     # Time decode steps at load and cap max_num_seqs where a bigger batch stops paying
-    # (engine/core/batch_cap.py); pagode serve sets it when neither a flag nor a calibration sizes the batch.
+    # (engine/tuning/batch_cap.py); pagode serve sets it when neither a flag nor a calibration sizes the batch.
     size_batch: bool = False
     max_itl_ms: float | None = None  # also cap the batch so that a decode step fits this many ms
     # LoRA adapters (docs/models.md#adapters): served at all, how many loaded at once, the

@@ -23,6 +23,8 @@ from engine import envs
 from engine.config import EngineConfig, dtype_name
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
+from engine.tuning import batch_cap
+from engine.tuning.batch_cap import BatchCap
 from engine.types.stats import StepStats
 from planner.memory import device_dtypes, kv_bytes_per_token
 from planner.step_model import StepTimeModel, StepWork, fit, work_of
@@ -40,7 +42,7 @@ class Grid:
         if device == "cuda":
             return cls((1, 8, 32, 128, 256), (128, 1024), (128, 512, 2048), 4)
         # both pieces of the step model: fused decode steps (the small batches) and layer by layer,
-        # and batches big enough to see where a bigger one stops paying (planner/batch_cap.py)
+        # and batches big enough to see where a bigger one stops paying (engine/tuning/batch_cap.py)
         return cls((1, 4, 12, 24, 48, 96, 192), (32, 192), (64, 256, 512), 3)
 
 
@@ -48,6 +50,24 @@ def default_fit_path(model_name: str, device: str, weights: str, kv: str) -> Pat
     """One fit per model, device, weights (fp32, int4, ...) and KV dtype: each times differently."""
     root = envs.CACHE_DIR.get()
     return root / "plan" / f"{model_name}-{device}-{weights}-{kv}.json"
+
+
+def fit_path_for(config: EngineConfig) -> Path:
+    """Where `pagode plan --calibrate` keeps the fit of the engine that `config` builds."""
+    from engine.model.loader import resolve_model
+
+    kv_dtype, w_dtype = device_dtypes(config)
+    return default_fit_path(resolve_model(config.model).name, config.torch_device.type, w_dtype, kv_dtype)
+
+
+def calibrated_batch_cap(config: EngineConfig) -> BatchCap | None:
+    """max_num_seqs for `config` from its kept calibration's decode rates (engine/tuning/batch_cap.py
+    holds the rule); None where there is no calibration. A user's --max-num-seqs wins over it."""
+    path = fit_path_for(config)
+    if not path.exists():
+        return None
+    meta = StepTimeModel.load(path).meta
+    return batch_cap.from_decode_rates(meta.get("decode_tok_s") or {}, str(path), config.max_num_seqs)
 
 
 class StepRecorder:

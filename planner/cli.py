@@ -22,8 +22,8 @@ from typing import Any
 
 from engine.arg_utils import add_engine_flags, engine_config
 from engine.config import parse_bytes
+from engine.tuning import batch_cap
 from loadgen.datasets import parse_range
-from planner import batch_cap
 from planner.calibrate import calibrate, default_fit_path
 from planner.memory import default_contexts, device_dtypes, plan_memory
 from planner.predict import SLO, advise, attainment, capacity, parse_slo, simulate, summarize
@@ -113,7 +113,8 @@ def build_plan(args: argparse.Namespace) -> dict[str, Any]:
                                 overhead_per_seq_s=args.serving_overhead[1])
     # the batch cap that `pagode serve` would pick from the same calibration
     max_seqs = (args.max_num_seqs if args.max_num_seqs is not None
-                else batch_cap.from_calibration(model, fit_path, config.max_num_seqs).max_num_seqs)
+                else batch_cap.from_decode_rates(model.meta.get("decode_tok_s") or {}, str(fit_path),
+                                                 config.max_num_seqs).max_num_seqs)
     sim = SimConfig(num_blocks=mem.num_blocks, block_size=args.block_size, max_model_len=max_len,
                     max_num_seqs=max_seqs, max_num_batched_tokens=config.token_budget,
                     watermark=args.watermark, batching=config.batching,

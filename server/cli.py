@@ -16,7 +16,7 @@ import uvicorn
 from engine.arg_utils import add_engine_flags, engine_config
 from engine.config import EngineConfig
 from engine.model.hub import HubError
-from planner import batch_cap
+from planner.calibrate import calibrated_batch_cap, fit_path_for
 from planner.cli import add_plan_flags, run_plan
 from server import settings as server_settings
 from server.app import create_app
@@ -130,14 +130,14 @@ def size_batch(config: EngineConfig, args: argparse.Namespace) -> None:
             config.max_itl_ms = None
         log.info("max_num_seqs %d: set by --max-num-seqs", config.max_num_seqs)
         return
-    cap = batch_cap.choose(config) if config.max_itl_ms is None else None
+    cap = calibrated_batch_cap(config) if config.max_itl_ms is None else None
     if cap is not None:
         config.max_num_seqs = cap.max_num_seqs
         log.info("max_num_seqs %d: %s", cap.max_num_seqs, cap.reason)
         return
     config.size_batch = True
     log.info("max_num_seqs: sized at load from this machine's decode steps (no --max-num-seqs, no "
-             "`pagode plan --calibrate` fit at %s)", batch_cap.fit_path_for(config))
+             "`pagode plan --calibrate` fit at %s)", fit_path_for(config))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,5 +1,5 @@
 """The default max_num_seqs from measured decode throughput: `pagode plan --calibrate`'s fit
-(planner/batch_cap.py), or the decode steps the engine times at load (engine/core/batch_cap.py,
+(planner/calibrate.py), or the decode steps the engine times at load (engine/tuning/batch_cap.py,
 engine/runner/decode_rates.py)."""
 
 from __future__ import annotations
@@ -10,12 +10,11 @@ from pathlib import Path
 import pytest
 
 from engine import envs
-from engine.core.batch_cap import from_step_seconds
 from engine.llm import LLM
 from engine.runner.decode_rates import BATCHES, plausible
-from engine.tuning import race_memory
-from planner import batch_cap
-from planner.calibrate import decode_rates
+from engine.tuning import batch_cap, race_memory
+from engine.tuning.batch_cap import from_step_seconds
+from planner.calibrate import decode_rates, fit_path_for
 from planner.step_model import FEATURES, StepTimeModel, StepWork
 from server.cli import build_parser, engine_config, size_batch
 
@@ -51,7 +50,7 @@ def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def save_calibration(decode_tok_s: dict[str, dict[str, float]]) -> Path:
-    path = batch_cap.fit_path_for(engine_config(build_parser().parse_args(["serve"])))
+    path = fit_path_for(engine_config(build_parser().parse_args(["serve"])))
     model = StepTimeModel([0.01] * len(FEATURES), "cpu")
     model.meta["decode_tok_s"] = decode_tok_s
     model.save(path)

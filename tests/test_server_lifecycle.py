@@ -39,7 +39,7 @@ from server_fixtures import (
 from tests_support import cache_sharing_builds
 
 from engine import envs
-from planner import batch_cap
+from engine.tuning import batch_cap
 from planner.step_model import StepTimeModel
 
 pytestmark = pytest.mark.slow
@@ -426,7 +426,7 @@ def test_calibration_sizes_the_served_batch(private_cache: Path, tmp_path: Path)
     saved = next(line for line in plan.stdout.splitlines() if line.startswith("fit saved to "))
     path = Path(saved.removeprefix("fit saved to ").split(":")[0])
     assert path.is_relative_to(private_cache / "plan")
-    expected = batch_cap.from_calibration(StepTimeModel.load(path), path, 256)
+    expected = batch_cap.from_decode_rates(StepTimeModel.load(path).meta["decode_tok_s"], str(path), 256)
     with running_server([*QUICK_START, "--kv-cache-memory", "64MiB"],
                         tmp_path, env={"PAGODE_CACHE_DIR": str(private_cache)},
                         name="calibrated") as server:

@@ -3,7 +3,7 @@
 Why: a bigger decode batch pays while a step's fixed cost (weights read once, dispatch)
 dominates, and stops paying once the per-sequence cost (attention over each context, the
 sequence's share of the GEMMs) does. `pagode serve` sizes its batch from these times
-(engine/batch_cap.py) at the first start on a machine, with no manual step: each batch
+(engine/tuning/batch_cap.py) at the first start on a machine, with no manual step: each batch
 size runs whole decode steps (the fused C++ step where it applies, the lm_head included)
 at one context length, best of two, and the times are kept with the load-time races
 (engine/tuning/race_memory.py), so later starts read them back.
@@ -24,11 +24,11 @@ from __future__ import annotations
 import logging
 
 from engine.config import EngineConfig, dtype_name
-from engine.core.batch_cap import BatchCap, from_step_seconds
 from engine.model import decode_step
 from engine.runner.kv_cache import touch_blocks
 from engine.runner.model_runner import ModelRunner, StepInputs
 from engine.tuning import race_memory, timing
+from engine.tuning.batch_cap import BatchCap, from_step_seconds
 from engine.tuning.timing import plausible
 
 log = logging.getLogger("pagode")

@@ -9,14 +9,17 @@ serve less than fixed batches. The cap is the first measured batch after which t
 one gains less than MIN_GAIN in tokens/s; where throughput still rises at the biggest
 batch measured, the ceiling (the engine's default, or the user's flag) stays.
 
-The rates come from `pagode plan --calibrate` (planner/batch_cap.py) or, with no
-calibration, from the decode steps the engine times at its first start on a machine
-(engine/runner/decode_rates.py).
+The rates come from `pagode plan --calibrate` (its fit's `decode_tok_s`, read by
+planner/calibrate.py) or, with no calibration, from the decode steps the engine times at
+its first start on a machine (engine/tuning/decode_rates.py). A calibration's rates are read
+as measured, not from the fitted line: the fit is linear in the batch, while a GEMM can run
+many more tokens per second at 256 rows than at 16, so the line puts the knee far too early.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 MIN_GAIN = 0.10
@@ -70,3 +73,20 @@ def from_step_seconds(seconds: dict[int, float], ceiling: int, context: int,
         if max(fitting) < cap:
             cap, why = max(fitting), f"the biggest batch whose step fits --max-itl-ms {max_itl_ms:g}"
     return BatchCap(cap, f"decode steps timed at context {context}: {why} ({shown})")
+
+
+def from_decode_rates(measured: Mapping[str, Mapping[str, float]], source: str, default: int) -> BatchCap:
+    """The cap that decode rates measured by a calibration give (context -> batch -> tok/s, as
+    the fit keeps them, read from `source`): the knee at the longest context, at most `default`."""
+    if not measured:
+        return BatchCap(default, f"the default: the calibration at {source} has no decode rates "
+                                 "(rerun `pagode plan --calibrate`)")
+    context = max(measured, key=int)
+    rates = {int(b): float(r) for b, r in measured[context].items()}
+    shown = ", ".join(f"{b}: {r:.0f}" for b, r in sorted(rates.items()))
+    cap = knee(rates, default)
+    if cap is None:
+        return BatchCap(default, f"the default: at context {context}, a bigger batch measured still gained "
+                                 f">= {MIN_GAIN:.0%} decode tok/s per doubling ({shown}; {source})")
+    return BatchCap(cap, f"measured at context {context}, no bigger batch gains >= {MIN_GAIN:.0%} "
+                         f"decode tok/s per doubling ({shown}; {source})")
