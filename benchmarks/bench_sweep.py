@@ -10,7 +10,7 @@ falls once each sequence's own cost (attention over its context, its share of th
 does. Where that turn lies, per context length, is what the batch cap and the kernels are
 judged by. Each grid cell times whole decode steps (the fused C++ step where it applies, the
 lm_head included) on synthetic decodes at that context, as the start-up race does
-(engine/runner/decode_rates.py), best of two. The weights are quantized as `pagode serve`
+(engine/tuning/decode_rates.py), best of two. The weights are quantized as `pagode serve`
 serves them (`--quantization auto`) unless told otherwise: the library's own default, `none`,
 keeps fp32 weights, which no fused step can run, so its batch-1 cells time the layer-by-layer
 path reading 540 MB of weights a token rather than the served step.
@@ -44,20 +44,21 @@ from benchmarks import offline_trace
 from benchmarks.bench_engine import run_engine
 from engine.llm import LLM
 from engine.native import cpu_target
-from engine.runner import decode_rates, kv_cache
+from engine.runner.synthetic_steps import RunnerSteps
 from engine.sampling_params import SamplingParams
+from engine.tuning import decode_rates
 from loadgen.prose import prose_token_ids
 
 
 def time_grid(llm: LLM, batches: list[int], contexts: list[int]) -> dict[int, dict[int, float]]:
     """context -> batch -> output tokens/s of one decode step."""
-    runner = llm.engine.runner
-    kv_cache.touch_blocks(runner.kv_caches, max(batches) * decode_rates.blocks_per_sequence(runner, max(contexts)))
+    steps = RunnerSteps(llm.engine.runner, llm.engine.model_name)
+    steps.fill(max(batches) * decode_rates.blocks_per_sequence(steps.block_size, max(contexts)))
     grid: dict[int, dict[int, float]] = {}
     for context in contexts:
         grid[context] = {}
         for batch in batches:
-            seconds = decode_rates.step_seconds(runner, decode_rates.synthetic_decodes(runner, batch, context))
+            seconds = decode_rates.step_seconds(steps, batch, context)
             grid[context][batch] = batch / seconds
             print(f"  context {context:>4}, batch {batch:>4}: {seconds * 1e3:8.1f} ms/step, "
                   f"{batch / seconds:7.1f} tok/s", flush=True)

@@ -26,18 +26,18 @@ from engine.observers.profiler import StepProfiler
 from engine.observers.stats_recorder import StatsRecorder, finished_request_stats
 from engine.request_limits import RequestLimits, check_request
 from engine.runner import prompt_logprobs, row_sampling
-from engine.runner.decode_rates import size_batch
 from engine.runner.kv_cache import bytes_per_block
 from engine.runner.logprob_values import finite_logprob
 from engine.runner.model_runner import ModelRunner
 from engine.runner.sampler import RawLogprob
+from engine.runner.synthetic_steps import RunnerSteps
 from engine.sampling_params import SamplingParams
-from engine.spec.cost_model import measure_step_cost
 from engine.spec.drafter import Drafter
 from engine.structured_output import StructuredOutputError, StructuredOutputManager
 from engine.thinking_budget import ThinkingTracker
 from engine.tokenizer import Tokenizer
 from engine.tuning import race_memory
+from engine.tuning.tuning import tune
 from engine.types.errors import InvalidRequestError
 from engine.types.info import EngineInfo
 from engine.types.outputs import RequestTimes, StreamDelta, TokenLogprob
@@ -66,8 +66,8 @@ class LLMEngine:
             self.load_lora_adapter(name, path)
         self.block_size = config.block_size
         self.max_model_len = self._fit_max_model_len(config.max_model_len)
-        if config.size_batch or config.max_itl_ms is not None:
-            size_batch(self.runner, config, self.model_name)
+        self.tuning = tune(RunnerSteps(self.runner, self.model_name), config)
+        self.config = config = dataclasses.replace(config, max_num_seqs=self.tuning.max_num_seqs(config.max_num_seqs))
         self.runner.enable_cuda_graphs(config, self.max_model_len)
         self.block_manager = BlockManager(self.num_blocks, self.block_size, config.enable_prefix_caching,
                                           window=kv_window(self.runner.model))
@@ -213,12 +213,10 @@ class LLMEngine:
             self.kv_publisher = None
 
     def _build_drafter(self, config: EngineConfig) -> Drafter | None:
-        """The drafter, with this machine's step cost curve, when the engine speculates."""
-        if config.speculative_config is None:
+        """The drafter, with this machine's step cost curve (measured by tune), when the engine speculates."""
+        if config.speculative_config is None or self.tuning.step_cost is None:
             return None
-        cost = measure_step_cost(self.runner, config.token_budget)
-        log.info("speculative decoding %s; step cost by tokens: %s", config.speculative_config, cost.describe())
-        return Drafter(config.speculative_config, self.max_model_len, cost)
+        return Drafter(config.speculative_config, self.max_model_len, self.tuning.step_cost)
 
     def abort_request(self, request_id: str) -> StreamDelta | None:
         state = self.requests.get(request_id)

@@ -1,6 +1,6 @@
 """The default max_num_seqs from measured decode throughput: `pagode plan --calibrate`'s fit
 (planner/calibrate.py), or the decode steps the engine times at load (engine/tuning/batch_cap.py,
-engine/runner/decode_rates.py)."""
+engine/tuning/decode_rates.py)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ import pytest
 
 from engine import envs
 from engine.llm import LLM
-from engine.runner.decode_rates import BATCHES, plausible
 from engine.tuning import batch_cap, race_memory
 from engine.tuning.batch_cap import from_step_seconds
+from engine.tuning.decode_rates import BATCHES
+from engine.tuning.timing import plausible
 from planner.calibrate import decode_rates, fit_path_for
 from planner.step_model import FEATURES, StepTimeModel, StepWork
 from server.cli import build_parser, engine_config, size_batch

@@ -124,21 +124,21 @@ def test_the_speculation_cost_curve_is_kept_when_plausible(tiny_zoo: TinyZoo, ow
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """A speculating engine times its step cost curves once per machine: a second start reads
     them back, unless the first timings looked like a busy machine's (then it times again)."""
-    from engine.spec import cost_model
     from engine.spec.config import parse_speculative_config
+    from engine.tuning import step_cost
 
     timed: list[list[int]] = []
-    real = cost_model._time_counts
+    real = step_cost._time_counts
 
-    def counted(runner: Any, counts: list[int]) -> cost_model.StepCost:
+    def counted(steps: Any, counts: list[int]) -> step_cost.StepCost:
         timed.append(counts)
-        return real(runner, counts)
+        return real(steps, counts)
 
-    monkeypatch.setattr(cost_model, "_time_counts", counted)
-    monkeypatch.setattr(cost_model, "_measured", {})
+    monkeypatch.setattr(step_cost, "_time_counts", counted)
+    monkeypatch.setattr(step_cost, "_measured", {})
     config = parse_speculative_config('{"method": "ngram", "num_speculative_tokens": 2}')
 
-    def curve() -> cost_model.StepCost:
+    def curve() -> step_cost.StepCost:
         drafter = LLM(model=str(tiny_zoo.folder(LLAMA)), **ARGS, speculative_config=config).engine.scheduler.drafter
         assert drafter is not None
         return drafter.cost
@@ -146,10 +146,10 @@ def test_the_speculation_cost_curve_is_kept_when_plausible(tiny_zoo: TinyZoo, ow
     with one_torch_thread():
         first = curve()
         assert len(timed) == 1
-        monkeypatch.setattr(cost_model, "_measured", {})
+        monkeypatch.setattr(step_cost, "_measured", {})
         forget_this_process(monkeypatch)
         second = curve()
-    if cost_model.plausible(first):
+    if step_cost.plausible(first):
         assert len(timed) == 1 and second == first
     else:
         assert len(timed) == 2

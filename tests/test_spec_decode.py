@@ -19,7 +19,7 @@ from engine import LLM, SamplingParams
 from engine.core.block_manager import BlockManager
 from engine.core.sequence import Sequence
 from engine.spec.config import parse_speculative_config
-from engine.spec.cost_model import StepCost
+from engine.tuning.step_cost import StepCost
 from engine.types.outputs import RequestTimes
 from engine.types.stats import StepStats
 

@@ -7,8 +7,8 @@ from engine.core.sequence import Sequence
 from engine.sampling_params import SamplingParams
 from engine.spec import drafter as drafter_module
 from engine.spec.config import parse_speculative_config
-from engine.spec.cost_model import StepCost, plausible
 from engine.spec.drafter import Drafter, StepLoad
+from engine.tuning.step_cost import StepCost, plausible
 from engine.types.outputs import RequestTimes
 
 SPEC = parse_speculative_config('{"num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}')

@@ -182,7 +182,7 @@ def test_drafts_verified_past_the_window_are_exact(tiny_zoo: TinyZoo, spec: Any)
     whose window ends at itself. A prompt that repeats itself gives the proposer matches."""
     from engine import LLM, SamplingParams
     from engine.spec.config import parse_speculative_config
-    from engine.spec.cost_model import StepCost
+    from engine.tuning.step_cost import StepCost
 
     config = parse_speculative_config('{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1}')
     llm = LLM(model=str(tiny_zoo.folder(spec)), max_model_len=128, kv_cache_dtype="fp32", speculative_config=config)

@@ -8,7 +8,7 @@ Those requests decode one token at a time in the same step as everyone else.
 
 Load-aware: the scheduler offers drafts only from the budget left once every decode and
 prefill of the step is placed. Each draft is then weighed against the start-up cost curves
-(engine/spec/cost_model.py): a step of T tokens that emits B tokens runs at B / cost(T); a
+(engine/tuning/step_cost.py): a step of T tokens that emits B tokens runs at B / cost(T); a
 draft of d tokens whose sequence has recently had a fraction r of its draft tokens
 accepted makes that (B + r d) / cost(T + d). A step of decodes and drafts only is priced
 on the fused decode step's curve while it fits that step (which verifies drafts as decode
@@ -29,8 +29,8 @@ from dataclasses import dataclass
 
 from engine.core.sequence import Sequence
 from engine.spec.config import SpeculativeConfig
-from engine.spec.cost_model import StepCost
 from engine.spec.ngram import NgramProposer
+from engine.tuning.step_cost import StepCost
 from engine.types.spec_counters import SpecCounters
 
 PRIOR_ACCEPTANCE = 0.5  # a sequence's expected acceptance before its first draft is verified

@@ -18,27 +18,19 @@ within the fused limit is priced on the fused curve, and one that pushes it past
 leaving it.
 
 Timing the curves is a share of a speculating engine's start, and they answer the same on
-the same machine: they are kept with the load-time races (engine/tuning/race_memory.py), per model
+the same machine: they are kept with the load-time races (race_memory.py), per model
 shape, weights and cache dtype, and read back at later starts; engines built alike in one
-process measure once.
+process measure once. The steps are the runner's own (steps.py).
 """
 
 from __future__ import annotations
 
 import bisect
-import hashlib
-from dataclasses import dataclass, fields, replace
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
-import torch
-
-from engine.attention.metadata import AttentionMetadata
-from engine.model.decode_step import synthetic_decodes
-from engine.runner.kv_cache import touch_blocks
 from engine.tuning import race_memory, timing
-
-if TYPE_CHECKING:  # the runner imports the scheduler, which imports the drafter and this
-    from engine.runner.model_runner import ModelRunner
+from engine.tuning.steps import SyntheticSteps
 
 REPS = 2  # timed runs of a count per round, after a warm-up
 ROUNDS = 2
@@ -81,32 +73,28 @@ class StepCost:
 _measured: dict[str, StepCost] = {}
 
 
-def measure_step_cost(runner: ModelRunner, max_tokens: int) -> StepCost:
+def measure_step_cost(steps: SyntheticSteps, max_tokens: int) -> StepCost:
     """Time decode-shaped steps of 1, 2, 4, ... tokens up to max_tokens (and the cache's
     blocks), or read them back from an earlier start on this machine. The synthetic
     sequences write into the still empty cache, so requests never read what they wrote."""
-    num_blocks = runner.kv_caches[0].shape[1]
-    counts = [m for m in timing.COUNTS if m <= min(max_tokens, num_blocks)]
+    counts = [m for m in timing.COUNTS if m <= min(max_tokens, steps.num_blocks)]
     if len(counts) < 2:
         counts = [1, 2]  # a cache or budget this small still has two blocks and two tokens
-    key = race_key(runner, counts)
+    key = race_key(steps, counts)
     if key not in _measured:
         kept = race_memory.recall("spec-step-cost", key)
         if kept is not None:
             _measured[key] = from_json(kept)
         else:
-            _measured[key] = _time_counts(runner, counts)
+            _measured[key] = _time_counts(steps, counts)
             if plausible(_measured[key]):
                 race_memory.keep("spec-step-cost", key, to_json(_measured[key]))
     return _measured[key]
 
 
-def race_key(runner: ModelRunner, counts: list[int]) -> str:
+def race_key(steps: SyntheticSteps, counts: list[int]) -> str:
     """What the curves depend on besides the machine (race_memory adds that)."""
-    shape = hashlib.sha256(repr(runner.model_config).encode()).hexdigest()[:16]
-    fused = runner.decode_step.max_tokens if runner.decode_step is not None else 0
-    return ":".join(map(str, (shape, runner.quantization, runner.dtype, runner.kv_dtype, runner.backend.name,
-                              runner.block_size, CONTEXT, ",".join(map(str, counts)), fused)))
+    return ":".join(map(str, (steps.cost_key, CONTEXT, ",".join(map(str, counts)), steps.fused_limit)))
 
 
 def plausible(cost: StepCost) -> bool:
@@ -126,32 +114,19 @@ def from_json(kept: dict[str, Any]) -> StepCost:
                     int(kept["fused_limit"]))
 
 
-def _time_counts(runner: ModelRunner, counts: list[int]) -> StepCost:
-    touch_blocks(runner.kv_caches, max(counts) * -(-CONTEXT // runner.block_size))
-    general = _curve(runner, counts, fused=False)
-    fused_step = runner.decode_step
-    if fused_step is None or fused_step.max_tokens < 1:
+def _time_counts(steps: SyntheticSteps, counts: list[int]) -> StepCost:
+    steps.fill(max(counts) * -(-CONTEXT // steps.block_size))
+    general = _curve(steps, counts, fused=False)
+    if steps.fused_limit < 1:
         return general
-    fused_counts = [m for m in counts if m <= fused_step.max_tokens]
-    fused = _curve(runner, fused_counts, fused=True)
-    return StepCost(general.counts, general.seconds, fused, fused_step.max_tokens)
+    fused_counts = [m for m in counts if m <= steps.fused_limit]
+    fused = _curve(steps, fused_counts, fused=True)
+    return StepCost(general.counts, general.seconds, fused, steps.fused_limit)
 
 
-def _curve(runner: ModelRunner, counts: list[int], fused: bool) -> StepCost:
-    vocab = runner.model_config.vocab_size
-
+def _curve(steps: SyntheticSteps, counts: list[int], fused: bool) -> StepCost:
     def step(m: int) -> float:
-        ids, positions, meta = synthetic_decodes(m, runner.block_size, vocab, CONTEXT, runner.num_blocks)
-        ids, positions, meta = ids.to(runner.device), positions.to(runner.device), on_device(meta, runner.device)
-
-        def run() -> object:
-            if fused and runner.decode_step is not None:
-                hidden = runner.decode_step(ids, positions, meta)
-            else:
-                hidden = runner.model(ids, positions, meta, runner.kv_caches)
-            return runner.model.compute_logits(hidden)
-
-        return timing.best_time(run, REPS)
+        return timing.best_time(steps.logits(m, CONTEXT, fused), REPS)
 
     with timing.racing(None):
         # Rounds over all counts, so that a burst of load on a shared machine spoils one
@@ -166,11 +141,3 @@ def _curve(runner: ModelRunner, counts: list[int], fused: bool) -> StepCost:
         return StepCost((counts[0], counts[0] + 1), (seconds[0], seconds[0]))
     return StepCost(tuple(counts), tuple(seconds))
 
-
-def on_device(meta: AttentionMetadata, device: torch.device) -> AttentionMetadata:
-    """The synthetic step's metadata on the model's device (its host lists stay)."""
-    if device.type == "cpu":
-        return meta
-    moved = {f.name: getattr(meta, f.name).to(device) for f in fields(meta)
-             if isinstance(getattr(meta, f.name), torch.Tensor)}
-    return replace(meta, **moved)
