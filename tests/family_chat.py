@@ -30,7 +30,7 @@ HERMES_CALL = f"<tool_call>\n{CALL_JSON}\n</tool_call>"
 
 @dataclass(frozen=True)
 class FamilyChat:
-    family: str  # the model_type in engine/model/registry.py
+    family: str  # the model_type a family registers (engine/model/registry.py)
     spec: TinySpec  # the family's tiny checkpoint, as its equality test builds it
     template: Path
     bos: str

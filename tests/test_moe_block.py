@@ -75,7 +75,7 @@ def test_top_k_beyond_experts_is_refused() -> None:
 
 def test_olmoe_with_clip_qkv_is_refused_at_config() -> None:
     """transformers clamps q, k and v after OLMoE's norms; pagode has no clamp, so it says so."""
-    from engine.model.registry import config_from_hf
+    from engine.model.hf_config import config_from_hf
 
     cfg = dict(model_type="olmoe", vocab_size=203, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
                num_attention_heads=4, num_experts=8, num_experts_per_tok=2, clip_qkv=8.0)

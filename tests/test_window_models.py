@@ -127,7 +127,7 @@ def test_qwen_window_layers_match_transformers_past_the_window(tiny_zoo: TinyZoo
     with use_sliding_window false the same sliding_window applies nowhere."""
     import json
 
-    from engine.model.registry import config_from_hf
+    from engine.model.hf_config import config_from_hf
 
     reference = tiny_zoo.reference(spec)
     llm = assert_engine_matches(tiny_zoo.folder(spec), reference)

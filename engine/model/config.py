@@ -1,7 +1,7 @@
 """The architecture facts the engine needs, from a HF config.json or GGUF metadata.
 
 One dataclass for every family: a family that only toggles a feature sets a field here
-(engine/model/registry.py maps each family's config onto these fields), so the model,
+(engine/model/hf_config.py and gguf_file.py map each family's config onto these fields), so the model,
 the planner and the KV-cache sizing read one shape.
 """
 
@@ -52,12 +52,6 @@ class ModelConfig:
     norm_topk_prob: bool = False  # renormalise the top-k routing weights to sum to 1
     decoder_sparse_step: int = 1  # layer i is sparse iff (i + 1) % step == 0 and i not in mlp_only_layers
     mlp_only_layers: list[int] = field(default_factory=list)
-
-    @classmethod
-    def from_hf(cls, cfg: dict[str, Any]) -> ModelConfig:
-        from engine.model.registry import config_from_hf
-
-        return config_from_hf(cfg)
 
     def is_sparse_layer(self, i: int) -> bool:
         """Whether layer i has the MoE block, by transformers' Qwen3MoeDecoderLayer rule."""

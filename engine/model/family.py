@@ -1,21 +1,28 @@
 """What a model family is to pagode: how its config maps onto ModelConfig, which model class
 runs it, how its GGUF tensors are named, and what it supports.
 
-The registry (engine/model/registry.py) holds one Family per HF `model_type`; each family
-that needs code of its own keeps its adapters in a module beside llama.py.
+Each family module builds its Family and registers it (engine/model/registry.py holds one
+per HF `model_type`); a family that needs code of its own keeps it in that module.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from engine.model.gguf_file import GGUFModel
+
+class GGUFMetadata(Protocol):
+    """What a family's adapters read of a GGUF file (engine/model/gguf_file.py's GGUFModel
+    is one), so that a family module needs no GGUF reader."""
+
+    def arch_field(self, key: str, default: Any = None) -> Any: ...
+
+    def tensor_values(self, name: str) -> list[float] | None: ...
+
 
 HFFields = Callable[[dict[str, Any]], dict[str, Any]]
-GGUFFields = Callable[["GGUFModel"], dict[str, Any]]
+GGUFFields = Callable[[GGUFMetadata], dict[str, Any]]
 
 
 def no_fields(_: Any) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from engine.model.config import ModelConfig
 from engine.model.family import Family, Support
 from engine.model.layers import RMSNorm, RotaryEmbedding
 from engine.model.llama import Attention, LlamaForCausalLM, SublayerNorms
+from engine.model.registry import register
 
 SLIDING = "sliding_attention"
 
@@ -172,10 +173,10 @@ def gguf_fields(gguf: Any) -> dict[str, Any]:
             "final_logit_softcapping": None if final_cap is None else float(final_cap)}
 
 
-FAMILY = Family(
+FAMILY = register(Family(
     model_type="gemma2", gguf_arch="gemma2", model_class="engine.model.gemma2:Gemma2ForCausalLM",
     gguf_fields=gguf_fields, gguf_tensors=GGUF_TENSORS,
     hf_fields=hf_fields,
     support=Support(proved=("folder", "converter Q8_0", "GGUF F32", "int8/int4 gate", "Triton backend")),
     notes="sliding and global layers (layer_types); attention and final logit soft-caps; (1 + w) norms",
-)
+))

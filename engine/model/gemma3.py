@@ -8,6 +8,7 @@ from typing import Any
 
 from engine.model import gemma2
 from engine.model.family import Family, Support
+from engine.model.registry import register
 
 
 def hf_fields(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -37,11 +38,11 @@ class Gemma3ForCausalLM(gemma2.Gemma2ForCausalLM):
     pass
 
 
-FAMILY = Family(
+FAMILY = register(Family(
     model_type="gemma3_text", gguf_arch="gemma3", model_class="engine.model.gemma3:Gemma3ForCausalLM",
     gguf_fields=gguf_fields, gguf_tensors=gemma2.GGUF_TENSORS,
     hf_fields=hf_fields,
     support=Support(proved=("folder", "GGUF F32", "converter Q8_0, Q4_K_M", "int8/int4 gate",
                             "Triton backend")),
     notes="Gemma 2 plus q/k norms and a local RoPE base on the sliding layers",
-)
+))

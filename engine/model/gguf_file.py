@@ -20,6 +20,7 @@ from engine.model.config import ModelConfig
 from engine.model.family import Family
 from engine.model.gguf_reader import GGUFHeader
 from engine.model.gguf_split import read_parts
+from engine.model.registry import family_for_gguf
 
 _LAYER_NAMES = {
     "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
@@ -67,13 +68,9 @@ class GGUFModel:
 
     @cached_property
     def family(self) -> Family:
-        from engine.model.registry import family_for_gguf
-
         return family_for_gguf(self.arch)
 
     def config(self) -> ModelConfig:
-        from engine.model.registry import config_from_gguf
-
         return config_from_gguf(self)
 
     @property
@@ -135,6 +132,59 @@ class GGUFModel:
                 data = data[unpermute(torch.arange(data.shape[0]), heads).numpy()]
             out[name] = (t.tensor_type.name.lower(), data)
         return out
+
+
+def config_from_gguf(gguf: GGUFModel) -> ModelConfig:
+    """ModelConfig from GGUF metadata (llama.cpp's `{arch}.*` keys), then the family's own."""
+    family = family_for_gguf(gguf.arch)
+    heads = int(gguf.arch_field("attention.head_count"))
+    hidden = int(gguf.arch_field("embedding_length"))
+    vocab = gguf.arch_field("vocab_size") or len(gguf.field("tokenizer.ggml.tokens"))
+    eos = gguf.field("tokenizer.ggml.eos_token_id")
+    fields: dict[str, Any] = dict(
+        architecture=family.model_type,
+        vocab_size=int(vocab),
+        hidden_size=hidden,
+        intermediate_size=int(gguf.arch_field("feed_forward_length")),
+        num_hidden_layers=int(gguf.arch_field("block_count")),
+        num_attention_heads=heads,
+        num_key_value_heads=int(gguf.arch_field("attention.head_count_kv", heads)),
+        head_dim=int(gguf.arch_field("attention.key_length", hidden // heads)),
+        rms_norm_eps=float(gguf.arch_field("attention.layer_norm_rms_epsilon", 1e-5)),
+        rope_theta=float(gguf.arch_field("rope.freq_base", 10000.0)),
+        rope_scaling=gguf_rope_scaling(gguf),
+        max_position_embeddings=int(gguf.arch_field("context_length", 2048)),
+        tie_word_embeddings="output.weight" not in gguf.tensor_names,
+        attention_bias="blk.0.attn_q.bias" in gguf.tensor_names,
+        bos_token_id=gguf.field("tokenizer.ggml.bos_token_id"),
+        eos_token_ids=[] if eos is None else [int(eos)],
+    )
+    fields.update(family.gguf_fields(gguf))
+    return ModelConfig(**fields)
+
+
+def gguf_rope_scaling(gguf: GGUFModel) -> dict[str, Any] | None:
+    """RoPE scaling as llama.cpp stores it: llama3's per-dimension divisors as the tensor
+    rope_freqs, linear and YaRN as rope.scaling.* keys."""
+    factors = gguf.tensor_values("rope_freqs")
+    if factors is not None:
+        return {"rope_type": "freq_factors", "factors": factors}
+    kind = gguf.arch_field("rope.scaling.type")
+    if kind in (None, "none"):
+        return None
+    factor = float(gguf.arch_field("rope.scaling.factor", 1.0))
+    if kind == "linear":
+        return {"rope_type": "linear", "factor": factor}
+    if kind == "yarn":
+        out: dict[str, Any] = {"rope_type": "yarn", "factor": factor,
+                               "original_max_position_embeddings":
+                                   int(gguf.arch_field("rope.scaling.original_context_length"))}
+        for key in ("beta_fast", "beta_slow"):
+            value = gguf.arch_field(f"rope.scaling.yarn_{key}")
+            if value is not None:
+                out[key] = float(value)
+        return out
+    raise ValueError(f"unsupported GGUF rope scaling type {kind!r}; pagode reads linear, yarn and rope_freqs")
 
 
 def dequantized(t: Any) -> torch.Tensor:

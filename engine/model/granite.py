@@ -6,12 +6,10 @@ llama.cpp's converter writes them as {arch}.embedding_scale, .attention.scale,
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from engine.model.family import Family, Support
-
-if TYPE_CHECKING:
-    from engine.model.gguf_file import GGUFModel
+from engine.model.family import Family, GGUFMetadata, Support
+from engine.model.registry import register
 
 
 def hf_fields(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -24,7 +22,7 @@ def hf_fields(cfg: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def gguf_fields(gguf: GGUFModel) -> dict[str, Any]:
+def gguf_fields(gguf: GGUFMetadata) -> dict[str, Any]:
     return {
         "embedding_multiplier": float(gguf.arch_field("embedding_scale", 1.0)),
         "residual_multiplier": float(gguf.arch_field("residual_scale", 1.0)),
@@ -33,8 +31,8 @@ def gguf_fields(gguf: GGUFModel) -> dict[str, Any]:
     }
 
 
-FAMILY = Family(
+FAMILY = register(Family(
     model_type="granite", gguf_arch="granite", hf_fields=hf_fields, gguf_fields=gguf_fields,
     permute_qk=True, support=Support(proved=("folder", "converter Q8_0", "GGUF Q8_0", "int8/int4 gate")),
     notes="embedding, residual, attention and logits multipliers",
-)
+))

@@ -25,7 +25,7 @@ from engine.model import prepack
 from engine.model.config import ModelConfig
 from engine.model.gguf_file import GGUFModel
 from engine.model.llama import LlamaForCausalLM
-from engine.model.registry import model_class
+from engine.model.registry import family_for_hf
 from engine.model.weights import iter_safetensors, load_weights, read_hf_config
 from engine.quant import quantize_model, resolve_mode
 from engine.quant.apply import RawBlocks, file_weights
@@ -335,3 +335,10 @@ def _tokenizer_cache_dir(path: Path) -> Path:
     key = hashlib.sha256(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
     root = envs.CACHE_DIR.get()
     return root / "tokenizers" / key
+
+
+def model_class(cfg: ModelConfig) -> type[nn.Module]:
+    """The family's model class, imported when a model of that family is loaded."""
+    module, name = family_for_hf(cfg.architecture).model_class.split(":")
+    cls: type[nn.Module] = getattr(importlib.import_module(module), name)
+    return cls

@@ -14,6 +14,7 @@ from typing import Any
 
 from engine.model.family import Family, Support
 from engine.model.qwen3_moe import experts_from_hf
+from engine.model.registry import register
 
 
 def hf_fields(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -36,11 +37,11 @@ def gguf_moe_fields(gguf: Any) -> dict[str, Any]:
 GGUF_TENSORS = {"ffn_gate_inp": "mlp.gate", "ffn_gate_exps": "mlp.experts.gate_proj",
                 "ffn_up_exps": "mlp.experts.up_proj", "ffn_down_exps": "mlp.experts.down_proj"}
 
-FAMILY = Family(
+FAMILY = register(Family(
     model_type="mixtral", gguf_arch=None, model_class="engine.model.qwen3_moe:Qwen3MoeForCausalLM",
     hf_fields=hf_fields,
     support=Support(fused_cpu_step=False, proved=("folder", "converter Q8_0", "GGUF Q8_0 (arch llama, experts F32)",
                                                   "int8/int4 gate")),
     notes="MoE as qwen3_moe, top-k always renormalised; block_sparse_moe w1/w3/w2 names; "
           "GGUF: arch llama with expert tensors",
-)
+))

@@ -17,6 +17,7 @@ from engine.model.config import ModelConfig
 from engine.model.family import Family, Support
 from engine.model.layers import RMSNorm, RotaryEmbedding
 from engine.model.llama import MLP, Attention, LlamaForCausalLM, SublayerNorms
+from engine.model.registry import register
 
 
 class Olmo2DecoderLayer(nn.Module):
@@ -51,7 +52,7 @@ def gguf_fields(_: Any) -> dict[str, Any]:
     return {"qk_norm": "proj", "post_norms_only": True}
 
 
-FAMILY = Family(
+FAMILY = register(Family(
     model_type="olmo2", gguf_arch="olmo2", model_class="engine.model.olmo2:Olmo2ForCausalLM",
     hf_fields=hf_fields, gguf_fields=gguf_fields,
     gguf_tensors={"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
@@ -59,4 +60,4 @@ FAMILY = Family(
                   "post_ffw_norm": "post_feedforward_layernorm"},
     support=Support(proved=("folder", "converter Q8_0", "GGUF Q8_0", "int8/int4 gate")),
     notes="post-norms only; q/k RMSNorm over the whole projection",
-)
+))

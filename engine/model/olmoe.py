@@ -8,6 +8,7 @@ from typing import Any
 
 from engine.model import mixtral
 from engine.model.family import Family, Support
+from engine.model.registry import register
 
 
 def hf_fields(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -28,10 +29,10 @@ def gguf_fields(gguf: Any) -> dict[str, Any]:
             "moe_intermediate_size": int(gguf.arch_field("feed_forward_length")), "norm_topk_prob": False}
 
 
-FAMILY = Family(
+FAMILY = register(Family(
     model_type="olmoe", gguf_arch="olmoe", model_class="engine.model.qwen3_moe:Qwen3MoeForCausalLM",
     hf_fields=hf_fields, gguf_fields=gguf_fields,
     gguf_tensors={"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm", **mixtral.GGUF_TENSORS},
     support=Support(fused_cpu_step=False, proved=("folder", "converter Q8_0", "GGUF Q8_0 (experts F32)")),
     notes="MoE as qwen3_moe; q/k RMSNorm over the whole projection; clip_qkv refused",
-)
+))

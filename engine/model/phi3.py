@@ -9,19 +9,17 @@ row permutation."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from engine.model.family import Family, Support, partial_rotary_from_hf
-
-if TYPE_CHECKING:
-    from engine.model.gguf_file import GGUFModel
+from engine.model.family import Family, GGUFMetadata, Support, partial_rotary_from_hf
+from engine.model.registry import register
 
 
 def hf_fields(cfg: dict[str, Any]) -> dict[str, Any]:
     return {"partial_rotary_factor": partial_rotary_from_hf(cfg), "attention_bias": False}
 
 
-def gguf_fields(gguf: GGUFModel) -> dict[str, Any]:
+def gguf_fields(gguf: GGUFMetadata) -> dict[str, Any]:
     heads = int(gguf.arch_field("attention.head_count"))
     head_dim = int(gguf.arch_field("attention.key_length", int(gguf.arch_field("embedding_length")) // heads))
     rotary = int(gguf.arch_field("rope.dimension_count", head_dim))
@@ -36,11 +34,11 @@ def gguf_fields(gguf: GGUFModel) -> dict[str, Any]:
     return out
 
 
-FAMILY = Family(
+FAMILY = register(Family(
     model_type="phi3", gguf_arch="phi3", hf_fields=hf_fields, gguf_fields=gguf_fields,
     gguf_tensors={"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
     gguf_config_tensors=("rope_factors_long", "rope_factors_short"),
     support=Support(proved=("folder", "converter Q8_0", "GGUF F32", "LongRoPE short + long",
                             "int8/int4 gate")),
     notes="fused qkv/gate_up checkpoints; LongRoPE; partial rotary",
-)
+))

@@ -12,6 +12,7 @@ from engine.model.config import ModelConfig
 from engine.model.family import Family, Support
 from engine.model.llama import LlamaForCausalLM
 from engine.model.moe import SparseMoeBlock
+from engine.model.registry import register
 
 
 class Qwen3MoeForCausalLM(LlamaForCausalLM):
@@ -51,7 +52,7 @@ def gguf_fields(gguf: Any) -> dict[str, Any]:
             "norm_topk_prob": True}
 
 
-FAMILY = Family(
+FAMILY = register(Family(
     model_type="qwen3_moe", gguf_arch="qwen3moe", model_class="engine.model.qwen3_moe:Qwen3MoeForCausalLM",
     hf_fields=hf_fields, gguf_fields=gguf_fields,
     gguf_tensors={"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
@@ -60,4 +61,4 @@ FAMILY = Family(
     support=Support(fused_cpu_step=False, proved=("folder", "converter Q8_0", "GGUF Q8_0 (experts F32)",
                                                   "int8/int4 gate")),
     notes="softmax top-k routing, one GEMM per active expert per step; per-head q/k RMSNorm",
-)
+))

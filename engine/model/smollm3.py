@@ -6,12 +6,10 @@ llama.cpp hard-codes that interval of 4, so a GGUF carries no per-layer list."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from engine.model.family import Family, Support
-
-if TYPE_CHECKING:
-    from engine.model.gguf_file import GGUFModel
+from engine.model.family import Family, GGUFMetadata, Support
+from engine.model.registry import register
 
 LLAMA_CPP_NO_ROPE_STEP = 4
 
@@ -29,12 +27,12 @@ def hf_fields(cfg: dict[str, Any]) -> dict[str, Any]:
     return {"rope_layers": uses, "attention_bias": cfg.get("attention_bias", False)}
 
 
-def gguf_fields(gguf: GGUFModel) -> dict[str, Any]:
+def gguf_fields(gguf: GGUFMetadata) -> dict[str, Any]:
     return {"rope_layers": rope_layers_by_interval(int(gguf.arch_field("block_count")), LLAMA_CPP_NO_ROPE_STEP)}
 
 
-FAMILY = Family(
+FAMILY = register(Family(
     model_type="smollm3", gguf_arch="smollm3", hf_fields=hf_fields, gguf_fields=gguf_fields,
     permute_qk=True, support=Support(proved=("folder", "converter Q8_0", "GGUF F32", "int8/int4 gate")),
     notes="NoPE layers (no_rope_layers[i] == 0); GGUF: every 4th layer, as llama.cpp",
-)
+))

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from engine.model.config import ModelConfig
+from engine.model.hf_config import config_from_hf
 from engine.model.llama import LlamaForCausalLM
 from engine.model.moe import mixtral_names, split_stacked_experts
 from engine.progress import progress
@@ -40,7 +41,7 @@ def checkpoint_files(folder: Path) -> list[Path]:
 
 
 def read_hf_config(folder: Path) -> ModelConfig:
-    cfg = ModelConfig.from_hf(json.loads((folder / "config.json").read_text()))
+    cfg = config_from_hf(json.loads((folder / "config.json").read_text()))
     gen = folder / "generation_config.json"
     if gen.exists():
         eos = json.loads(gen.read_text()).get("eos_token_id")
