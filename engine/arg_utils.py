@@ -23,7 +23,7 @@ from engine.config import (
     SCHEDULING_POLICIES,
     EngineConfig,
 )
-from engine.observers.kv_events_config import KVEventsConfig, parse_kv_events_config
+from engine.kv_events_config import KVEventsConfig, parse_kv_events_config
 from engine.request_limits import RequestCaps
 from engine.spec.config import SpeculativeConfig, parse_speculative_config
 

@@ -8,7 +8,7 @@ from typing import Literal
 
 import torch
 
-from engine.observers.kv_events_config import KVEventsConfig
+from engine.kv_events_config import KVEventsConfig
 from engine.request_limits import RequestCaps
 from engine.spec.config import SpeculativeConfig
 

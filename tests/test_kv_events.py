@@ -19,8 +19,8 @@ from engine.config import EngineConfig
 from engine.core.block_hashes import external_hash, hash_blocks, none_hash, sha256_cbor
 from engine.core.block_manager import BlockManager
 from engine.core.sequence import Sequence
+from engine.kv_events_config import KVEventsConfig, parse_kv_events_config
 from engine.observers.kv_events import KVEventRecorder, encode_batch
-from engine.observers.kv_events_config import KVEventsConfig, parse_kv_events_config
 from engine.observers.kv_publisher import END_SEQ, ZmqEventPublisher, binds
 from engine.sampling_params import SamplingParams
 from engine.types.outputs import RequestTimes

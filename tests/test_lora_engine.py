@@ -218,7 +218,7 @@ def test_kv_events_carry_the_adapter(tiny_zoo: TinyZoo) -> None:
     import vllm_block_hash as vllm
     import zmq
 
-    from engine.observers.kv_events_config import parse_kv_events_config
+    from engine.kv_events_config import parse_kv_events_config
     from loadgen.server_process import free_port
 
     spec = SPECS[0]

@@ -26,8 +26,8 @@ from typing import Any
 import msgspec
 import zmq
 
+from engine.kv_events_config import KVEventsConfig
 from engine.observers.kv_events import encode_batch
-from engine.observers.kv_events_config import KVEventsConfig
 
 log = logging.getLogger("pagode")
 
