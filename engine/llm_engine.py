@@ -14,8 +14,10 @@ from engine.config import EngineConfig, dtype_name
 from engine.core.block_manager import BlockManager
 from engine.core.detokenizer import IncrementalDetokenizer
 from engine.core.request_state import RequestState
-from engine.core.scheduler import Scheduler, SchedulerOutput
+from engine.core.scheduler import Scheduler
 from engine.core.sequence import Sequence
+from engine.core.step_result import StepResult
+from engine.executor import Executor
 from engine.lora import LoraError, LoraRegistry
 from engine.lora.sources import read_adapter
 from engine.model.layers import kv_window
@@ -23,25 +25,23 @@ from engine.model.loader import load_tokenizer, read_config, resolve_model
 from engine.observers.kv_events import KVEventRecorder
 from engine.observers.kv_publisher import ZmqEventPublisher
 from engine.observers.profiler import StepProfiler
-from engine.observers.stats_recorder import StatsRecorder, finished_request_stats
+from engine.observers.stats_recorder import StatsRecorder
+from engine.output_processor import OutputProcessor
 from engine.request_limits import RequestLimits, check_request
-from engine.runner import prompt_logprobs, row_sampling
 from engine.runner.kv_cache import bytes_per_block
-from engine.runner.logprob_values import finite_logprob
 from engine.runner.model_runner import ModelRunner
-from engine.runner.sampler import RawLogprob
 from engine.runner.synthetic_steps import RunnerSteps
 from engine.sampling_params import SamplingParams
 from engine.spec.drafter import Drafter
-from engine.structured_output import StructuredOutputError, StructuredOutputManager
+from engine.structured_output import StructuredOutputManager
 from engine.thinking_budget import ThinkingTracker
 from engine.tokenizer import Tokenizer
 from engine.tuning import race_memory
 from engine.tuning.tuning import tune
 from engine.types.errors import InvalidRequestError
 from engine.types.info import EngineInfo
-from engine.types.outputs import RequestTimes, StreamDelta, TokenLogprob
-from engine.types.stats import EngineStats, FinishedRequestStats, StepStats
+from engine.types.outputs import RequestTimes, StreamDelta
+from engine.types.stats import EngineStats, StepStats
 
 log = logging.getLogger("pagode")
 
@@ -72,8 +72,7 @@ class LLMEngine:
         self.block_manager = BlockManager(self.num_blocks, self.block_size, config.enable_prefix_caching,
                                           window=kv_window(self.runner.model))
         self.kv_events, self.kv_publisher = self._build_kv_events(config)
-        self.scheduler = Scheduler(config, self.block_manager, self.max_model_len)
-        self.scheduler.drafter = self._build_drafter(config)
+        self.scheduler = Scheduler(config, self.block_manager, self.max_model_len, self._build_drafter(config))
         self.limits = self._build_limits()
         self.requests: dict[str, RequestState] = {}
         self.eos_ids = frozenset(self.model_config.eos_token_ids) | (
@@ -82,6 +81,9 @@ class LLMEngine:
         self.step_listeners: list[Callable[[StepStats], None]] = self.recorder.listeners
         self.structured = StructuredOutputManager(self.tokenizer, self.model_config.vocab_size,
                                                   sorted(self.eos_ids))
+        self.outputs = OutputProcessor(self.tokenizer, self.requests)
+        self.executor = Executor(self.runner, self.structured, self.requests, config.logprobs_mode,
+                                 self.outputs.token_text)
         log.info("KV cache: %d blocks of %d positions = %d tokens in %s (%s, %d tokens per GiB; "
                  "weights %s, %s), batching %s, max_model_len %d",
                  self.num_blocks, self.block_size, self.num_blocks * self.block_size,
@@ -222,7 +224,8 @@ class LLMEngine:
         state = self.requests.get(request_id)
         if state is None:
             return None
-        return self._finish(state, "abort")
+        self.scheduler.finish(state.seq, "abort")
+        return self.outputs.delta(state, [])
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -230,130 +233,23 @@ class LLMEngine:
     # ---- the step ------------------------------------------------------
     def step(self) -> list[StreamDelta]:
         start = self.recorder.begin_step()
-        out = self.scheduler.schedule()
+        batch = self.scheduler.schedule()
         self.recorder.phases.lap("schedule", start)
-        deltas: list[StreamDelta] = []
-        finished: list[FinishedRequestStats] = []
-        if not out.is_empty:
-            deltas = self._run(out, finished)
-        self.recorder.record_step(out, start, finished, deltas)
+        result = self.executor.execute(batch)
+        clock = time.monotonic()
+        updates = self.scheduler.update(batch, result)
+        deltas, finished = self.outputs.process(updates)
+        self._time_phases(result, clock)
+        self.recorder.record_step(batch, start, finished, deltas)
         self._publish_kv_events()
         return deltas
 
-    def _run(self, out: SchedulerOutput, finished: list[FinishedRequestStats]) -> list[StreamDelta]:
-        to_sample = [s for s in out.scheduled if s.completes_prefill]
-        phases, clock = self.recorder.phases, time.monotonic()
-        try:
-            inputs = self.runner.prepare(out.scheduled)
-            clock = phases.lap("prepare", clock)
-            plans = prompt_logprobs.plan(self.requests, out.scheduled, inputs)
-            logits = self.runner.forward(inputs)
-            prompt_logits, logits = prompt_logprobs.split_logits(logits, plans)
-            prompt_logprobs.collect(self.requests, prompt_logits, plans, self._token_text)
-            clock = phases.lap("forward", clock)
-            self.scheduler.advance(out)
-            drafts = [s.seq.drop_draft() for s in to_sample]  # verified below, token by token
-            states = [self.requests[s.seq.request_id] for s in to_sample]
-            # A drafted sequence has one logits row per position checked, all sampled alike.
-            row_states = [st for st, d in zip(states, drafts, strict=True) for _ in range(1 + len(d))]
-            raw = row_sampling.unmasked_logits(logits, row_states, self.config.logprobs_mode)
-            dead = self.structured.apply_masks(logits, [st.grammar for st in row_states])
-        except Exception as err:  # the batch is lost; its requests fail, the engine goes on
-            log.exception("step failed; failing its %d requests", len(out.scheduled))
-            return [self._fail(self.requests[s.seq.request_id], err) for s in out.scheduled]
-        picks = row_sampling.sample_states(self.runner, logits, row_states, raw)
-        clock = phases.lap("sample", clock)
-        deltas = []
-        row = 0
-        for state, draft in zip(states, drafts, strict=True):
-            first = row
-            rows, row = picks[row:row + 1 + len(draft)], row + 1 + len(draft)
-            try:
-                if first in dead:
-                    raise StructuredOutputError(
-                        f"the structured output's grammar allows no token after the "
-                        f"{state.seq.num_output_tokens} generated so far: no output that "
-                        "begins with them matches it", "structured_outputs")
-                if draft:
-                    deltas.append(self._verify(state, draft, rows))
-                else:
-                    picked = rows[0]
-                    if isinstance(picked, BaseException):
-                        raise picked
-                    deltas.append(self._postprocess(state, *picked))
-            except Exception as err:  # one request's fault fails that request alone
-                log.exception("request %s failed", state.seq.request_id)
-                deltas.append(self._fail(state, err))
-            if state.seq.finish_reason is not None:
-                finished.append(finished_request_stats(state))
-        phases.lap("postprocess", clock)
-        return deltas
-
-    def _postprocess(self, state: RequestState, token: int,
-                     lp: RawLogprob | None) -> StreamDelta:
-        seq = state.seq
-        now = time.monotonic()
-        seq.times.first_token = seq.times.first_token or now
-        seq.times.last_token = now
-        reason = state.append(token, self.max_model_len)
-        logprobs = None if lp is None else [self._logprob(token, lp)]
-        if reason is not None:
-            return self._finish(state, reason, [token], logprobs)
-        return state.delta([token], logprobs)
-
-    def _verify(self, state: RequestState, draft: list[int],
-                rows: list[tuple[int, RawLogprob | None] | BaseException]) -> StreamDelta:
-        """Greedy verification: emit the target's token at each checked position until one
-        differs from the draft (that one is still the target's, so it is kept), or a stop
-        rule ends the output. Each token goes through the same append as a plain decode, so
-        stop strings, EOS, max_tokens and logprobs come out exactly as without a draft."""
-        seq = state.seq
-        tokens: list[int] = []
-        logprobs: list[TokenLogprob] = []
-        reason = None
-        for j, picked in enumerate(rows):
-            if isinstance(picked, BaseException):
-                raise picked
-            token, lp = picked
-            reason = state.append(token, self.max_model_len)
-            tokens.append(token)
-            if lp is not None:
-                logprobs.append(self._logprob(token, lp))
-            if reason is not None or j == len(draft) or token != draft[j]:
-                break
-        accepted = sum(1 for t, d in zip(tokens, draft, strict=False) if t == d)
-        assert self.scheduler.drafter is not None
-        self.scheduler.drafter.record(seq, len(draft), accepted)
-        now = time.monotonic()
-        seq.times.first_token = seq.times.first_token or now
-        seq.times.last_token = now
-        if reason is not None:
-            return self._finish(state, reason, tokens, logprobs or None)
-        self.scheduler.finish_draft(seq)
-        return state.delta(tokens, logprobs or None)
-
-    def _logprob(self, token: int, lp: RawLogprob) -> TokenLogprob:
-        top = [(i, self._token_text(i), finite_logprob(v)) for i, v in lp[1]]
-        return TokenLogprob(token, self._token_text(token), finite_logprob(lp[0]), top)
-
-    def _token_text(self, token_id: int) -> str:
-        return str(self.tokenizer.decode([token_id], clean_up_tokenization_spaces=False))
-
-    def _finish(self, state: RequestState, reason: str, new_ids: list[int] | None = None,
-                logprobs: list[TokenLogprob] | None = None) -> StreamDelta:
-        seq = state.seq
-        seq.finish_reason = reason
-        seq.times.finished = time.monotonic()
-        self.scheduler.remove(seq)
-        self.requests.pop(seq.request_id, None)
-        return state.delta(new_ids or [], logprobs)
-
-    def _fail(self, state: RequestState, err: BaseException) -> StreamDelta:
-        if isinstance(err, InvalidRequestError):  # the request's own fault: a 400 naming its field
-            state.seq.error, state.seq.error_param = str(err), err.param or "request"
-        else:
-            state.seq.error = f"{type(err).__name__}: {err}"
-        return self._finish(state, "abort")
+    def _time_phases(self, result: StepResult[RequestState], update_start: float) -> None:
+        """The executor's phases as its result reports them; the update's and the outputs' as
+        one phase, from `update_start` to now."""
+        phases = self.recorder.phases
+        phases.prepare, phases.forward, phases.sample = result.prepare_time, result.forward_time, result.sample_time
+        phases.lap("postprocess", update_start)
 
     # ---- statistics ----------------------------------------------------
     def stats(self) -> EngineStats:
@@ -372,8 +268,7 @@ class LLMEngine:
         return profiler
 
     def check_invariants(self) -> None:
-        seqs = list(self.scheduler.running) + list(self.scheduler.waiting)
-        self.block_manager.check_invariants(seqs)
+        self.scheduler.check_invariants()
 
     @property
     def kv_tokens_per_gib(self) -> int:

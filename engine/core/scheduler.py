@@ -12,6 +12,11 @@ Batching (EngineConfig.batching):
   free blocks; when a block is missing, the newest running sequence is preempted
   and later recomputed.
 
+After the step's forward pass, `update` reads the executor's result: it records the K/V
+computed, adds each request's sampled tokens (verifying drafts through engine/spec/), and
+frees the requests that finished or failed; the engine's output processor then turns its
+account into outputs.
+
 Scheduling policy (vLLM's --scheduling-policy): fcfs serves the queue in arrival order;
 priority orders the waiting queue by (priority, arrival), lower first, and keeps the running
 list in that order too, so that preemption takes the lowest priority (newest among equals).
@@ -19,6 +24,7 @@ list in that order too, so that preemption takes the lowest priority (newest amo
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -26,7 +32,12 @@ from dataclasses import dataclass, field
 from engine.config import EngineConfig
 from engine.core.block_manager import BlockManager
 from engine.core.sequence import Sequence, SequenceStatus
+from engine.core.step_result import Picked, R, SeqUpdate, StepResult
 from engine.spec.drafter import Drafter
+from engine.spec.verifier import verify
+from engine.types.errors import InvalidRequestError
+
+log = logging.getLogger("pagode")
 
 
 @dataclass
@@ -56,7 +67,11 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, block_manager: BlockManager, max_model_len: int) -> None:
+    def __init__(self, config: EngineConfig, block_manager: BlockManager, max_model_len: int,
+                 drafter: Drafter | None = None, check_invariants: bool = False) -> None:
+        """`drafter`: drafts decodes when the engine speculates. `check_invariants`: after every
+        update, check the block accounting of every sequence (a walk over all blocks; for
+        tests and simulations that want a broken invariant to fail at the step that broke it)."""
         self.config = config
         self.block_manager = block_manager
         self.max_model_len = max_model_len
@@ -64,7 +79,8 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.num_preemptions = 0
         self.max_concurrent = 0
-        self.drafter: Drafter | None = None  # set when the engine speculates
+        self.drafter = drafter
+        self.checks_invariants = check_invariants
 
     @property
     def reserves_whole_context(self) -> bool:
@@ -213,6 +229,70 @@ class Scheduler:
         return budget
 
     # ---- after the forward pass -----------------------------------------
+    def update(self, out: SchedulerOutput, result: StepResult[R]) -> list[SeqUpdate[R]]:
+        """Take in the step's sampled tokens; return what each request gained (a failed or
+        finished request is already out of the queues and its blocks freed)."""
+        if result.error is not None:  # the batch is lost; its requests fail, the engine goes on
+            return [self.fail(request, result.error) for request in result.requests]
+        self.advance(out)
+        now = time.monotonic()  # when the step's tokens came
+        updates = []
+        row = 0
+        for request, draft in zip(result.requests, result.drafts, strict=True):
+            updates.append(self._take(request, draft, result.picks, row, now))
+            row += 1 + len(draft)
+        if self.checks_invariants:
+            self.check_invariants()
+        return updates
+
+    def _take(self, request: R, draft: list[int], picks: list[Picked | BaseException], row: int,
+              now: float) -> SeqUpdate[R]:
+        """One request's rows, from picks[row]: its new tokens, and its end when a stop rule
+        says so."""
+        seq = request.seq
+        seq.times.first_token = seq.times.first_token or now
+        seq.times.last_token = now
+        try:
+            if draft:
+                assert self.drafter is not None
+                rows = picks[row:row + 1 + len(draft)]
+                tokens, logprobs, reason = verify(request, draft, rows, self.max_model_len, self.drafter)
+            else:
+                picked = picks[row]
+                if isinstance(picked, BaseException):
+                    raise picked
+                token, lp = picked
+                tokens, logprobs = [token], None if lp is None else [lp]
+                reason = request.append(token, self.max_model_len)
+        except Exception as err:  # one request's fault fails that request alone
+            log.exception("request %s failed", seq.request_id)
+            return self.fail(request, err)
+        if reason is not None:
+            self.finish(seq, reason)
+        elif draft:
+            self.finish_draft(seq)
+        return SeqUpdate(request, tokens, logprobs)
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """End a request (a stop rule, an abort, a failure): out of the queues, blocks freed."""
+        seq.finish_reason = reason
+        seq.times.finished = time.monotonic()
+        self.remove(seq)
+
+    def fail(self, request: R, err: BaseException) -> SeqUpdate[R]:
+        """End a request with the error that stopped it."""
+        seq = request.seq
+        if isinstance(err, InvalidRequestError):  # the request's own fault: a 400 naming its field
+            seq.error, seq.error_param = str(err), err.param or "request"
+        else:
+            seq.error = f"{type(err).__name__}: {err}"
+        self.finish(seq, "abort")
+        return SeqUpdate(request, [])
+
+    def check_invariants(self) -> None:
+        """Raise if any block is counted wrong (BlockManager.check_invariants)."""
+        self.block_manager.check_invariants(list(self.running) + list(self.waiting))
+
     def advance(self, out: SchedulerOutput) -> None:
         """Record the K/V computed this step and publish full blocks to the prefix cache."""
         for s in out.scheduled:
