@@ -19,7 +19,7 @@ from engine.model import decode_step
 from engine.model.decode_step import FusedDecodeStep
 from engine.quant.linear import pinned_path
 from engine.sampling_params import SamplingParams
-from engine.tuning import timing
+from engine.tuning import fused_step, timing
 from engine.types.outputs import RequestOutput
 from loadgen.prose import prose_token_ids
 
@@ -47,8 +47,8 @@ def test_the_race_stops_at_its_biggest_step_and_runs_bigger_ones_layer_by_layer(
     step = runner.decode_step
     assert isinstance(step, FusedDecodeStep)
     monkeypatch.setenv("PAGODE_RACE_CACHE", "0")
-    monkeypatch.setattr(decode_step, "_limits", {})
-    monkeypatch.setattr(decode_step, "RACE_MAX_DECODES", 4)
+    monkeypatch.setattr(fused_step, "_limits", {})
+    monkeypatch.setattr(fused_step, "RACE_MAX_DECODES", 4)
     limit = decode_step.measure_limit(step, runner.model, runner.kv_caches, 256)
     assert sorted(limit.timings_ms) == [1, 2, 4], limit.timings_ms  # never 8 and up
     assert limit.max_kernel_tokens <= 4  # even where the fused step won every count

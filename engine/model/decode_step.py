@@ -18,7 +18,7 @@ backend reads with the same C++ kernel
 (AttentionBackend.supports_fused_cpu_step), up to a number of decodes measured at load:
 both paths run synthetic decode steps of 1, 2, 4, ... 64 tokens, and the
 fused step keeps every count up to its last win before the layer-by-layer path (whose big
-projections move to their dense GEMM) wins twice in a row (engine/tuning/timing.py; the
+projections move to their dense GEMM) wins twice in a row (engine/tuning/fused_step.py; the
 start-up log prints the timings). Anything else runs layer by layer. PAGODE_DECODE_STEP=0
 turns it off; EngineConfig.fused_decode_limit (`--fused-decode-limit N`) pins the limit.
 """
@@ -39,7 +39,7 @@ from engine.attention import AttentionBackend, AttentionMetadata
 from engine.model.layers import RMSNorm
 from engine.model.llama import Attention, LlamaForCausalLM, SublayerNorms
 from engine.quant.linear import QuantLinear
-from engine.tuning import race_memory, timing
+from engine.tuning import fused_step, timing
 from engine.tuning.timing import Crossover
 
 log = logging.getLogger("pagode")
@@ -179,44 +179,21 @@ def build(model: LlamaForCausalLM, kv_caches: list[torch.Tensor], backend: Atten
     return step
 
 
-_limits: dict[tuple[int, ...], Crossover] = {}
-# The biggest decode step the race times. Past it a step is long enough that the fused
-# step's one call saves little, and its two biggest counts were half of a first start's
-# race: a step of more decodes runs layer by layer, whatever the fused step won below.
-RACE_MAX_DECODES = 64
-
-
 def measure_limit(step: FusedDecodeStep, model: LlamaForCausalLM, kv_caches: list[torch.Tensor],
                   max_decodes: int) -> Crossover:
-    """Race both paths on decode steps of 1, 2, 4, ... sequences, on the engine's threads;
-    cached per model shape, and read back at later starts on the same machine
-    (engine/tuning/race_memory.py).
-
-    Each synthetic sequence holds one block of the (still empty) cache, so the K/V written
-    here is overwritten before any request reads it.
+    """The step's limit from the race of both paths (engine/tuning/fused_step.py), per model
+    shape. Each synthetic sequence holds one block of the (still empty) cache, so the K/V
+    written here is overwritten before any request reads it.
     """
     block_size, num_blocks = kv_caches[0].shape[2], kv_caches[0].shape[1]
-    key = (*step.dims.tolist(), step.cache_type, len(kv_caches), max_decodes)
-    if key in _limits:
-        return _limits[key]
-    kept = race_memory.recall("fused-decode-step", ":".join(map(str, key)))
-    if kept is not None:
-        _limits[key] = Crossover(int(kept["limit"]), {int(m): (t[0], t[1]) for m, t in kept["ms"].items()})
-        return _limits[key]
-    counts = [m for m in timing.COUNTS if m <= min(max_decodes, num_blocks, RACE_MAX_DECODES)]
+    key = ":".join(map(str, (*step.dims.tolist(), step.cache_type, len(kv_caches), max_decodes)))
 
     def time_both(m: int) -> tuple[float, float]:
         ids, positions, meta = synthetic_decodes(m, block_size, step.embedding.shape[0])
         return (timing.best_time(lambda: step(ids, positions, meta), 3),
                 timing.best_time(lambda: model(ids, positions, meta, kv_caches), 3))
 
-    result = timing.crossover(counts, time_both, digits=2, threads=None)
-    if result.max_kernel_tokens >= timing.NO_LIMIT and min(max_decodes, num_blocks) > RACE_MAX_DECODES:
-        result.max_kernel_tokens = max(counts)  # bigger steps were not raced: layer by layer
-    race_memory.keep("fused-decode-step", ":".join(map(str, key)),
-                     {"limit": result.max_kernel_tokens, "ms": result.timings_ms})
-    _limits[key] = result
-    return result
+    return fused_step.measure_limit(key, max_decodes, num_blocks, time_both)
 
 
 def synthetic_decodes(m: int, block_size: int, vocab: int, context: int | None = None,
