@@ -116,6 +116,11 @@ class AsyncEngine:
         """Forget every cached prefix block, between two steps (in the engine's own thread)."""
         await self._between_steps(self.engine.reset_prefix_cache)
 
+    def cached_block_hashes(self) -> list[int]:
+        """Read from the caller's thread while the engine steps: the block manager copies its
+        table in one C call."""
+        return self.engine.block_manager.cached_hashes()
+
     async def load_lora_adapter(self, name: str, path: str) -> None:
         """Read and attach a PEFT adapter between two steps: no step runs on half of it."""
         await self._between_steps(lambda: self.engine.load_lora_adapter(name, path))

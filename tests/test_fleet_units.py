@@ -24,7 +24,7 @@ def test_prompt_keys_are_the_block_managers_hashes_of_what_it_can_reuse() -> Non
     seq.num_computed_tokens = len(tokens)
     manager.commit_full_blocks(seq)
     assert prompt_keys(tokens, 16) == [h & KEY_MASK for h in seq.block_hashes[:3]]
-    assert set(prompt_keys(tokens, 16)) <= set(cached_keys(manager.hash_to_block))
+    assert set(prompt_keys(tokens, 16)) <= set(cached_keys(manager.cached_hashes()))
     # The last token is always computed, so a prompt of exactly three blocks has two reusable ones.
     assert len(prompt_keys(tokens[:48], 16)) == 2
 

@@ -17,13 +17,12 @@ block whose contents may be overwritten before the next request reads it.
 
 from __future__ import annotations
 
-import hashlib
-from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Protocol
 
 from engine.core.sequence import Sequence
+from engine.prefix_hashes import chain_hash
 
 FREED = -1  # a block-table entry whose block fell out of the model's sliding window
 
@@ -52,13 +51,6 @@ class BlockObserver(Protocol):
 
     def all_cleared(self) -> None:
         """The prefix cache was emptied."""
-
-
-def chain_hash(parent: int | None, token_ids: tuple[int, ...]) -> int:
-    digest = hashlib.blake2b(digest_size=16)
-    digest.update(b"root" if parent is None else parent.to_bytes(16, "little"))
-    digest.update(array("q", token_ids).tobytes())
-    return int.from_bytes(digest.digest(), "little")
 
 
 class BlockManager:
@@ -104,6 +96,18 @@ class BlockManager:
             parent = seq.block_hashes[-1] if i else seq.cache_root
             seq.block_hashes.append(chain_hash(parent, tuple(seq.token_ids[i * bs:(i + 1) * bs])))
         return seq.block_hashes[:num_full_blocks]
+
+    def cached_hashes(self) -> list[int]:
+        """The hashes of the blocks the prefix cache holds, in use or idle, read from another
+        thread (a fleet replica's routing report). The dict is copied in one C call, which the
+        step thread cannot interleave with; if a copy still races a resize, the caller's next
+        report will do."""
+        for _ in range(3):
+            try:
+                return list(tuple(self.hash_to_block))
+            except RuntimeError:
+                continue
+        return []
 
     def match_prefix(self, seq: Sequence) -> list[int]:
         """Cached blocks covering a prefix; the last token is always left to compute."""

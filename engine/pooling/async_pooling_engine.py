@@ -207,6 +207,9 @@ class AsyncPoolingEngine:
     async def reset_prefix_cache(self) -> None:
         return None  # no prefix cache: encoders recompute every input whole
 
+    def cached_block_hashes(self) -> list[int]:
+        return []  # no prefix cache
+
     def add_step_listener(self, callback: Callable[[StepStats], None]) -> None:
         self._listeners.append(callback)
 

@@ -1,4 +1,4 @@
-"""Routing keys of KV blocks: the engine's chained block hash (engine/core/block_manager.py),
+"""Routing keys of KV blocks: the engine's chained block hash (engine/prefix_hashes.py),
 cut to 64 bits. A replica reports the keys of the blocks its prefix cache holds; the
 ingress computes the keys of a prompt's full blocks; the router counts how many leading
 keys each replica holds. 64 bits keep the reports small; a collision only costs a worse
@@ -10,7 +10,7 @@ import json
 import logging
 from typing import Any
 
-from engine.core.block_manager import chain_hash
+from engine.prefix_hashes import prompt_block_hashes
 from engine.tokenizer import Tokenizer
 
 logger = logging.getLogger("pagode.fleet")
@@ -19,14 +19,8 @@ KEY_MASK = (1 << 64) - 1
 
 
 def prompt_keys(token_ids: list[int], block_size: int) -> list[int]:
-    """The keys of the prompt's full blocks that the engine could find cached: all but the
-    last token, as BlockManager.match_prefix leaves that one to compute."""
-    keys: list[int] = []
-    parent: int | None = None
-    for start in range(0, (len(token_ids) - 1) // block_size * block_size, block_size):
-        parent = chain_hash(parent, tuple(token_ids[start:start + block_size]))
-        keys.append(parent & KEY_MASK)
-    return keys
+    """The keys of the prompt's full blocks that the engine could find cached."""
+    return [h & KEY_MASK for h in prompt_block_hashes(token_ids, block_size)]
 
 
 def request_token_ids(tokenizer: Tokenizer, path: str, body: bytes) -> list[int]:
@@ -70,13 +64,6 @@ def completion_token_ids(tokenizer: Tokenizer, prompt: Any) -> list[int]:
     return []
 
 
-def cached_keys(hash_to_block: dict[int, int]) -> list[int]:
-    """The keys of the blocks a BlockManager's prefix cache holds, in use or idle. The dict
-    is copied in one C call, which the engine's step thread cannot interleave with; if a
-    copy still races a resize, the next report will do."""
-    for _ in range(3):
-        try:
-            return [h & KEY_MASK for h in tuple(hash_to_block)]
-        except RuntimeError:
-            continue
-    return []
+def cached_keys(block_hashes: list[int]) -> list[int]:
+    """The keys of the blocks an engine reports its prefix cache holds."""
+    return [h & KEY_MASK for h in block_hashes]

@@ -136,18 +136,12 @@ class PagodeReplica:
     def record_routing_stats(self) -> dict[str, Any]:
         """What PrefixAffinityRouter reads: the keys of the blocks this replica's prefix
         cache holds."""
-        manager = block_manager_of(self.state.engine)
-        return {"block_keys": cached_keys(manager.hash_to_block) if manager is not None else []}
+        engine = self.state.engine
+        return {"block_keys": cached_keys(engine.cached_block_hashes()) if engine is not None else []}
 
     async def __del__(self) -> None:
         self.state.draining = True
         await self.lifespan.stop()
-
-
-def block_manager_of(engine: Any) -> Any:
-    """The engine's BlockManager: AsyncEngine -> LLMEngine -> block_manager. Read here only,
-    for routing; EngineClient does not offer it, as the HTTP server has no use for it."""
-    return getattr(getattr(engine, "engine", None), "block_manager", None)
 
 
 # Defined before the ingress: serve.ingress pickles the class (and what its methods name)
@@ -194,13 +188,13 @@ class PagodeIngress:
     replica the router picks; streams the answer back as the replica sends it."""
 
     def __init__(self, replicas: DeploymentHandle, pagode_args: list[str], default_policy: str) -> None:
-        from engine.model.loader import load_tokenizer, resolve_model
+        from engine.model_tokenizer import tokenizer_for
 
         args = parse_pagode_args(pagode_args)
         self.replicas = replicas
         self.block_size = args.block_size  # the replicas' KV block, from the same flags
         self.default_policy = default_policy
-        self.tokenizer = load_tokenizer(resolve_model(args.model))
+        self.tokenizer = tokenizer_for(args.model)
         if args.chat_template:
             from server.settings import read_chat_template
 

@@ -52,6 +52,11 @@ class EngineClient(Protocol):
 
     async def reset_prefix_cache(self) -> None: ...
 
+    def cached_block_hashes(self) -> list[int]:
+        """The hashes (engine/prefix_hashes.py) of the blocks the prefix cache holds, for a
+        router that sends a prompt where its prefix is cached; callable from any thread."""
+        ...
+
     def add_step_listener(self, callback: Callable[[StepStats], None]) -> None: ...
 
     def enable_step_profile(self, every: int, report: Callable[[str], None],
