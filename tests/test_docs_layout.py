@@ -7,6 +7,8 @@ holds`, indented two spaces per folder level below its folder (`name/`); one lin
 several modules (`gemma2.py, gemma3.py`); a line indented to the description column goes on
 with the entry above it. A module moved without its entry, or an entry left behind by a
 move, fails here, as docs/models.md's table fails test_models_doc.py when a family changes.
+The same holds for every repository path the README and the pages name in code font; the
+dated records under docs/results/ keep the names of their day.
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ DOC = ROOT / "docs" / "architecture.md"
 PACKAGES = ("engine", "server", "planner", "loadgen", "cpu_kernels", "cuda_kernels")
 EVERY_MODULE = ("engine",)  # below these every module is listed; elsewhere folders and top-level modules
 CONTINUATION = 20  # a line indented this far or more goes on with the entry above it
+NAMED_ROOTS = "|".join((*PACKAGES, "benchmarks", "tests", "scripts"))
+NAMED_PATH = re.compile(rf"`((?:{NAMED_ROOTS})/[^`\s]*)`")  # a repository path in code font
+FENCE = re.compile(r"```.*?```", flags=re.S)
 ENTRY = re.compile(r"(?P<names>[\w.\-]+/?(?:, [\w.\-]+/?)*)(?: {2,}(?P<what>\S.*))?$")
 
 
@@ -85,3 +90,13 @@ def test_the_layout_lists_every_folder_and_module_of_the_code() -> None:
     listed = {path for path, _ in layout_entries()}
     missing = sorted(code_paths() - listed)
     assert not missing, f"in the tree, missing from docs/architecture.md's layout: {missing}"
+
+
+def test_every_path_the_pages_name_exists() -> None:
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    named = [(page.name, path) for page in pages
+             for path in NAMED_PATH.findall(FENCE.sub("", page.read_text(encoding="utf-8")))]
+    assert len(named) > 50
+    gone = [f"{page}: {path}" for page, path in named
+            if not (any(ROOT.glob(path)) if "*" in path else (ROOT / re.split(r"[#:]", path)[0]).exists())]
+    assert not gone, f"named in code font, not in the tree: {gone}"
