@@ -31,10 +31,9 @@ from dataclasses import dataclass, field
 
 from engine.config import EngineConfig
 from engine.core.block_manager import BlockManager
+from engine.core.draft_source import DraftSource
 from engine.core.sequence import Sequence, SequenceStatus
 from engine.core.step_result import Picked, R, SeqUpdate, StepResult
-from engine.spec.drafter import Drafter
-from engine.spec.verifier import verify
 from engine.types.errors import InvalidRequestError
 
 log = logging.getLogger("pagode")
@@ -68,7 +67,7 @@ class SchedulerOutput:
 
 class Scheduler:
     def __init__(self, config: EngineConfig, block_manager: BlockManager, max_model_len: int,
-                 drafter: Drafter | None = None, check_invariants: bool = False) -> None:
+                 drafter: DraftSource | None = None, check_invariants: bool = False) -> None:
         """`drafter`: drafts decodes when the engine speculates. `check_invariants`: after every
         update, check the block accounting of every sequence (a walk over all blocks; for
         tests and simulations that want a broken invariant to fail at the step that broke it)."""
@@ -256,7 +255,7 @@ class Scheduler:
             if draft:
                 assert self.drafter is not None
                 rows = picks[row:row + 1 + len(draft)]
-                tokens, logprobs, reason = verify(request, draft, rows, self.max_model_len, self.drafter)
+                tokens, logprobs, reason = self.drafter.verify(request, draft, rows, self.max_model_len)
             else:
                 picked = picks[row]
                 if isinstance(picked, BaseException):

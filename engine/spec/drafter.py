@@ -28,8 +28,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.core.sequence import Sequence
+from engine.core.step_result import Picked, Request, RowLogprob
 from engine.spec.config import SpeculativeConfig
 from engine.spec.ngram import NgramProposer
+from engine.spec.verifier import verify
 from engine.tuning.step_cost import StepCost
 from engine.types.spec_counters import SpecCounters
 
@@ -99,6 +101,14 @@ class Drafter:
         """A draft joined the step: later drafts weigh against the bigger step."""
         load.tokens += num_draft
         load.outputs += seq.spec_acceptance * num_draft
+
+    def verify(self, request: Request, draft: list[int], rows: list[Picked | BaseException],
+               max_model_len: int) -> tuple[list[int], list[RowLogprob] | None, str | None]:
+        """The draft checked against the rows the model sampled for it (engine/spec/verifier.py);
+        the sequence's acceptance learns how much of it held."""
+        tokens, logprobs, reason = verify(request, draft, rows, max_model_len)
+        self.record(request.seq, len(draft), sum(1 for t, d in zip(tokens, draft, strict=False) if t == d))
+        return tokens, logprobs, reason
 
     def record(self, seq: Sequence, num_draft: int, num_accepted: int) -> None:
         """Count a verified draft and update the sequence's acceptance average."""

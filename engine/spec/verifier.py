@@ -9,13 +9,11 @@ logprobs come out exactly as without a draft.
 from __future__ import annotations
 
 from engine.core.step_result import Picked, Request, RowLogprob
-from engine.spec.drafter import Drafter
 
 
-def verify(request: Request, draft: list[int], rows: list[Picked | BaseException], max_model_len: int,
-           drafter: Drafter) -> tuple[list[int], list[RowLogprob] | None, str | None]:
-    """(the tokens emitted, their logprobs when asked for, the finish reason or None); the
-    drafter learns how much of the draft was accepted."""
+def verify(request: Request, draft: list[int], rows: list[Picked | BaseException],
+           max_model_len: int) -> tuple[list[int], list[RowLogprob] | None, str | None]:
+    """(the tokens emitted, their logprobs when asked for, the finish reason or None)."""
     tokens: list[int] = []
     logprobs: list[RowLogprob] = []
     reason = None
@@ -29,6 +27,4 @@ def verify(request: Request, draft: list[int], rows: list[Picked | BaseException
             logprobs.append(lp)
         if reason is not None or j == len(draft) or token != draft[j]:
             break
-    accepted = sum(1 for t, d in zip(tokens, draft, strict=False) if t == d)
-    drafter.record(request.seq, len(draft), accepted)
     return tokens, logprobs or None, reason
