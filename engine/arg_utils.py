@@ -25,7 +25,7 @@ from engine.config import (
 )
 from engine.kv_events_config import KVEventsConfig, parse_kv_events_config
 from engine.request_limits import RequestCaps
-from engine.spec.config import SpeculativeConfig, parse_speculative_config
+from engine.speculative_config import SpeculativeConfig, parse_speculative_config
 
 # EngineConfig fields that the flags set, each from the flag of the same name.
 FLAG_FIELDS = ("model", "task", "batching", "kv_cache_memory", "block_size", "max_model_len", "max_num_seqs",

@@ -10,7 +10,7 @@ import torch
 
 from engine.kv_events_config import KVEventsConfig
 from engine.request_limits import RequestCaps
-from engine.spec.config import SpeculativeConfig
+from engine.speculative_config import SpeculativeConfig
 
 # How requests share the batch and the KV cache (engine/core/scheduler.py).
 Batching = Literal["paged", "continuous", "static"]

@@ -154,7 +154,7 @@ def test_quantized_base_skips_the_fused_step_for_adapter_rows(tiny_zoo: TinyZoo)
 def test_speculative_drafts_run_on_their_adapter(tiny_zoo: TinyZoo) -> None:
     """n-gram drafts split a sequence into one attention row per token: each of those rows
     still gets its sequence's adapter, and the verified tokens equal the merged reference."""
-    from engine.spec.config import parse_speculative_config
+    from engine.speculative_config import parse_speculative_config
 
     spec = SPECS[0]
     base, made = tiny_zoo.folder(spec), adapters(tiny_zoo, spec)

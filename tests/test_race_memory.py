@@ -123,7 +123,7 @@ def test_the_speculation_cost_curve_is_kept_when_plausible(tiny_zoo: TinyZoo, ow
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """A speculating engine times its step cost curves once per machine: a second start reads
     them back, unless the first timings looked like a busy machine's (then it times again)."""
-    from engine.spec.config import parse_speculative_config
+    from engine.speculative_config import parse_speculative_config
     from engine.tuning import step_cost
 
     timed: list[list[int]] = []

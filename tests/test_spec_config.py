@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.spec.config import SpeculativeConfig, parse_speculative_config
+from engine.speculative_config import SpeculativeConfig, parse_speculative_config
 
 
 def test_full_config_is_read() -> None:

@@ -18,7 +18,7 @@ from tiny_models import one_torch_thread
 from engine import LLM, SamplingParams
 from engine.core.block_manager import BlockManager
 from engine.core.sequence import Sequence
-from engine.spec.config import parse_speculative_config
+from engine.speculative_config import parse_speculative_config
 from engine.tuning.step_cost import StepCost
 from engine.types.outputs import RequestTimes
 from engine.types.stats import StepStats

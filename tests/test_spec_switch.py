@@ -6,8 +6,8 @@ from __future__ import annotations
 from engine.core.sequence import Sequence
 from engine.sampling_params import SamplingParams
 from engine.spec import drafter as drafter_module
-from engine.spec.config import parse_speculative_config
 from engine.spec.drafter import Drafter, StepLoad
+from engine.speculative_config import parse_speculative_config
 from engine.tuning.step_cost import StepCost, plausible
 from engine.types.outputs import RequestTimes
 

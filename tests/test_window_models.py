@@ -181,7 +181,7 @@ def test_drafts_verified_past_the_window_are_exact(tiny_zoo: TinyZoo, spec: Any)
     the window (and Gemma 2's soft-cap): each drafted position is a decode row of its own,
     whose window ends at itself. A prompt that repeats itself gives the proposer matches."""
     from engine import LLM, SamplingParams
-    from engine.spec.config import parse_speculative_config
+    from engine.speculative_config import parse_speculative_config
     from engine.tuning.step_cost import StepCost
 
     config = parse_speculative_config('{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1}')

@@ -29,9 +29,9 @@ from dataclasses import dataclass
 
 from engine.core.sequence import Sequence
 from engine.core.step_result import Picked, Request, RowLogprob
-from engine.spec.config import SpeculativeConfig
 from engine.spec.ngram import NgramProposer
 from engine.spec.verifier import verify
+from engine.speculative_config import SpeculativeConfig
 from engine.tuning.step_cost import StepCost
 from engine.types.spec_counters import SpecCounters
 
