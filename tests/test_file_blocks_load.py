@@ -59,7 +59,8 @@ def test_a_k_quant_file_is_built_without_its_matrices_as_floats(tiny_zoo: TinyZo
     from engine.model import loader
     from engine.model.gguf_file import GGUFModel
     from engine.model.weights import _map_name
-    from engine.quant import dispatch, gemm_choice
+    from engine.quant import dispatch
+    from engine.tuning import gemm_choice
 
     monkeypatch.setenv("PAGODE_QUANT_GEMM", gemm)
     monkeypatch.setenv("PAGODE_QUANT_CROSSOVER", "0")

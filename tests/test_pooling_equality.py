@@ -29,7 +29,7 @@ from engine.pooling.checkpoint import detect_task
 from engine.pooling.inputs import encode_pair, encode_text
 from engine.pooling.pooling_model import PoolingModel
 from engine.pooling.precision import QUALITY_GATE
-from engine.quant.gemm_choice import bf16_can_win
+from engine.tuning.gemm_choice import bf16_can_win
 
 EMBEDDERS: dict[str, Callable[[Path], Path]] = {"bert": build_bert, "xlm-roberta": build_xlmr,
                                                 "nomic-bert": build_nomic, "modernbert": build_modernbert,

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from pooling_zoo import build_bert, build_cross_encoder
 from server_fixtures import ServerProcess, json_error, metric_value, running_server
 
-from engine.quant.gemm_choice import bf16_can_win
+from engine.tuning.gemm_choice import bf16_can_win
 
 TEXTS = ["paris", "the cat sat on the mat", "what is the capital of france where the river is blue", "dog ran far"]
 LONG = " ".join(["the cat sat on the mat"] * 40)  # ~240 tokens: past the tiny BERT's 128 positions

@@ -23,7 +23,7 @@ from engine.core.scheduler import ScheduledSeq
 from engine.core.sequence import Sequence
 from engine.llm import LLM
 from engine.model.gguf_file import GGUFModel
-from engine.quant import apply, dispatch, formats, gemm_choice, onednn_gemm
+from engine.quant import apply, dispatch, formats, gemms, onednn_gemm
 from engine.quant.bf16_gemm import Bf16Gemm
 from engine.quant.dense_gemm import DenseGemm
 from engine.quant.int8_gemm import Int8Gemm
@@ -31,7 +31,7 @@ from engine.quant.linear import QuantLinear, pinned_path
 from engine.quant.modes import resolve_mode
 from engine.quant.onednn_gemm import OnednnGemm
 from engine.sampling_params import SamplingParams
-from engine.tuning import timing
+from engine.tuning import gemm_choice, timing
 from engine.types.outputs import RequestTimes
 from server.cli import build_parser, engine_config
 
@@ -191,7 +191,7 @@ def test_onednn_gemm_is_fp32_on_a_packed_weight() -> None:
                                               ("fbgemm", Int8Gemm)])
 def test_a_pinned_big_step_gemm_is_used(monkeypatch: pytest.MonkeyPatch, pinned: str, kind: type) -> None:
     monkeypatch.setenv("PAGODE_QUANT_GEMM", pinned)
-    assert isinstance(gemm_choice.choose_gemm(torch.randn(64, 64), None), kind)
+    assert isinstance(gemms.choose_gemm(torch.randn(64, 64), None), kind)
 
 
 def test_without_bf16_dot_products_only_fp32_gemms_race(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -199,8 +199,8 @@ def test_without_bf16_dot_products_only_fp32_gemms_race(monkeypatch: pytest.Monk
     monkeypatch.setenv("PAGODE_CPU_ISA", "avx2")  # below AVX512-BF16 on any CPU
     monkeypatch.setattr(gemm_choice, "_winners", {})
     assert not gemm_choice.bf16_can_win()
-    assert "bf16" not in gemm_choice.candidates()
-    chosen = gemm_choice.choose_gemm(torch.randn(64, 64), None)
+    assert "bf16" not in gemms.candidates()
+    chosen = gemms.choose_gemm(torch.randn(64, 64), None)
     assert isinstance(chosen, (DenseGemm, OnednnGemm))
     if onednn_gemm.available():  # fp32 BLAS against fp32 oneDNN: the winner is the one kept
         assert gemm_choice.winners() == {(64, 64): chosen.name}
@@ -215,14 +215,14 @@ def test_a_tall_weight_is_raced_on_its_first_rows_and_built_whole(monkeypatch: p
     monkeypatch.setattr(gemm_choice, "RACE_ROWS", 32)
     raced: list[int] = []
 
-    def first_one(built: dict[str, gemm_choice.Gemm], in_features: int) -> str:
+    def first_one(built: dict[str, gemms.Gemm], in_features: int) -> str:
         raced.extend(g.out_features for g in built.values())
         return next(iter(built))
 
     monkeypatch.setattr(gemm_choice, "race", first_one)
     w, bias = torch.randn(100, 64), torch.randn(100)
-    chosen = gemm_choice.choose_gemm(w, bias)
-    if len(gemm_choice.candidates()) > 1:
+    chosen = gemms.choose_gemm(w, bias)
+    if len(gemms.candidates()) > 1:
         assert raced and set(raced) == {32}  # every candidate timed on the first 32 rows only
     x = torch.randn(5, 64)
     assert chosen.out_features == 100
@@ -235,7 +235,7 @@ def test_a_tall_layers_kernel_races_time_its_first_rows(monkeypatch: pytest.Monk
     monkeypatch.setattr(dispatch, "_cache", {})
     timed: set[tuple[int, int]] = set()
 
-    def record(blocks: formats.Blocks, gemm: gemm_choice.Gemm, m: int) -> tuple[float, float]:
+    def record(blocks: formats.Blocks, gemm: gemms.Gemm, m: int) -> tuple[float, float]:
         timed.add((blocks.out_features, gemm.out_features))
         return 1.0, 2.0  # the kernel always wins: no dense copy is kept
 

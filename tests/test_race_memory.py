@@ -14,9 +14,9 @@ from tiny_models import TinyZoo, one_torch_thread, prompts, tiny_spec
 from engine import envs, native
 from engine.attention import prefill_choice
 from engine.llm import LLM
-from engine.quant import dispatch, gemm_choice
+from engine.quant import dispatch
 from engine.sampling_params import SamplingParams
-from engine.tuning import fused_step, race_memory, timing
+from engine.tuning import fused_step, gemm_choice, race_memory, timing
 
 LLAMA = tiny_spec("llama", "LlamaConfig", "LlamaForCausalLM", "llama")
 ARGS: dict[str, Any] = dict(kv_cache_memory="16MiB", max_model_len=128, max_num_seqs=8, quantization="int8")

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from engine.config import EngineConfig
 from engine.pooling import pooler
 from engine.pooling.encoder import Encoder
-from engine.quant.gemm_choice import bf16_can_win
+from engine.tuning.gemm_choice import bf16_can_win
 
 log = logging.getLogger("pagode")
 

@@ -24,12 +24,13 @@ import torch
 from torch import nn
 
 from engine import native
-from engine.quant import dispatch, formats, gemm_choice
+from engine.quant import dispatch, formats, gemms
 from engine.quant.bf16_gemm import Bf16Gemm
 from engine.quant.formats import Blocks, Kind
-from engine.quant.gemm_choice import GEMM_CLASSES, Gemm, choose_gemm
+from engine.quant.gemms import GEMM_CLASSES, Gemm, choose_gemm
 from engine.quant.linear import QuantLinear
 from engine.quant.modes import weight_kind
+from engine.tuning import gemm_choice
 from engine.tuning.timing import NO_LIMIT
 
 log = logging.getLogger("pagode")
@@ -86,7 +87,7 @@ def quantize_model(model: nn.Module, mode: str, raw: RawBlocks | None = None, ma
                     else functools.partial(file_rows, shards, raw or {}, linear.in_features))
             bf16_rows = None if shared else functools.partial(file_rows, shards, raw or {}, linear.in_features,
                                                                dtype=torch.bfloat16)
-            gemm_name, whole = gemm_choice.pick(linear.out_features, linear.in_features, rows, linear.bias, shared)
+            gemm_name, whole = gemms.pick(linear.out_features, linear.in_features, rows, linear.bias, shared)
             dense: Gemm | DenseFor = whole if whole is not None else functools.cache(
                 functools.partial(build_dense, gemm_name, rows, bf16_rows, linear.bias, shared))
             raced: tuple[Blocks, Gemm | DenseFor] | None = tall_rows(blocks, gemm_name, rows, bf16_rows,
@@ -187,7 +188,7 @@ def build_dense(name: str, rows: Callable[[int | None], torch.Tensor],
     blocks dequantized straight to bf16: the same bits as the fp32 weight rounded)."""
     if name == "bf16" and bf16_rows is not None:
         return Bf16Gemm(bf16_rows(None), bias)
-    return gemm_choice.build(name, rows(None), bias, shared)
+    return gemms.build(name, rows(None), bias, shared)
 
 
 def tall_rows(blocks: Blocks, gemm_name: str, rows: Callable[[int | None], torch.Tensor],

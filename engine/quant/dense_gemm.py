@@ -1,5 +1,5 @@
 """fp32 BLAS on the dequantized weight: a many-tokens path of the quantized layers, the one
-every CPU has (gemm_choice.py races it against oneDNN's fp32 and bf16 where they exist).
+every CPU has (engine/tuning/gemm_choice.py races it against oneDNN's fp32 and bf16 where they exist).
 
 fbgemm's dynamic int8 linear (engine/quant/int8_gemm.py) is faster, but it quantizes each
 call's activations per tensor, and this model's activations have outlier channels: on the

@@ -3,7 +3,7 @@
 An unquantized model keeps fp32 weights, but torch's BLAS is not always the fastest way
 to multiply by them: oneDNN on a prepacked weight can be much faster
 (engine/quant/onednn_gemm.py, docs/speed.md). At load each weight shape races fp32 BLAS
-against fp32 oneDNN (gemm_choice, FP32_ONLY: never bf16, which `none`
+against fp32 oneDNN (gemms.py, FP32_ONLY: never bf16, which `none`
 does not promise); a layer whose winner is oneDNN becomes a DenseLinear holding only the
 packed copy, the others stay nn.Linear. The arithmetic stays fp32 either way.
 """
@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from engine.quant.apply import set_module
-from engine.quant.gemm_choice import FP32_ONLY, Gemm, choose_gemm
+from engine.quant.gemms import FP32_ONLY, Gemm, choose_gemm
 
 
 class DenseLinear(nn.Module):

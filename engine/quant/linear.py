@@ -2,7 +2,7 @@
 
 It holds the copies its kernels need, and no others: the block-quantized weight for the
 C++ block kernel (few tokens; cpu_kernels/quant_linear.py) and/or a dense weight for big
-steps (fp32 for BLAS or oneDNN, or bf16 for oneDNN: engine/quant/gemm_choice.py). Each call picks by
+steps (fp32 for BLAS or oneDNN, or bf16 for oneDNN: engine/quant/gemms.py). Each call picks by
 its number of tokens against the layer's measured crossover, unless `pinned_path` holds every
 layer on one path (the quality gates read each path on its own).
 """
@@ -18,7 +18,7 @@ from torch import nn
 
 from engine import native
 from engine.quant.formats import Blocks
-from engine.quant.gemm_choice import Gemm
+from engine.quant.gemms import Gemm
 
 Path = Literal["kernel", "gemm"]
 

@@ -4,7 +4,7 @@ int8: every linear layer (and the lm_head) in Q8_0 blocks.
 int4: the projections in Q4_1 blocks (a GGUF's own Q4_1 tensors, used as they are), the
       lm_head in Q8_0 (as llama.cpp keeps the output matrix at 8 bits or more).
 Both keep a dense copy for steps with many tokens (the GEMM that won the race at load:
-gemm_choice.py), where their crossover needs it.
+engine/tuning/gemm_choice.py), where their crossover needs it.
 `auto` picks int4 on a CPU with the AVX2 kernel: it is the fastest mode measured
 (benchmarks/bench_quant.py) and it passes the quality gate (tests/test_quantization.py).
 CUDA keeps bf16/fp16: there is no GPU kernel.

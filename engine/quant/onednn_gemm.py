@@ -2,7 +2,7 @@
 
 torch sends an fp32 `F.linear` to its BLAS (MKL), which on some CPUs runs a decoder
 layer's projections much slower than oneDNN's own fp32 kernels on a weight reordered once
-into oneDNN's blocked layout (docs/speed.md); the race at load (gemm_choice.py) decides
+into oneDNN's blocked layout (docs/speed.md); the race at load (engine/tuning/gemm_choice.py) decides
 per CPU and shape. This is the pair of ops that torch's inductor emits for a CPU linear: `_reorder_linear_weight`
 at load, `_linear_pointwise` per call. The packed copy is opaque to everything else (the
 block kernels keep their own weights), so it replaces the fp32 weight rather than joining

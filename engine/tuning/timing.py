@@ -2,7 +2,7 @@
 
 Every load-time race of the engine runs here: the block kernel against the dense GEMM at
 each token count (quant/dispatch.py), the big-step GEMMs against each other
-(quant/gemm_choice.py), and the fused decode step against the layer-by-layer path
+(gemm_choice.py), and the fused decode step against the layer-by-layer path
 (model/decode_step.py). A candidate is timed after one warm-up call, best of a few runs,
 under inference mode. A race between two kernels of one op runs on one thread (threads=1):
 their ratio is what matters and both scale alike over threads, while a busy machine's
