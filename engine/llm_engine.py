@@ -16,7 +16,6 @@ from engine.core.detokenizer import IncrementalDetokenizer
 from engine.core.request_state import RequestState
 from engine.core.scheduler import Scheduler
 from engine.core.sequence import Sequence
-from engine.core.step_result import StepResult
 from engine.executor import Executor
 from engine.lora import LoraError, LoraRegistry
 from engine.lora.sources import read_adapter
@@ -239,17 +238,10 @@ class LLMEngine:
         clock = time.monotonic()
         updates = self.scheduler.update(batch, result)
         deltas, finished = self.outputs.process(updates)
-        self._time_phases(result, clock)
-        self.recorder.record_step(batch, start, finished, deltas)
+        self.recorder.phases.lap("postprocess", clock)
+        self.recorder.record_step(batch, result, start, finished, deltas)
         self._publish_kv_events()
         return deltas
-
-    def _time_phases(self, result: StepResult[RequestState], update_start: float) -> None:
-        """The executor's phases as its result reports them; the update's and the outputs' as
-        one phase, from `update_start` to now."""
-        phases = self.recorder.phases
-        phases.prepare, phases.forward, phases.sample = result.prepare_time, result.forward_time, result.sample_time
-        phases.lap("postprocess", update_start)
 
     # ---- statistics ----------------------------------------------------
     def stats(self) -> EngineStats:

@@ -10,10 +10,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from engine.core.block_manager import BlockManager
 from engine.core.request_state import RequestState
 from engine.core.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
+from engine.core.step_result import StepResult
 from engine.types.outputs import StreamDelta
 from engine.types.spec_counters import SpecCounters
 from engine.types.stats import EngineStats, FinishedRequestStats, StepStats
@@ -21,12 +23,10 @@ from engine.types.stats import EngineStats, FinishedRequestStats, StepStats
 
 @dataclass
 class StepPhases:
-    """Seconds spent in each phase of the current step."""
+    """Seconds spent in the engine's phases of the current step (the executor's own phases,
+    prepare, forward and sample, come in its result)."""
 
     schedule: float = 0.0
-    prepare: float = 0.0
-    forward: float = 0.0
-    sample: float = 0.0
     postprocess: float = 0.0
 
     def lap(self, phase: str, since: float) -> float:
@@ -52,8 +52,8 @@ class StatsRecorder:
         self.spec_before = drafter.counters.copy() if drafter is not None and self.listeners else None
         return time.monotonic()
 
-    def record_step(self, out: SchedulerOutput, start: float, finished: list[FinishedRequestStats],
-                    deltas: list[StreamDelta]) -> None:
+    def record_step(self, out: SchedulerOutput, result: StepResult[Any], start: float,
+                    finished: list[FinishedRequestStats], deltas: list[StreamDelta]) -> None:
         """Count the step; hand its StepStats to every listener."""
         prompt_tokens = sum(s.num_new_tokens for s in out.scheduled if is_prompt_work(s))
         gen_tokens = sum(len(d.token_ids) for d in deltas)
@@ -64,12 +64,12 @@ class StatsRecorder:
         t.num_steps_total += 0 if out.is_empty else 1
         if out.is_empty or not self.listeners:
             return
-        step = self.step_stats(out, start, finished, prompt_tokens, gen_tokens)
+        step = self.step_stats(out, result, start, finished, prompt_tokens, gen_tokens)
         for listener in self.listeners:
             listener(step)
 
-    def step_stats(self, out: SchedulerOutput, start: float, finished: list[FinishedRequestStats],
-                   prompt_tokens: int, gen_tokens: int) -> StepStats:
+    def step_stats(self, out: SchedulerOutput, result: StepResult[Any], start: float,
+                   finished: list[FinishedRequestStats], prompt_tokens: int, gen_tokens: int) -> StepStats:
         decodes = [s for s in out.scheduled if s.num_new_tokens - s.num_draft == 1]  # drafted or not
         drafted = sum(s.num_draft for s in out.scheduled)
         p = self.phases
@@ -79,8 +79,9 @@ class StatsRecorder:
                          self.block_manager.usage, time.monotonic() - start, finished,
                          num_decodes=len(decodes), num_prefill_tokens=out.num_batched_tokens - len(decodes) - drafted,
                          mean_decode_context=sum(len(s.seq) for s in decodes) / len(decodes) if decodes else 0.0,
-                         schedule_time=p.schedule, prepare_time=p.prepare, forward_time=p.forward,
-                         sample_time=p.sample, postprocess_time=p.postprocess,
+                         schedule_time=p.schedule, prepare_time=result.prepare_time,
+                         forward_time=result.forward_time, sample_time=result.sample_time,
+                         postprocess_time=p.postprocess,
                          chunks=[(s.num_new_tokens, s.seq.num_computed_tokens - s.num_new_tokens)
                                  for s in out.scheduled],
                          preempted=[seq.request_id for seq in out.preempted],
