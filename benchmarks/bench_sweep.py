@@ -11,7 +11,7 @@ does. Where that turn lies, per context length, is what the batch cap and the ke
 judged by. Each grid cell times whole decode steps (the fused C++ step where it applies, the
 lm_head included) on synthetic decodes at that context, as the start-up race does
 (engine/tuning/decode_rates.py), best of two. The weights are quantized as `pagode serve`
-serves them (`--quantization auto`) unless told otherwise: the library's own default, `none`,
+serves them (`--quantization auto`, the library's default too) unless told otherwise: `none`
 keeps fp32 weights, which no fused step can run, so its batch-1 cells time the layer-by-layer
 path reading 540 MB of weights a token rather than the served step.
 

@@ -3,8 +3,8 @@ them, so a plan is asked with the very flags of the server it plans for (as vLLM
 engine flags in vllm/engine/arg_utils.py).
 
 Each flag's default is EngineConfig's own field default (`engine_default`), never restated,
-except --quantization: `pagode serve` serves the fast mode, while the library (LLM,
-EngineConfig) stays exact unless asked.
+and the offline `LLM(...)` builds its EngineConfig through these same flags (`offline_config`),
+as vLLM's `LLM` and `vllm serve` share EngineArgs: a model gets the same engine either way.
 """
 
 from __future__ import annotations
@@ -118,11 +118,11 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup
                        help="KV cache element type (default auto: fp16 on CPU, converted on the fly "
                             "by the attention kernel, which doubles the tokens per GiB; the model "
                             "dtype on CUDA). int8: a scale per token and head, ~1.9x fp16's tokens")
-    group.add_argument("--quantization", choices=QUANTIZATION_MODES, default="auto",
+    group.add_argument("--quantization", choices=QUANTIZATION_MODES, default=engine_default("quantization"),
                        help="linear-layer weights on the CPU: auto (default: the fastest mode that "
                             "passes the quality gate: int4 on an AVX2 CPU, i.e. the GGUF's own "
                             "Q4_1 blocks), int8 (Q8_0 blocks), int4, or none (fp32, token-for-token "
-                            "equal to transformers; LLM(...)'s default). CUDA keeps bf16/fp16")
+                            "equal to transformers). CUDA keeps bf16/fp16")
     group.add_argument("--logprobs-mode", choices=LOGPROBS_MODES, default=engine_default("logprobs_mode"),
                        help="raw_logprobs: of the model's own distribution, before logit_bias, "
                             "penalties and grammar masks (vLLM V1's default); processed_logprobs: "
@@ -208,8 +208,22 @@ def engine_config(args: argparse.Namespace, **fields: Any) -> EngineConfig:
     given = {name: getattr(args, name) for name in FLAG_FIELDS}
     if given["max_num_seqs"] is None:  # not given: the engine's default (pagode serve may size it)
         given["max_num_seqs"] = engine_default("max_num_seqs")
-    caps = RequestCaps(**{name: getattr(args, name) for name in REQUEST_CAP_HELP})
+    caps = fields.pop("request_caps", None) or RequestCaps(**{name: getattr(args, name) for name in REQUEST_CAP_HELP})
     modules = dict(getattr(args, "lora_modules", None) or [])
     if modules:
         given["enable_lora"] = True
     return EngineConfig(**given, request_caps=caps, lora_modules=modules or None, **fields)
+
+
+def offline_config(**settings: Any) -> EngineConfig:
+    """The EngineConfig that `pagode serve` builds from the flags of these names (`settings`
+    by EngineConfig field, `lora_modules` as a dict), every other flag at its default; the
+    fields no flag sets pass through. LLM(...) is built by it, so that the library and the
+    server cannot drift apart on a default."""
+    parser = argparse.ArgumentParser(add_help=False)
+    add_engine_flags(parser)
+    args = vars(parser.parse_args([]))
+    flags = {name: settings.pop(name) for name in list(settings) if name in args}
+    if isinstance(flags.get("lora_modules"), dict):
+        flags["lora_modules"] = list(flags["lora_modules"].items())
+    return engine_config(argparse.Namespace(**{**args, **flags}), **settings)

@@ -90,7 +90,7 @@ class EngineConfig:
     request_caps: RequestCaps = field(default_factory=RequestCaps)  # per-request limits
     kv_cache_dtype: str = "auto"  # auto | fp32 | fp16 | bf16 | int8; auto: fp16 on CPU, the model dtype on CUDA
     logprobs_mode: str = "raw_logprobs"  # or processed_logprobs (after bias, penalties, masks)
-    quantization: str = "none"  # auto | none | int8 | int4 (engine/quant/modes.py)
+    quantization: str = "auto"  # auto | none (fp32, exact) | int8 | int4 (engine/quant/modes.py)
     scheduling_policy: SchedulingPolicy = "fcfs"  # priority: waiting queue by (priority, arrival)
     fused_decode_limit: int | None = None  # None: measured at load; N pins the fused C++ step's limit
     speculative_config: SpeculativeConfig | None = None  # None: off (docs/speculative.md)

@@ -7,7 +7,7 @@ import itertools
 from collections.abc import Iterator
 from collections.abc import Sequence as Seq
 
-from engine.config import EngineConfig
+from engine.arg_utils import offline_config
 from engine.llm_engine import LLMEngine
 from engine.progress import progress
 from engine.sampling_params import SamplingParams, expand_choices
@@ -17,8 +17,12 @@ Prompt = str | list[int]
 
 
 class LLM:
+    """Offline generation on the engine `pagode serve` would build for the same model and
+    settings (engine/arg_utils.py's offline_config): `quantization="none"` asks for fp32,
+    token-for-token equal to transformers; the default is the server's fast `auto`."""
+
     def __init__(self, model: str | None = None, **kwargs: object) -> None:
-        self.engine = LLMEngine(EngineConfig(model=model, **kwargs))  # type: ignore[arg-type]
+        self.engine = LLMEngine(offline_config(model=model, **kwargs))
         self.tokenizer = self.engine.tokenizer
         self._ids = itertools.count()
 

@@ -84,7 +84,7 @@ def small_llm():  # type: ignore[no-untyped-def]
 
     # fp32 KV: 11 blocks, and prompt logprobs compared with transformers to 1e-4.
     return LLM(kv_cache_memory="8MiB", max_model_len=128, scheduling_policy="priority",
-               kv_cache_dtype="fp32")
+               kv_cache_dtype="fp32", quantization="none")
 
 
 @pytest.fixture(scope="session")
@@ -94,7 +94,7 @@ def default_llm():  # type: ignore[no-untyped-def]
     model load is seconds of a start, and these tests leave no request behind."""
     from engine import LLM
 
-    return LLM(kv_cache_memory="128MiB", max_model_len=1024)
+    return LLM(kv_cache_memory="128MiB", max_model_len=1024, quantization="none")
 
 
 @pytest.fixture

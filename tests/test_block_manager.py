@@ -48,7 +48,7 @@ def test_invariants_hold_after_every_step(batching: Batching, num_blocks: int, b
     rng = random.Random(seed)
     max_len = 6 * BLOCK
     config = EngineConfig(batching=batching, block_size=BLOCK, max_num_seqs=6,
-                          max_num_batched_tokens=budget, enable_prefix_caching=prefix_caching)
+                          max_num_batched_tokens=budget, enable_prefix_caching=prefix_caching, quantization="none")
     bm = BlockManager(num_blocks, BLOCK, prefix_caching, window=window)
     sched = Scheduler(config, bm, max_model_len=max_len)
     alive: list[Sequence] = []

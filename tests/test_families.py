@@ -101,7 +101,7 @@ def test_dynamic_rope_beyond_its_table_is_refused(tiny_zoo: TinyZoo) -> None:
 
     folder = tiny_zoo.folder(next(s for s in SPECS if s.name == "dynamic-rope"))
     with pytest.raises(ValueError, match=r"'dynamic' is served only up to max_position_embeddings \(256\)"):
-        LLM(model=str(folder), max_model_len=512, kv_cache_memory="4MiB", kv_cache_dtype="fp32")
+        LLM(model=str(folder), max_model_len=512, kv_cache_memory="4MiB", kv_cache_dtype="fp32", quantization="none")
 
 
 def test_an_unknown_architecture_names_what_is_served(tiny_zoo: TinyZoo, tmp_path: Path) -> None:
@@ -114,7 +114,7 @@ def test_an_unknown_architecture_names_what_is_served(tiny_zoo: TinyZoo, tmp_pat
     config = json.loads((folder / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**config, "model_type": "falcon_mamba"}))
     with pytest.raises(ValueError, match="unsupported model_type 'falcon_mamba'; pagode serves .*llama, .*qwen3"):
-        LLM(model=str(tmp_path), kv_cache_memory="4MiB")
+        LLM(model=str(tmp_path), kv_cache_memory="4MiB", quantization="none")
 
 
 def test_layers_without_rope_use_the_identity_table(tiny_zoo: TinyZoo) -> None:
@@ -122,7 +122,7 @@ def test_layers_without_rope_use_the_identity_table(tiny_zoo: TinyZoo) -> None:
     from engine import LLM
 
     llm = LLM(model=str(tiny_zoo.folder(next(s for s in SPECS if s.name == "smollm3"))), max_model_len=64,
-              kv_cache_memory="4MiB", kv_cache_dtype="fp32")
+              kv_cache_memory="4MiB", kv_cache_dtype="fp32", quantization="none")
     model = llm.engine.runner.model
     assert [layer.self_attn.rope is model.nope for layer in model.layers] == [False, False, False, True]
 
@@ -141,4 +141,4 @@ def test_an_unknown_gguf_architecture_names_what_is_served(tmp_path: Path) -> No
     writer.write_tensors_to_file()
     writer.close()
     with pytest.raises(ValueError, match="unsupported GGUF architecture 'mamba'; pagode serves .*llama.*qwen2, qwen3"):
-        LLM(model=str(path), kv_cache_memory="4MiB")
+        LLM(model=str(path), kv_cache_memory="4MiB", quantization="none")

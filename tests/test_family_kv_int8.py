@@ -28,7 +28,7 @@ from engine.runner.kv_cache import bytes_per_block
 
 FAMILIES = [s for s in SPECS if s.name == "qwen2"] + [GEMMA2]
 TEXT_TOKENS, CHUNK = 192, 48  # chunks, so that attention reads earlier chunks back from the cache
-ARGS = dict(kv_cache_memory="4MiB", max_model_len=256)
+ARGS = dict(kv_cache_memory="4MiB", max_model_len=256, quantization="none")
 
 
 @pytest.fixture(autouse=True)
@@ -69,7 +69,7 @@ def assert_serves_with_preemption_and_prefix_hits(folder: str) -> None:
     cfg = read_config(resolve_model(folder))
     blocks_wanted = preempting_cache_bytes(Path(folder), ids, 48) // bytes_per_block(cfg, 16, torch.float32)
     llm = LLM(model=folder, kv_cache_dtype="int8", kv_cache_memory=blocks_wanted * bytes_per_block(cfg, 16, torch.int8),
-              max_model_len=128)
+              max_model_len=128, quantization="none")
     first = [o.outputs[0].token_ids for o in llm.generate(ids, params)]
     blocks = llm.engine.block_manager
     hits_before = blocks.prefix_hits

@@ -28,7 +28,8 @@ def greedy(spec_folder: str, backend: str) -> list[list[int]]:
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     llm = LLM(model=spec_folder, attention_backend=backend, device=device, dtype="float32",
-              kv_cache_memory="4MiB", max_model_len=128, max_num_batched_tokens=16, kv_cache_dtype="fp32")
+              kv_cache_memory="4MiB", max_model_len=128, max_num_batched_tokens=16, kv_cache_dtype="fp32",
+              quantization="none")
     outs = llm.generate(prompts(2), SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
     return [out.token_ids for out in outs]
 

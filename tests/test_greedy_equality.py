@@ -26,7 +26,7 @@ def references(hf_reference: torch.nn.Module, llm_paged: LLM) -> dict[str, list[
 
 @pytest.fixture(scope="module")
 def llm_paged() -> LLM:
-    return LLM(kv_cache_memory="128MiB", max_model_len=1024, kv_cache_dtype="fp32")
+    return LLM(kv_cache_memory="128MiB", max_model_len=1024, kv_cache_dtype="fp32", quantization="none")
 
 
 def _check(llm: LLM, model: torch.nn.Module, refs: dict[str, list[int]], prompts: list[str]) -> None:
@@ -43,20 +43,20 @@ def test_paged_batch_of_eight(llm_paged: LLM, hf_reference: torch.nn.Module, ref
 @pytest.mark.parametrize("batching", ["continuous", "static"])
 def test_reserving_policies(batching: str, hf_reference: torch.nn.Module, references: dict) -> None:
     # 91 blocks, 16 a sequence: five run at once, so the eight prompts still take two batches.
-    llm = LLM(batching=batching, kv_cache_memory="64MiB", max_model_len=256, kv_cache_dtype="fp32")
+    llm = LLM(batching=batching, kv_cache_memory="64MiB", max_model_len=256, kv_cache_dtype="fp32", quantization="none")
     _check(llm, hf_reference, references, PROMPTS)
 
 
 def test_under_preemption(hf_reference: torch.nn.Module, references: dict) -> None:
     # ~31 blocks of 16: the eight sequences cannot all grow at once.
-    llm = LLM(kv_cache_memory="22MiB", max_model_len=400, kv_cache_dtype="fp32")
+    llm = LLM(kv_cache_memory="22MiB", max_model_len=400, kv_cache_dtype="fp32", quantization="none")
     _check(llm, hf_reference, references, PROMPTS)
     assert llm.engine.stats().num_preemptions_total > 0
 
 
 def test_chunked_prefill(hf_reference: torch.nn.Module, references: dict) -> None:
     llm = LLM(kv_cache_memory="64MiB", max_model_len=512, max_num_batched_tokens=24,
-              kv_cache_dtype="fp32")
+              kv_cache_dtype="fp32", quantization="none")
     _check(llm, hf_reference, references, PROMPTS)
     longest = max(len(llm.tokenizer(p).input_ids) for p in PROMPTS)
     assert longest > 24  # so at least one prompt was prefilled in several chunks

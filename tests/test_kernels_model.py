@@ -47,7 +47,7 @@ def greedy_tokens(model_dir: Path, backend: str, batches: list[list[list[int]]],
     llm = LLM(model=str(model_dir), attention_backend=backend, device=device, dtype="float32",
               kv_cache_memory="4MiB", max_model_len=256, block_size=16,
               max_num_batched_tokens=32, enable_prefix_caching=True, max_num_seqs=8,
-              enforce_eager=enforce_eager, kv_cache_dtype=kv_cache_dtype)
+              enforce_eager=enforce_eager, kv_cache_dtype=kv_cache_dtype, quantization="none")
     params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
     return [out.outputs[0].token_ids for batch in batches
             for out in llm.generate(batch, params)]

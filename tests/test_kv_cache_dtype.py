@@ -71,17 +71,17 @@ KV_BYTES = 40 * 16 * 30 * 2 * 3 * 64 * 4
 
 @pytest.fixture(scope="module")
 def llm32() -> LLM:
-    return LLM(kv_cache_memory=KV_BYTES, max_model_len=600, kv_cache_dtype="fp32")
+    return LLM(kv_cache_memory=KV_BYTES, max_model_len=600, kv_cache_dtype="fp32", quantization="none")
 
 
 @pytest.fixture(scope="module")
 def llm16() -> LLM:
-    return LLM(kv_cache_memory=KV_BYTES, max_model_len=600, kv_cache_dtype="fp16")
+    return LLM(kv_cache_memory=KV_BYTES, max_model_len=600, kv_cache_dtype="fp16", quantization="none")
 
 
 @pytest.fixture(scope="module")
 def llm8() -> LLM:
-    return LLM(kv_cache_memory=KV_BYTES, max_model_len=600, kv_cache_dtype="int8")
+    return LLM(kv_cache_memory=KV_BYTES, max_model_len=600, kv_cache_dtype="int8", quantization="none")
 
 
 Reading = tuple[list[list[int]], float, torch.Tensor]  # the windows, the mean NLL, the top-1 picks
@@ -138,7 +138,7 @@ def test_int8_cache_holds_nearly_twice_fp16s_tokens(llm16: LLM, llm8: LLM) -> No
 
 def test_unknown_kv_cache_dtype_is_refused() -> None:
     with pytest.raises(ValueError, match="kv_cache_dtype"):
-        LLM(kv_cache_memory="16MiB", max_model_len=256, kv_cache_dtype="fp8")
+        LLM(kv_cache_memory="16MiB", max_model_len=256, kv_cache_dtype="fp8", quantization="none")
 
 
 def test_metrics_report_the_real_cache_capacity(server: ServerProcess) -> None:

@@ -72,7 +72,7 @@ def test_the_serve_flag_refuses_a_bad_config_at_startup(capsys: pytest.CaptureFi
 def test_events_need_prefix_caching() -> None:
     config = parse_kv_events_config('{"enable_kv_cache_events": true}')
     with pytest.raises(ValueError, match="need prefix caching"):
-        EngineConfig(kv_events_config=config, enable_prefix_caching=False, device="cpu")
+        EngineConfig(kv_events_config=config, enable_prefix_caching=False, device="cpu", quantization="none")
 
 
 # ---- vLLM's block hash ----------------------------------------------------

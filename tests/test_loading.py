@@ -31,7 +31,8 @@ def _our_logits(llm: LLM, ids: list[int]) -> torch.Tensor:
 @pytest.mark.parametrize("arch,tie", [("llama", False), ("llama", True), ("qwen2", False)])
 def test_hf_folder_matches_transformers(tmp_path: Path, arch: str, tie: bool) -> None:
     reference = save_tiny_model(tmp_path, arch, tie)
-    llm = LLM(model=str(tmp_path), kv_cache_memory="4MiB", max_model_len=256, kv_cache_dtype="fp32")
+    llm = LLM(model=str(tmp_path), kv_cache_memory="4MiB", max_model_len=256, kv_cache_dtype="fp32",
+              quantization="none")
     ids = [1] + [3 + (i * 37) % 200 for i in range(40)]
     with torch.inference_mode():
         expected = reference(torch.tensor([ids])).logits[0]

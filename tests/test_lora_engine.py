@@ -51,7 +51,7 @@ def test_mixed_batch_matches_peft_merged(tiny_zoo: TinyZoo, spec: TinySpec) -> N
     llm = LLM(model=str(base), enable_lora=True, max_loras=2, max_lora_rank=16,
               lora_modules={name: str(path) for name, (path, _) in made.items()},
               kv_cache_memory=preempting_cache_bytes(base, ids, NEW_TOKENS), max_model_len=128,
-              kv_cache_dtype="fp32")
+              kv_cache_dtype="fp32", quantization="none")
     outs = llm.generate(ids, SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True), lora_name=loras)
     for prompt, lora, out in zip(ids, loras, outs, strict=True):
         ref = refs[lora]
@@ -70,7 +70,8 @@ def test_prefix_cache_keys_blocks_by_adapter(tiny_zoo: TinyZoo) -> None:
     base, made = tiny_zoo.folder(spec), adapters(tiny_zoo, spec)
     prompt = prompts(1, seed=7)[0] * 3  # three full blocks and more
     llm = LLM(model=str(base), enable_lora=True, max_loras=2, max_lora_rank=16, max_model_len=256,
-              lora_modules={name: str(path) for name, (path, _) in made.items()}, kv_cache_dtype="fp32")
+              lora_modules={name: str(path) for name, (path, _) in made.items()}, kv_cache_dtype="fp32",
+              quantization="none")
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     refs = {None: tiny_zoo.reference(spec), "a": made["a"][1], "b": made["b"][1]}
     for lora in (None, "a", "b", "a"):
@@ -96,7 +97,7 @@ def test_runtime_load_unload_and_refusals(tiny_zoo: TinyZoo, tmp_path: Path) -> 
     spec = SPECS[0]
     base, made = tiny_zoo.folder(spec), adapters(tiny_zoo, spec)
     llm = LLM(model=str(base), enable_lora=True, max_loras=1, max_lora_rank=8, max_model_len=128,
-              kv_cache_dtype="fp32")
+              kv_cache_dtype="fp32", quantization="none")
     engine = llm.engine
     with pytest.raises(LoraError, match="rank 16, above --max-lora-rank 8"):
         engine.load_lora_adapter("b", str(made["b"][0]))
@@ -163,7 +164,8 @@ def test_speculative_drafts_run_on_their_adapter(tiny_zoo: TinyZoo) -> None:
     llm = LLM(model=str(base), enable_lora=True, max_loras=2, max_lora_rank=16, max_model_len=256,
               lora_modules={name: str(path) for name, (path, _) in made.items()}, kv_cache_dtype="fp32",
               speculative_config=parse_speculative_config({"method": "ngram", "num_speculative_tokens": 3,
-                                                           "prompt_lookup_min": 1, "prompt_lookup_max": 3}))
+                                                           "prompt_lookup_min": 1, "prompt_lookup_max": 3}),
+                                                           quantization="none")
     outs = llm.generate(ids, SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True), lora_name=loras)
     refs = {None: tiny_zoo.reference(spec), "a": made["a"][1], "b": made["b"][1]}
     for prompt, lora, out in zip(ids, loras, outs, strict=True):
@@ -228,7 +230,7 @@ def test_kv_events_carry_the_adapter(tiny_zoo: TinyZoo) -> None:
                                      "event_layout": "map"})
     llm = LLM(model=str(tiny_zoo.folder(spec)), enable_lora=True, max_loras=2, max_lora_rank=16,
               lora_modules={name: str(path) for name, (path, _) in made.items()}, kv_events_config=config,
-              kv_cache_memory="8MiB", max_model_len=128, kv_cache_dtype="fp32")
+              kv_cache_memory="8MiB", max_model_len=128, kv_cache_dtype="fp32", quantization="none")
     context = zmq.Context()
     sub = context.socket(zmq.SUB)
     try:

@@ -45,7 +45,7 @@ def test_gguf_lora_matches_peft_merged(tiny_zoo: TinyZoo, spec: TinySpec, tmp_pa
     merged = save_random_adapter(base, tmp_path / "peft", 16, 21)
     gguf = convert_lora(base, tmp_path / "peft", tmp_path / "lora.gguf")
     llm = LLM(model=str(base), enable_lora=True, max_lora_rank=16, lora_modules={"g": str(gguf)},
-              max_model_len=128, kv_cache_dtype="fp32")
+              max_model_len=128, kv_cache_dtype="fp32", quantization="none")
     ids = prompts(3)
     outs = llm.generate(ids, SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True),
                         lora_name=["g", None, "g"])
@@ -57,6 +57,6 @@ def test_gguf_lora_matches_peft_merged(tiny_zoo: TinyZoo, spec: TinySpec, tmp_pa
 
 def test_a_model_gguf_is_no_adapter(tiny_zoo: TinyZoo) -> None:
     spec = SPECS[0]
-    llm = LLM(model=str(tiny_zoo.folder(spec)), enable_lora=True, max_model_len=128)
+    llm = LLM(model=str(tiny_zoo.folder(spec)), enable_lora=True, max_model_len=128, quantization="none")
     with pytest.raises(LoraError, match="not a LoRA adapter"):
         llm.engine.load_lora_adapter("m", str(tiny_zoo.gguf(spec, "F32")[0]))

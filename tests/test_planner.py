@@ -238,7 +238,7 @@ def calibrated(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from engine.config import EngineConfig
     from planner.calibrate import Grid, calibrate
 
-    model = calibrate(EngineConfig(kv_cache_memory="64MiB", device="cpu"),
+    model = calibrate(EngineConfig(kv_cache_memory="64MiB", device="cpu", quantization="none"),
                       Grid((1, 2), (16,), (16,), 1), log=lambda _: None)
     path = tmp_path_factory.mktemp("plan") / "fit.json"
     model.save(path)

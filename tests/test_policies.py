@@ -26,7 +26,7 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _engine(tiny_dir: Path, batching: Batching, **kwargs: object) -> LLMEngine:
     config = EngineConfig(model=str(tiny_dir), batching=batching, kv_cache_memory=KV_MEMORY,
                           max_model_len=MAX_MODEL_LEN, max_num_batched_tokens=256,
-                          kv_cache_dtype="fp32", **kwargs)  # type: ignore[arg-type]
+                          kv_cache_dtype="fp32", quantization="none", **kwargs)  # type: ignore[arg-type]
     engine = LLMEngine(config)
     assert engine.num_blocks == 32
     for i in range(24):

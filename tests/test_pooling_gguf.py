@@ -43,7 +43,7 @@ def test_converter_gguf_embeds_as_sentence_transformers(folder: Path, outtype: s
     from sentence_transformers import SentenceTransformer
 
     path = converted(folder, outtype)
-    config = EngineConfig(model=str(path))
+    config = EngineConfig(model=str(path), quantization="none")
     assert gguf_pooling_type(path) == 3 and resolve_task(config) == "embed"
     model = PoolingModel(config, "embed")
     assert (model.spec.pooling, model.spec.normalize) == ("last", True)
@@ -66,7 +66,7 @@ def test_gguf_encoders_are_refused_by_name(tmp_path: Path) -> None:
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    config = EngineConfig(model=str(path))
+    config = EngineConfig(model=str(path), quantization="none")
     assert resolve_task(config) == "embed"
     with pytest.raises(ValueError, match="GGUF bert encoders are not supported yet"):
         PoolingModel(config, "embed")

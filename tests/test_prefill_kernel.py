@@ -340,7 +340,8 @@ def test_the_default_model_prefills_alike_on_either_path(kv_dtype: str, logprob_
         return run(self, *args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(PrefillAttentionKernel, "prefill", counted)
-    llm = LLM(kv_cache_memory="64MiB", max_model_len=512, max_num_batched_tokens=32, kv_cache_dtype=kv_dtype)
+    llm = LLM(kv_cache_memory="64MiB", max_model_len=512, max_num_batched_tokens=32, kv_cache_dtype=kv_dtype,
+              quantization="none")
     assert llm.engine.runner.kv_caches[0].dtype == kv_cache_dtype(kv_dtype)
     params = SamplingParams(temperature=0, max_tokens=16, prompt_logprobs=0)
     prompt = SHARED_PREFIX + "Summarize it."

@@ -38,7 +38,7 @@ def spec() -> Iterator[LLM]:
     spends longer waking its threads than computing."""
     with one_torch_thread():
         llm = LLM(kv_cache_memory="12MiB", max_model_len=256, kv_cache_dtype="fp32", max_num_batched_tokens=64,
-                  speculative_config=SPEC)
+                  speculative_config=SPEC, quantization="none")
         drafter = llm.engine.scheduler.drafter
         assert drafter is not None
         drafter.cost = FLAT

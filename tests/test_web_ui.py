@@ -114,7 +114,7 @@ def screenshot(page: Any, name: str) -> None:
 
 def test_no_ui_turns_the_page_off_and_the_page_forbids_inline_script() -> None:
     """Without a model load: the app's routes, built with and without --no-ui."""
-    config = EngineConfig()
+    config = EngineConfig(quantization="none")
     with_ui = TestClient(create_app(ServerSettings(), engine_config=config))
     page = with_ui.get("/")
     assert page.status_code == 200 and "<script src=\"/ui/app.js\"" in page.text

@@ -68,7 +68,7 @@ def test_long_windowed_generation_holds_bounded_blocks(tiny_zoo: TinyZoo) -> Non
 
     reference = tiny_zoo.reference(MISTRAL)
     prompt, new_tokens = prompts()[0], 160
-    llm = LLM(model=str(tiny_zoo.folder(MISTRAL)), max_model_len=256, kv_cache_dtype="fp32")
+    llm = LLM(model=str(tiny_zoo.folder(MISTRAL)), max_model_len=256, kv_cache_dtype="fp32", quantization="none")
     bm = llm.engine.block_manager
     held: list[int] = []
 
@@ -169,7 +169,8 @@ def test_triton_backend_matches_transformers_past_the_window(tiny_zoo: TinyZoo, 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     prompt = max(prompts(), key=len)
     llm = LLM(model=str(tiny_zoo.folder(spec)), attention_backend="triton", device=device, dtype="float32",
-              kv_cache_memory="4MiB", max_model_len=128, max_num_batched_tokens=16, kv_cache_dtype="fp32")
+              kv_cache_memory="4MiB", max_model_len=128, max_num_batched_tokens=16, kv_cache_dtype="fp32",
+              quantization="none")
     out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))[0]
     reference = tiny_zoo.reference(spec)
     assert_greedy_match(reference, prompt, out.token_ids, reference_greedy(reference, prompt, 8, None))
@@ -185,7 +186,8 @@ def test_drafts_verified_past_the_window_are_exact(tiny_zoo: TinyZoo, spec: Any)
     from engine.tuning.step_cost import StepCost
 
     config = parse_speculative_config('{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1}')
-    llm = LLM(model=str(tiny_zoo.folder(spec)), max_model_len=128, kv_cache_dtype="fp32", speculative_config=config)
+    llm = LLM(model=str(tiny_zoo.folder(spec)), max_model_len=128, kv_cache_dtype="fp32", speculative_config=config,
+              quantization="none")
     drafter = llm.engine.scheduler.drafter
     assert drafter is not None
     drafter.cost = StepCost((1, 2), (1.0, 1.0))  # flat: every draft found is verified

@@ -371,7 +371,7 @@ def assert_engine_matches(path: Path, reference: torch.nn.Module, new_tokens: in
 
     ids = prompts()
     args: dict[str, Any] = dict(kv_cache_memory=preempting_cache_bytes(path, ids, new_tokens),
-                                max_model_len=max_model_len, kv_cache_dtype="fp32")
+                                max_model_len=max_model_len, kv_cache_dtype="fp32", quantization="none")
     args.update(engine_args)
     llm = LLM(model=str(path), **args)
     outs = llm.generate(ids, SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True))
