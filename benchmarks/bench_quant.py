@@ -20,10 +20,10 @@ import torch.nn.functional as F
 
 from benchmarks.decode_probe import bare_forward_rate
 from engine.llm import LLM
-from engine.quant import dispatch
 from engine.quant.formats import dequantize
 from engine.quant.linear import QuantLinear
 from engine.sampling_params import SamplingParams
+from engine.tuning import kernel_crossover
 from engine.tuning.timing import best_time
 from engine.types.stats import StepStats
 from loadgen.prose import prose_token_ids
@@ -99,7 +99,8 @@ def bench_mode(mode: str, kv: str, args: argparse.Namespace) -> dict[str, Any]:
           f"{result['bare_forward_tok_s']}", flush=True)
     if mode != "none" and kv == args.kv_cache_dtypes[0]:  # the linears do not depend on the KV dtype
         result["linears"] = linear_timings(llm, args.batches)
-        result["crossovers"] = {f"{k[0]} {k[1]}x{k[2]}": v.max_kernel_tokens for k, v in dispatch.cached().items()}
+        result["crossovers"] = {f"{k[0]} {k[1]}x{k[2]}": v.max_kernel_tokens
+                               for k, v in kernel_crossover.cached().items()}
     return result
 
 

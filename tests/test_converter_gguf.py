@@ -134,11 +134,11 @@ def test_auto_computes_on_the_files_own_blocks(tiny_zoo: TinyZoo, quant: str, mo
 
     from engine import LLM
     from engine.model.gguf_file import GGUFModel, hf_name
-    from engine.quant import dispatch
     from engine.quant.apply import SHARDS
     from engine.quant.linear import QuantLinear
+    from engine.tuning import kernel_crossover
 
-    monkeypatch.setattr(dispatch, "_cache", {})
+    monkeypatch.setattr(kernel_crossover, "_cache", {})
     path = convert(tiny_zoo, LLAMA3_256, "q8_0") if quant == "Q8_0" else quantize(tiny_zoo, LLAMA3_256, quant)
     gguf = GGUFModel(path)
     file_kind = {hf_name(t.name, gguf.family): t.tensor_type.name.lower().replace("q4_0", "q4_1")

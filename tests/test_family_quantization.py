@@ -32,9 +32,10 @@ from tiny_models import (
 
 from engine import LLM
 from engine.model import decode_step
-from engine.quant import dispatch, formats
+from engine.quant import formats
 from engine.quant.linear import QuantLinear, pinned_path
 from engine.quant.modes import weight_kind
+from engine.tuning import kernel_crossover
 
 GATED = ("llama", "qwen2", "qwen3", "phi3-long", "granite", "olmo2", "smollm3", "gemma2", "gemma3")
 # What decode_step.unsupported() must name for each family the C++ step cannot compute: none of
@@ -84,7 +85,7 @@ def _one_thread() -> Iterator[None]:
 def test_quantized_family_passes_the_quality_gate(tiny_zoo: TinyZoo, spec: TinySpec,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     # Keep both kernels in every layer, whatever this machine's measured crossover.
-    monkeypatch.setattr(dispatch, "_cache", {})
+    monkeypatch.setattr(kernel_crossover, "_cache", {})
     monkeypatch.setenv("PAGODE_QUANT_CROSSOVER", "16")
     folder, reference = tiny_zoo.folder(spec), tiny_zoo.reference(spec)
     prompt = prompts(1, seed=1)[0]

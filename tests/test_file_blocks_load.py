@@ -59,12 +59,11 @@ def test_a_k_quant_file_is_built_without_its_matrices_as_floats(tiny_zoo: TinyZo
     from engine.model import loader
     from engine.model.gguf_file import GGUFModel
     from engine.model.weights import _map_name
-    from engine.quant import dispatch
-    from engine.tuning import gemm_choice
+    from engine.tuning import gemm_choice, kernel_crossover
 
     monkeypatch.setenv("PAGODE_QUANT_GEMM", gemm)
     monkeypatch.setenv("PAGODE_QUANT_CROSSOVER", "0")
-    monkeypatch.setattr(dispatch, "_cache", {})
+    monkeypatch.setattr(kernel_crossover, "_cache", {})
     monkeypatch.setattr(gemm_choice, "_winners", {})
     path = quantize(tiny_zoo, LLAMA3_256, "Q4_K_M")
     source = loader.ModelSource(path, path.stem)

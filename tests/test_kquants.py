@@ -19,7 +19,7 @@ from test_family_quantization import ARGS, TEXT_TOKENS, assert_passes_gate, dequ
 from tiny_models import TinyZoo, assert_engine_matches, cached_greedy, one_torch_thread, prompts, tiny_spec
 
 from engine import LLM
-from engine.quant import dispatch
+from engine.tuning import kernel_crossover
 
 # K-quants need rows that are a multiple of 256; head_dim 64 keeps 4 query heads over 2 KV heads.
 LLAMA_256 = tiny_spec("llama-256", "LlamaConfig", "LlamaForCausalLM", "llama", hidden_size=256,
@@ -82,7 +82,7 @@ def test_a_k_quant_gguf_is_requantized_for_int8_int4_and_says_so(
     dequantized and requantized, the start-up log says which, and int8/int4 pass the gate
     against fp32 on the file's own weights rounded once more into the mode's blocks (`auto`
     keeps the file's blocks: tests/test_converter_gguf.py)."""
-    monkeypatch.setattr(dispatch, "_cache", {})
+    monkeypatch.setattr(kernel_crossover, "_cache", {})
     monkeypatch.setenv("PAGODE_QUANT_CROSSOVER", "16")
     path, reference = tiny_zoo.gguf(LLAMA_256, "Q4_K_M")
     prompt = prompts(1, seed=1)[0]

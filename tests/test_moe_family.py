@@ -30,8 +30,9 @@ from tiny_models import (
 
 from engine import LLM
 from engine.model.moe import SparseMoeBlock
-from engine.quant import dispatch, formats
+from engine.quant import formats
 from engine.quant.modes import weight_kind
+from engine.tuning import kernel_crossover
 
 MOE = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=64, head_dim=16, initializer_range=0.2)
 # Renormalised top-k (Qwen3-30B-A3B's setting, and llama.cpp's qwen3moe), every layer sparse.
@@ -162,7 +163,7 @@ def test_quantized_moe_passes_the_quality_gate(tiny_zoo: TinyZoo, spec: TinySpec
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     from engine.quant.linear import QuantLinear
 
-    monkeypatch.setattr(dispatch, "_cache", {})
+    monkeypatch.setattr(kernel_crossover, "_cache", {})
     monkeypatch.setenv("PAGODE_QUANT_CROSSOVER", "16")  # keep both kernels in every layer
     folder, reference = tiny_zoo.folder(spec), tiny_zoo.reference(spec)
     prompt = prompts(1, seed=1)[0]

@@ -31,7 +31,7 @@ from engine.quant.linear import QuantLinear, pinned_path
 from engine.quant.modes import resolve_mode
 from engine.quant.onednn_gemm import OnednnGemm
 from engine.sampling_params import SamplingParams
-from engine.tuning import gemm_choice, timing
+from engine.tuning import gemm_choice, kernel_crossover, timing
 from engine.types.outputs import RequestTimes
 from server.cli import build_parser, engine_config
 
@@ -145,7 +145,7 @@ def test_a_layer_keeps_the_dense_copy_only_if_its_crossover_can_pick_it(monkeypa
     w = formats.quantize(torch.randn(40, 64), "q4_1")
     report = apply.QuantReport("int4")
     for crossover, has_blocks, has_dense in ((4, True, True), (timing.NO_LIMIT, True, False), (0, True, True)):
-        monkeypatch.setattr(dispatch, "_cache", {("q4_1", 40, 64): timing.Crossover(crossover)})
+        monkeypatch.setattr(kernel_crossover, "_cache", {("q4_1", 40, 64): timing.Crossover(crossover)})
         layer = apply.build_layer(w, DenseGemm(formats.dequantize(w)), None, 512, report)
         assert (layer.blocks is not None, layer.gemm is not None) == (has_blocks, has_dense)
 
@@ -232,7 +232,7 @@ def test_a_tall_weight_is_raced_on_its_first_rows_and_built_whole(monkeypatch: p
 def test_a_tall_layers_kernel_races_time_its_first_rows(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PAGODE_RACE_CACHE", "0")
     monkeypatch.setattr(gemm_choice, "RACE_ROWS", 32)
-    monkeypatch.setattr(dispatch, "_cache", {})
+    monkeypatch.setattr(kernel_crossover, "_cache", {})
     timed: set[tuple[int, int]] = set()
 
     def record(blocks: formats.Blocks, gemm: gemms.Gemm, m: int) -> tuple[float, float]:
@@ -275,7 +275,7 @@ def test_cli_flag_reaches_the_engine_config() -> None:
 def test_hf_checkpoints_are_quantized_at_load(tmp_path: Path, arch: str, tie: bool,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     # Keep both kernels on these tiny shapes, whatever their measured crossover.
-    monkeypatch.setattr(dispatch, "_cache", {})
+    monkeypatch.setattr(kernel_crossover, "_cache", {})
     monkeypatch.setenv("PAGODE_QUANT_CROSSOVER", "16")
     reference = save_tiny_model(tmp_path, arch, tie)
     ids = [1] + [3 + (i * 37) % 200 for i in range(40)]
@@ -352,9 +352,9 @@ def quantized(request: pytest.FixtureRequest) -> Iterator[tuple[str, LLM, list[s
     logger.setLevel(logging.INFO)
     # Keep both kernels in every layer, whatever this machine's measured crossover, so the gate
     # can read the text through each.
-    saved_cache = dispatch._cache
+    saved_cache = kernel_crossover._cache
     saved_env = {k: os.environ.get(k) for k in ("PAGODE_QUANT_CROSSOVER", "PAGODE_QUANT_GEMM", "PAGODE_CPU_ISA")}
-    dispatch._cache = {}
+    kernel_crossover._cache = {}
     os.environ["PAGODE_QUANT_CROSSOVER"] = "16"
     os.environ["PAGODE_QUANT_GEMM"] = gemm
     os.environ["PAGODE_CPU_ISA"] = cap  # the model's kernels are bound at load, under this cap
@@ -367,7 +367,7 @@ def quantized(request: pytest.FixtureRequest) -> Iterator[tuple[str, LLM, list[s
     finally:
         logger.removeHandler(records)
         logger.setLevel(level)
-        dispatch._cache = saved_cache
+        kernel_crossover._cache = saved_cache
         for key, value in saved_env.items():
             if value is None:
                 os.environ.pop(key, None)

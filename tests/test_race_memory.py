@@ -14,9 +14,8 @@ from tiny_models import TinyZoo, one_torch_thread, prompts, tiny_spec
 from engine import envs, native
 from engine.attention import prefill_choice
 from engine.llm import LLM
-from engine.quant import dispatch
 from engine.sampling_params import SamplingParams
-from engine.tuning import fused_step, gemm_choice, race_memory, timing
+from engine.tuning import fused_step, gemm_choice, kernel_crossover, race_memory, timing
 
 LLAMA = tiny_spec("llama", "LlamaConfig", "LlamaForCausalLM", "llama")
 ARGS: dict[str, Any] = dict(kv_cache_memory="16MiB", max_model_len=128, max_num_seqs=8, quantization="int8")
@@ -35,7 +34,7 @@ def own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def forget_this_process(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(dispatch, "_cache", {})
+    monkeypatch.setattr(kernel_crossover, "_cache", {})
     monkeypatch.setattr(gemm_choice, "_winners", {})
     monkeypatch.setattr(fused_step, "_limits", {})
     monkeypatch.setattr(prefill_choice, "_winners", {})

@@ -19,7 +19,7 @@ from test_kquant_kernel import random_blocks
 from test_quantization import block_kernel
 
 from engine.quant import dispatch, formats
-from engine.tuning import timing
+from engine.tuning import kernel_crossover, timing
 
 # One tile, partial tiles, 1 to 7 token tiles, each side of 8 (bf16 tokens) and of 64
 # (dequantized panels), an odd count of token tiles in a panel's pairs.
@@ -100,13 +100,13 @@ def test_parts_of_different_formats_each_take_the_tile_body() -> None:
 def test_the_switch_starts_past_the_integer_bodys_last_win() -> None:
     race = timing.Crossover(0, {1: (1.0, 2.0), 2: (1.0, 2.0), 4: (3.0, 2.0), 8: (3.0, 2.0)})
     race.decide()
-    assert dispatch.tile_switch(race) == 3
+    assert kernel_crossover.tile_switch(race) == 3
     never = timing.Crossover(0, {1: (3.0, 2.0), 2: (3.0, 2.0)})
     never.decide()
-    assert dispatch.tile_switch(never) == 1
+    assert kernel_crossover.tile_switch(never) == 1
     always = timing.Crossover(0, {1: (1.0, 2.0), 2: (1.0, 2.0)})
     always.decide()
-    assert dispatch.tile_switch(always) == 0
+    assert kernel_crossover.tile_switch(always) == 0
 
 
 def test_a_measured_switch_is_set_on_every_part() -> None:

@@ -30,7 +30,7 @@ from engine.quant.formats import Blocks, Kind
 from engine.quant.gemms import GEMM_CLASSES, Gemm, choose_gemm
 from engine.quant.linear import QuantLinear
 from engine.quant.modes import weight_kind
-from engine.tuning import gemm_choice
+from engine.tuning import gemm_choice, kernel_crossover
 from engine.tuning.timing import NO_LIMIT
 
 log = logging.getLogger("pagode")
@@ -234,7 +234,7 @@ def build_layer(blocks: Blocks, dense: Gemm | DenseFor, bias: torch.Tensor | Non
     if raced is not None:  # the raced rows run the tile body from the same count
         for part in raced[0].parts:
             part.tile_from = tile_from
-    found = dispatch.known(dispatch.shape_key(blocks))
+    found = kernel_crossover.known(dispatch.shape_key(blocks))
     if found is None:
         timed_blocks, timed_gemm = (None, built(dense)) if raced is None else (raced[0], built(raced[1]))
         found = dispatch.measure(blocks, timed_gemm, timed_blocks)

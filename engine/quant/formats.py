@@ -40,7 +40,7 @@ class BlockWeights:
     out_features: int
     in_features: int
     # Steps of at least this many tokens run the kernel's AMX tile body, 0 none: measured at
-    # load per shape (engine/quant/dispatch.py), like the crossover to a dense GEMM.
+    # load per shape (engine/tuning/kernel_crossover.py), like the crossover to a dense GEMM.
     tile_from: int = 0
 
     @property

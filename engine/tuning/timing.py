@@ -1,7 +1,7 @@
 """Choosing a kernel by measurement at load: time the candidates, keep the winner.
 
 Every load-time race of the engine runs here: the block kernel against the dense GEMM at
-each token count (quant/dispatch.py), the big-step GEMMs against each other
+each token count (kernel_crossover.py), the big-step GEMMs against each other
 (gemm_choice.py), and the fused decode step against the layer-by-layer path
 (model/decode_step.py). A candidate is timed after one warm-up call, best of a few runs,
 under inference mode. A race between two kernels of one op runs on one thread (threads=1):
