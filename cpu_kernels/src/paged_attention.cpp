@@ -3,7 +3,7 @@
 //
 // The cache may hold fp32, fp16, bf16 or int8 elements; activations are fp32. Rows of the
 // cache are converted to fp32 as they are read (F16C's vcvtph2ps for fp16, a 16-bit
-// shift for bf16, int8 times the row's scale: include/kv_convert.h), so an fp16 cache
+// shift for bf16, int8 times the row's scale: include/cache_rows.h), so an fp16 cache
 // halves the bytes streamed per decode step and an int8 one nearly quarters them. An int8
 // row is quantized once, when the cache write stores it (absmax / 127 per token and head).
 // The bodies are AVX2 (+ F16C): below the avx2 level this file compiles to nothing. The
@@ -25,76 +25,22 @@
 #include <cstring>
 #include <vector>
 
+#include "cache_rows.h"
 #include "kv_convert.h"
 #include "simd_exp.h"
 
 namespace {
 
 using pagode::BF16;
+using pagode::cache_row;
 using pagode::F16;
 using pagode::I8;
+using pagode::row_from_float;
+using pagode::row_scale;
+using pagode::row_to_float;
 using pagode::row_width;
 
-// ---- conversions ----------------------------------------------------------
-inline void to_float(const float* src, float* dst, int64_t n) { std::memcpy(dst, src, n * sizeof(float)); }
-
-inline void to_float(const F16* src, float* dst, int64_t n) {
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
-  for (; i < n; ++i) dst[i] = _cvtsh_ss(src[i].bits);
-}
-
-inline void to_float(const BF16* src, float* dst, int64_t n) {
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i)));
-    _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16)));
-  }
-  for (; i < n; ++i) {
-    uint32_t bits = static_cast<uint32_t>(src[i].bits) << 16;
-    std::memcpy(dst + i, &bits, 4);
-  }
-}
-
-inline void to_float(const I8* src, float* dst, int64_t n) { pagode::i8_row_to_float(src, dst, n); }
-
-// The scale an element type's row carries beyond its values: 1 but for int8 rows.
-template <typename T>
-inline float row_scale(const T*, int64_t) { return 1.f; }
-inline float row_scale(const I8* row, int64_t D) { return pagode::i8_scale(row, D); }
-
-inline void from_float(const float* src, float* dst, int64_t n) { std::memcpy(dst, src, n * sizeof(float)); }
-
-inline void from_float(const float* src, F16* dst, int64_t n) {
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
-                     _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
-  for (; i < n; ++i) dst[i].bits = _cvtss_sh(src[i], _MM_FROUND_TO_NEAREST_INT);
-}
-
-inline void from_float(const float* src, BF16* dst, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {  // round to nearest even, as torch does
-    uint32_t bits;
-    std::memcpy(&bits, src + i, 4);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) { dst[i].bits = 0x7fc0; continue; }  // NaN
-    bits += 0x7fffu + ((bits >> 16) & 1u);
-    dst[i].bits = static_cast<uint16_t>(bits >> 16);
-  }
-}
-
-inline void from_float(const float* src, I8* dst, int64_t n) { pagode::float_to_i8_row(src, dst, n); }
-
 // ---- decode attention ------------------------------------------------------
-// Position t's row of a KV head in a paged cache [blocks, BS, KVH, W]: the block the
-// sequence's table names, the slot in it, the head's offset kv (row = KVH * W, W the
-// row width: D, or D + 4 for int8 rows with their scale).
-template <typename T>
-inline const T* cache_row(const T* cache, const int32_t* table, int64_t t, int64_t BS, int64_t row, int64_t kv) {
-  return cache + (static_cast<int64_t>(table[t / BS]) * BS + t % BS) * row + kv;
-}
-
 // The offsets of positions start .. start + L - 1's rows (cache_row's), one division a
 // block rather than one a row: a row is a few dozen cycles of work, a 64-bit division as many.
 inline void row_offsets(const int32_t* table, int64_t BS, int64_t row, int64_t kv, int64_t start, int64_t L,
@@ -319,7 +265,7 @@ void decode(const float* query, const T* k_cache, const T* v_cache, const int32_
       const int32_t* table = block_tables + b * MB;
       scores.resize(G * L);
       for (int64_t t = 0; t < L; ++t) {
-        to_float(cache_row(k_cache, table, start + t, BS, row, kv), buf.data(), D);
+        row_to_float(cache_row(k_cache, table, start + t, BS, row, kv), buf.data(), D);
         for (int64_t g = 0; g < G; ++g) scores[g * L + t] = dot(q + g * D, buf.data(), D) * scale;
       }
       for (int64_t g = 0; g < G; ++g) {
@@ -328,7 +274,7 @@ void decode(const float* query, const T* k_cache, const T* v_cache, const int32_
       }
       std::fill(o, o + G * D, 0.f);
       for (int64_t t = 0; t < L; ++t) {
-        to_float(cache_row(v_cache, table, start + t, BS, row, kv), buf.data(), D);
+        row_to_float(cache_row(v_cache, table, start + t, BS, row, kv), buf.data(), D);
         for (int64_t g = 0; g < G; ++g) axpy(scores[g * L + t], buf.data(), o + g * D, D);
       }
     }
@@ -352,9 +298,9 @@ inline void rotate(const float* __restrict x, const float* __restrict c, const f
 template <typename T>
 inline void store_rows(const float* src, T* dst, int64_t KVH, int64_t D) {
   if constexpr (pagode::row_extra<T> == 0) {
-    from_float(src, dst, KVH * D);
+    row_from_float(src, dst, KVH * D);
   } else {
-    for (int64_t h = 0; h < KVH; ++h) from_float(src + h * D, dst + h * row_width<T>(D), D);
+    for (int64_t h = 0; h < KVH; ++h) row_from_float(src + h * D, dst + h * row_width<T>(D), D);
   }
 }
 
