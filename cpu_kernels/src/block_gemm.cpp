@@ -14,10 +14,12 @@
 // The tokens enter as x = hi + lo with lo = bf16(x - hi), 8 tokens' hi and lo in one
 // operand: 16 significant bits, more than the integer body's int16 activations, so a step
 // computes what the integer body computes, to fp32 rounding, whichever body its size picks.
-// With bf16 tokens switched on (set_tile_bf16: PAGODE_TILE_BF16=1), steps of more than 8
-// tokens take bf16 tokens instead, one product per block for 16 tokens (the tile unit is
-// what bounds those steps), at the precision of the big-step GEMM's bf16 activations on
-// weights that stay exact; and from DEQUANTIZE_FROM tokens (a prefill chunk), where scaling
+// With bf16 tokens switched on (set_tile_bf16: on where the CPU has bf16 dot products, so
+// where the big-step GEMM these steps would otherwise go to is bf16 too; PAGODE_TILE_BF16
+// pins it), steps of more than 8 tokens take bf16 tokens instead, one product per block for
+// 16 tokens (the tile unit is what bounds those steps), at the precision of the big-step
+// GEMM's bf16 activations on weights that stay exact; and from DEQUANTIZE_FROM tokens (more
+// than one token tile), where scaling
 // each block's product for each token tile costs more than the products, each panel of rows
 // is dequantized to bf16 once (the big-step GEMM's copy, made on the fly) and the products
 // accumulate across all of K in the tiles. The weights cross memory and are unpacked once
@@ -48,12 +50,13 @@ constexpr int64_t CHUNK_BLOCKS = 8;  // blocks of 32 unpacked at a time: one K-q
 constexpr int64_t STREAM_AHEAD = 2048;  // bytes ahead of the unpacking that a row's stream is fetched
 constexpr int64_t MAX_STEPS = 16;    // products of a chunk (16 for Q6_K's 16-deep ones)
 // Whether steps of more than 8 tokens take bf16 tokens (and, from DEQUANTIZE_FROM, bf16
-// panels): off by default, so the block kernel stays exact on its blocks at every size.
+// panels); off, the block kernel stays exact on its blocks at every size.
 std::atomic<bool> bf16_tokens{false};
 constexpr int64_t PANEL = 32;        // rows of a dequantized panel: two row tiles
-// From this many tokens on, unpacking a panel to bf16 weights once costs less than scaling
-// every block's product for every token tile (measured on Q4_K and Q6_K at 2048-6144 inputs).
-constexpr int64_t DEQUANTIZE_FROM = 64;
+// From this many tokens on (two token tiles), unpacking a panel to bf16 weights once costs
+// less than scaling every block's product for every token tile (measured on Q4_K and Q6_K at
+// 2048-6144 inputs, 2048-12288 outputs).
+constexpr int64_t DEQUANTIZE_FROM = 17;
 constexpr int64_t PANEL_STRIDE = PANEL * QK;  // bf16 between two blocks of 32 in a dequantized panel
 
 inline __m512 iota(float first) {
@@ -174,12 +177,14 @@ template <typename KQ> struct KInts {
                 __m512i v;
                 if constexpr (KQ::MINS) {
                     v = _mm512_permutexvar_epi16(q, level_table(sc[j], mn[j], 0.f));
-                } else {
+                } else {  // each half sub-block of 16 is one vector: (q - 32) * d * sc, one rounding as the tables gave
                     const int8_t* s8 = (const int8_t*)(blk + 192) + 2 * j;
-                    const float first = d * (float)s8[0], second = d * (float)s8[1];
-                    const __m512i a = _mm512_permutex2var_epi16(level_table(first, 0.f, -32.f), q, level_table(first, 0.f, 0.f));
-                    const __m512i b = _mm512_permutex2var_epi16(level_table(second, 0.f, -32.f), q, level_table(second, 0.f, 0.f));
-                    v = _mm512_mask_blend_epi16((__mmask32)0xffff0000u, a, b);
+                    const __m512i centred = _mm512_sub_epi16(q, _mm512_set1_epi16(32));
+                    const __m512 a = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(_mm512_castsi512_si256(centred))),
+                                                   _mm512_set1_ps(d * (float)s8[0]));
+                    const __m512 b = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(_mm512_extracti64x4_epi64(centred, 1))),
+                                                   _mm512_set1_ps(d * (float)s8[1]));
+                    v = (__m512i)_mm512_cvtne2ps_pbh(b, a);
                 }
                 _mm512_storeu_si512(dst + (s * SUBS + j) * PANEL_STRIDE, v);
             }

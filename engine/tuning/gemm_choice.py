@@ -25,7 +25,6 @@ RACE_TOKENS = 64  # a serving step's size, where big-step GEMMs take over from t
 # A taller weight (an lm_head of 150k rows) is raced on its first rows: every row costs the
 # same, and building three candidates of the whole matrix to time them cost seconds a start.
 RACE_ROWS = 8192
-BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 
 _winners: dict[tuple[int, int, tuple[str, ...]], str] = {}  # (N, K, candidates) -> the winner's name
 
@@ -36,8 +35,7 @@ Rows = Callable[[int | None], torch.Tensor]  # a weight's first n rows in fp32 (
 def bf16_can_win() -> bool:
     """The CPU has bf16 dot products and the ISA cap lets pagode use them: elsewhere oneDNN
     emulates bf16 and it never wins, so it does not enter the race."""
-    target = native.cpu_target()
-    return target.target in ("avx512", "amx") and any(f in target.flags for f in BF16_FLAGS)
+    return native.bf16_dot_products()
 
 
 def pick(out_features: int, in_features: int, names: list[str], rows: Rows, bias: torch.Tensor | None,
