@@ -146,3 +146,84 @@ def imported_packages_of(tree: ast.AST) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
             names.add(node.module.split(".")[0])
     return names
+
+
+def engine_part(path: Path) -> str:
+    """`engine/core/scheduler.py` -> "core"; `engine/config.py` -> "config"."""
+    parts = path.relative_to(ROOT / "engine").parts
+    return parts[0] if len(parts) > 1 else Path(parts[0]).stem
+
+
+def engine_parts_imported(tree: ast.AST, parts: set[str]) -> set[str]:
+    used: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            used |= {alias.name.split(".")[1] for alias in node.names if alias.name.startswith("engine.")}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            if node.module == "engine":
+                used |= {alias.name for alias in node.names}
+            elif node.module.startswith("engine."):
+                used.add(node.module.split(".")[1])
+    return used & parts
+
+
+def engine_part_imports() -> dict[str, set[str]]:
+    """Which parts of engine/ (a folder, or a module at its top) each part imports, function-local
+    imports included, the package's own __init__ (its public names) left out."""
+    files = [p for p in sorted((ROOT / "engine").rglob("*.py")) if p != ROOT / "engine" / "__init__.py"]
+    parts = {engine_part(p) for p in files}
+    graph: dict[str, set[str]] = {part: set() for part in parts}
+    for path in files:
+        part = engine_part(path)
+        graph[part] |= engine_parts_imported(ast.parse(path.read_text(encoding="utf-8")), parts) - {part}
+    return graph
+
+
+def a_cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One cycle of the graph as the parts along it, or [] where there is none."""
+    state: dict[str, int] = {}  # 1: on the path being walked, 2: done
+    path: list[str] = []
+
+    def walk(node: str) -> list[str]:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (found := walk(nxt)):
+                return found
+        state[node] = 2
+        path.pop()
+        return []
+
+    for node in sorted(graph):
+        if node not in state and (found := walk(node)):
+            return found
+    return []
+
+
+def test_the_engines_parts_import_each_other_one_way() -> None:
+    """Inside engine/, imports between its folders and top modules form no cycle, so each part
+    can be read knowing only the parts below it (a cycle here is how a package's modules came
+    to reach back up through function-local imports)."""
+    assert a_cycle(engine_part_imports()) == []
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    assert a_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+    assert a_cycle({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_fleet_reads_the_engine_only_through_its_public_interface() -> None:
+    """server/fleet/ routes by the engine's block hashes and answers with its client: the block
+    manager, the model loader and the runner stay the engine's own."""
+    private = ("engine.core", "engine.model", "engine.runner")
+    offenders = {}
+    for path in sorted((ROOT / "server" / "fleet").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
+            bad = [n for n in names if any(n == p or n.startswith(p + ".") for p in private)]
+            if bad:
+                offenders[str(path.relative_to(ROOT))] = bad
+    assert not offenders
