@@ -121,12 +121,11 @@ QUANT_TILES: EnvVar[int | None] = EnvVar(
     "PAGODE_QUANT_TILES", _optional_int, None,
     "Pins the step size from which the block kernel runs its tile body (amx builds) to N tokens "
     "per call, 0 never, instead of measuring it at load (reproducible runs).")
-TILE_BF16: EnvVar[bool | None] = EnvVar(
-    "PAGODE_TILE_BF16", _flag, None,
+TILE_BF16: EnvVar[bool] = EnvVar(
+    "PAGODE_TILE_BF16", _flag, False,
     "1: the block kernel's AMX tile body takes steps of more than 8 tokens with bf16 tokens, "
-    "and from 17 on bf16 panels of the weights (the big-step GEMM's precision, faster); 0: exact "
-    "on the blocks at every size. Unset (the default): 1 where the CPU has bf16 dot products, "
-    "so where the big-step GEMM that such steps would otherwise run is bf16 too.")
+    "and from 17 on bf16 panels of the weights (the big-step GEMM's precision, faster); 0 (the "
+    "default): exact on the blocks at every size.")
 FBGEMM_REDUCE_RANGE: EnvVar[bool] = EnvVar(
     "PAGODE_FBGEMM_REDUCE_RANGE", _flag, True,
     "fbgemm's int8 activations use a 7-bit range (1, the default) so that AVX2's 16-bit pair "

@@ -72,17 +72,8 @@ def block_linear() -> BlockLinear | None:
     lib = library()
     kernel = None if lib is None or not envs.QUANT_KERNEL.get() else lib.block_linear
     if kernel is not None:
-        kernel.set_tile_bf16(tile_bf16())
+        kernel.set_tile_bf16(envs.TILE_BF16.get())
     return kernel
-
-
-def tile_bf16() -> bool:
-    """Whether the block kernel's big steps take bf16 tokens: pinned by PAGODE_TILE_BF16, else
-    where the CPU has bf16 dot products. There the dense GEMM that a big step would otherwise
-    run is bf16 as well (engine/tuning/gemm_choice.py), so the tile body costs no precision
-    against it, and it reads the 4-bit blocks instead of a bf16 copy four times their size."""
-    pinned = envs.TILE_BF16.get()
-    return bf16_dot_products() if pinned is None else pinned
 
 
 def bf16_dot_products() -> bool:

@@ -3,11 +3,10 @@ block weights, multiplied on AMX tiles, under each ISA cap this CPU allows (belo
 is no tile body, and asking for it runs the integer body).
 
 Its reference is the float64 product on the dequantized weights (formats.dequantize, gguf-py's
-for the K-quants). With PAGODE_TILE_BF16=0 the tokens enter as two bf16 halves on exact
-integer weights: the tile body must come closer to the exact product than the integer body
-(int16 tokens) does, so a step gives the same tokens whichever body its size picks. With bf16
-tokens (PAGODE_TILE_BF16=1; the default where the CPU has bf16 dot products), past 8 tokens
-they enter as bf16, and from 17 the weights are dequantized to bf16 on the fly: the tile body
+for the K-quants). By default the tokens enter as two bf16 halves on exact integer weights:
+the tile body must come closer to the exact product than the integer body (int16 tokens)
+does, so a step gives the same tokens whichever body its size picks. With PAGODE_TILE_BF16=1,
+past 8 tokens they enter as bf16, and from 17 the weights are dequantized to bf16 on the fly: the tile body
 must then come at least as close as the big-step GEMM it stands in for
 (bf16 weights times bf16 tokens).
 """
@@ -19,7 +18,6 @@ import torch
 from test_kquant_kernel import random_blocks
 from test_quantization import block_kernel
 
-from engine import native
 from engine.quant import dispatch, formats
 from engine.tuning import kernel_crossover, timing
 
@@ -119,15 +117,3 @@ def test_a_measured_switch_is_set_on_every_part() -> None:
     if not block_kernel().has_tile_body():
         assert tile_from == 0
 
-
-def test_bf16_tokens_are_the_default_where_the_cpu_has_bf16_dot_products(isa_cap: str,
-                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    """Unset, the switch follows the big-step GEMM's own precision: on where bf16 GEMMs may run
-    (a bf16 dot-product CPU within PAGODE_CPU_ISA's cap), off under an avx2 cap; set, it is pinned."""
-    monkeypatch.delenv("PAGODE_TILE_BF16", raising=False)
-    flags = set(native.cpu_target().flags)
-    assert native.tile_bf16() == (isa_cap != "avx2" and bool(flags & {"avx512_bf16", "amx_bf16"}))
-    monkeypatch.setenv("PAGODE_TILE_BF16", "0")
-    assert not native.tile_bf16()
-    monkeypatch.setenv("PAGODE_TILE_BF16", "1")
-    assert native.tile_bf16()

@@ -14,9 +14,8 @@
 // The tokens enter as x = hi + lo with lo = bf16(x - hi), 8 tokens' hi and lo in one
 // operand: 16 significant bits, more than the integer body's int16 activations, so a step
 // computes what the integer body computes, to fp32 rounding, whichever body its size picks.
-// With bf16 tokens switched on (set_tile_bf16: on where the CPU has bf16 dot products, so
-// where the big-step GEMM these steps would otherwise go to is bf16 too; PAGODE_TILE_BF16
-// pins it), steps of more than 8 tokens take bf16 tokens instead, one product per block for
+// With bf16 tokens switched on (set_tile_bf16: PAGODE_TILE_BF16=1), steps of more than 8
+// tokens take bf16 tokens instead, one product per block for
 // 16 tokens (the tile unit is what bounds those steps), at the precision of the big-step
 // GEMM's bf16 activations on weights that stay exact; and from DEQUANTIZE_FROM tokens (more
 // than one token tile), where scaling
@@ -50,7 +49,7 @@ constexpr int64_t CHUNK_BLOCKS = 8;  // blocks of 32 unpacked at a time: one K-q
 constexpr int64_t STREAM_AHEAD = 2048;  // bytes ahead of the unpacking that a row's stream is fetched
 constexpr int64_t MAX_STEPS = 16;    // products of a chunk (16 for Q6_K's 16-deep ones)
 // Whether steps of more than 8 tokens take bf16 tokens (and, from DEQUANTIZE_FROM, bf16
-// panels); off, the block kernel stays exact on its blocks at every size.
+// panels): off by default, so the block kernel stays exact on its blocks at every size.
 std::atomic<bool> bf16_tokens{false};
 constexpr int64_t PANEL = 32;        // rows of a dequantized panel: two row tiles
 // From this many tokens on (two token tiles), unpacking a panel to bf16 weights once costs

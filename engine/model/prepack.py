@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from engine import envs, native
+from engine import envs
 from engine.model.llama import LlamaForCausalLM
 from engine.quant.apply import set_module
 from engine.quant.bf16_gemm import Bf16Gemm
@@ -85,7 +85,7 @@ def pack_key(model_path: Path, mode: str, dtype: torch.dtype, device: torch.devi
     key = {"format": FORMAT_VERSION, "model": identity(model_path), "mode": mode, "dtype": str(dtype),
             "device": str(device), "max_tokens": max_tokens, "machine": race_memory.machine(),
             "quant_gemm": envs.QUANT_GEMM.get(), "crossover": envs.QUANT_CROSSOVER.get(),
-            "tiles": envs.QUANT_TILES.get(), "tile_bf16": native.tile_bf16(),
+            "tiles": envs.QUANT_TILES.get(), "tile_bf16": envs.TILE_BF16.get(),
             "sources": sources_digest()}
     return dict(json.loads(json.dumps(key)))  # plain JSON types (torch.__version__ is a str subclass)
 
