@@ -274,5 +274,5 @@ class LLMEngine:
             device=str(self.runner.device), dtype=str(self.runner.dtype).removeprefix("torch."),
             attention=self.runner.backend.name, kv_cache_dtype=dtype_name(self.runner.kv_dtype),
             kv_tokens_per_gib=self.kv_tokens_per_gib, cpu=self.cpu.model, cpu_isa=self.cpu.target,
-            cpu_flags=" ".join(self.cpu.flags))
+            cpu_flags=" ".join(self.cpu.flags), kernels=self.tuning.kernels)
 

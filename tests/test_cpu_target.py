@@ -41,3 +41,16 @@ def test_metrics_and_log_name_the_cpu_and_its_kernels(server: ServerProcess) -> 
     assert labels["cpu"] == cpu.model
     assert set(labels["flags"].split()) == set(cpu.flags)
     assert f"CPU: {cpu.model}" in server.log()
+
+
+def test_metrics_list_what_the_kernel_races_chose(server: ServerProcess) -> None:
+    """Which kernel won each load-time race on this CPU shows on /metrics: the default model's
+    block kernel against the GEMM, and its prefill path, at the least."""
+    text = httpx.get(server.base_url + "/metrics", timeout=10).text
+    rows = [dict(re.findall(r'(\w+)="([^"]*)"', line)) for line in text.splitlines()
+            if line.startswith("pagode:load_race_info{")]
+    assert {row["race"] for row in rows} >= {"block-kernel", "prefill-attention"}, rows
+    assert all(row["source"] in ("measured", "kept") and row["choice"] for row in rows)
+    prefill = [row["choice"] for row in rows if row["race"] == "prefill-attention"]
+    assert set(prefill) <= {"kernel", "maskless"}
+    assert "kernel races:" in server.log()

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from kernel_reference import paged_decode_attention_ref, paged_prefill_attention_ref
 from tests_support import SHARED_PREFIX, cache_sharing_builds, paged_attention_case
 from torch import nn
 
+from benchmarks.kernel_reference import paged_decode_attention_ref, paged_prefill_attention_ref
 from cpu_kernels.prefill_attention import BF16_BODIES, PrefillAttentionKernel
 from engine import LLM, SamplingParams, envs, native
 from engine.attention import kv_int8, prefill_choice
@@ -26,7 +26,7 @@ from engine.quant.dense_gemm import DenseGemm
 from engine.quant.formats import quantize
 from engine.quant.linear import QuantLinear
 from engine.runner.kv_cache import kv_cache_dtype
-from engine.tuning import race_memory, timing
+from engine.tuning import prefill_kernel, race_memory, timing
 
 # Fresh prompts (context 0) and extends after a cached prefix, with chunk lengths that are
 # not multiples of any tile (1, 7, 37, 40), a chunk crossing many blocks, one 100 long.
@@ -261,7 +261,7 @@ def test_bf16_chunks_are_raced_under_their_own_key(tmp_path: Path, monkeypatch: 
     for name in ("PAGODE_PREFILL_KERNEL", "PAGODE_PREFILL_BF16", "PAGODE_RACE_CACHE"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(race_memory, "_fresh", False)
-    monkeypatch.setattr(prefill_choice, "_winners", {})
+    monkeypatch.setattr(prefill_kernel, "_winners", {})
     bodies: list[bool] = []
     run = PrefillAttentionKernel.prefill
 
@@ -286,7 +286,7 @@ def test_the_race_runs_once_and_is_kept(dtype: torch.dtype, tmp_path: Path, monk
     monkeypatch.delenv("PAGODE_PREFILL_KERNEL", raising=False)
     monkeypatch.delenv("PAGODE_RACE_CACHE", raising=False)
     monkeypatch.setattr(race_memory, "_fresh", False)
-    monkeypatch.setattr(prefill_choice, "_winners", {})
+    monkeypatch.setattr(prefill_kernel, "_winners", {})
     raced: list[dict[str, float]] = []
     fastest = timing.fastest
 
@@ -312,10 +312,10 @@ def test_the_race_runs_once_and_is_kept(dtype: torch.dtype, tmp_path: Path, monk
     monkeypatch.setenv("PAGODE_PREFILL_KERNEL", "maskless")
     assert not prefill_choice.use_kernel(backend.prefill_kernel, q, cache, True, backend.prefill_maskless)
     monkeypatch.delenv("PAGODE_PREFILL_KERNEL")
-    monkeypatch.setattr(prefill_choice, "_winners", {})  # a later start: read back, not raced
+    monkeypatch.setattr(prefill_kernel, "_winners", {})  # a later start: read back, not raced
     CpuAttentionBackend().prepare(9, torch.float32, cache)
     assert len(raced) == 1
-    assert prefill_choice._winners[(9, 3, 64, name, False)] == won
+    assert prefill_kernel._winners[key] == won
 
 
 @pytest.mark.slow

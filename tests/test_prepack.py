@@ -45,11 +45,20 @@ def greedy(server: ServerProcess) -> tuple[list[str], list[float]]:
     return lp["tokens"], lp["token_logprobs"]
 
 
+def layer_races(server: ServerProcess) -> set[tuple[str, str, str]]:
+    """The layers' kernel races (race, shape, choice) that /metrics lists."""
+    text = httpx.get(server.base_url + "/metrics", timeout=10).text
+    rows = [dict(re.findall(r'(\w+)="([^"]*)"', line)) for line in text.splitlines()
+            if line.startswith("pagode:load_race_info{")]
+    return {(r["race"], r["key"], r["choice"]) for r in rows if r["race"] in prepack.LAYER_RACES}
+
+
 @pytest.mark.slow
 def test_a_second_start_reads_the_pack_and_a_broken_pack_is_packed_again(tmp_path: Path,
                                                                           cache: dict[str, str]) -> None:
     with running_server(ARGS, tmp_path, env=cache, name="first") as first:
         packed = greedy(first)
+        chosen = layer_races(first)
     log = first.log()  # after the stop, which waits for the pack's writer
     assert not READ.search(log), log[-3000:]
     saved = SAVED.search(log)
@@ -59,6 +68,7 @@ def test_a_second_start_reads_the_pack_and_a_broken_pack_is_packed_again(tmp_pat
 
     with running_server(ARGS, tmp_path, env=cache, name="second") as second:
         assert greedy(second) == packed  # the same weights: the same tokens and logprobs
+        assert chosen and layer_races(second) == chosen  # the pack says what its layers' races chose
     log = second.log()  # after the stop, which waits for the pack's writer
     read = READ.search(log)
     assert read and Path(read.group(1)) == path, log[-3000:]

@@ -12,10 +12,10 @@ from tests_support import cache_sharing_builds
 from tiny_models import TinyZoo, one_torch_thread, prompts, tiny_spec
 
 from engine import envs, native
-from engine.attention import prefill_choice
 from engine.llm import LLM
 from engine.sampling_params import SamplingParams
-from engine.tuning import fused_step, gemm_choice, kernel_crossover, race_memory, timing
+from engine.tuning import fused_step, gemm_choice, kernel_crossover, prefill_kernel, race_memory, timing
+from engine.types.info import KernelChoice
 
 LLAMA = tiny_spec("llama", "LlamaConfig", "LlamaForCausalLM", "llama")
 ARGS: dict[str, Any] = dict(kv_cache_memory="16MiB", max_model_len=128, max_num_seqs=8, quantization="int8")
@@ -35,10 +35,12 @@ def own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def forget_this_process(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(kernel_crossover, "_cache", {})
+    monkeypatch.setattr(kernel_crossover, "_tile_from", {})
     monkeypatch.setattr(gemm_choice, "_winners", {})
     monkeypatch.setattr(fused_step, "_limits", {})
-    monkeypatch.setattr(prefill_choice, "_winners", {})
+    monkeypatch.setattr(prefill_kernel, "_winners", {})
     monkeypatch.setattr(race_memory, "_fresh", False)  # each engine sets it from its --warmup
+    monkeypatch.setattr(race_memory, "_taken", {})
 
 
 def count_races(monkeypatch: pytest.MonkeyPatch) -> list[str]:
@@ -59,10 +61,15 @@ def count_races(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return races
 
 
-def greedy(folder: Path, **extra: Any) -> list[list[int]]:
+def greedy(folder: Path, **extra: Any) -> tuple[list[list[int]], tuple[KernelChoice, ...]]:
+    """The tokens of three greedy prompts, and what the load's kernel races chose."""
     llm = LLM(model=str(folder), **ARGS, **extra)
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
-    return [out.outputs[0].token_ids for out in llm.generate(prompts(3, seed=4), params)]
+    return [out.outputs[0].token_ids for out in llm.generate(prompts(3, seed=4), params)], llm.engine.tuning.kernels
+
+
+def choices(kernels: tuple[KernelChoice, ...]) -> dict[tuple[str, str], str]:
+    return {(k.race, k.key): k.choice for k in kernels}
 
 
 def test_a_second_load_reads_the_races_back(tiny_zoo: TinyZoo, own_cache: Path,
@@ -71,17 +78,23 @@ def test_a_second_load_reads_the_races_back(tiny_zoo: TinyZoo, own_cache: Path,
     folder = tiny_zoo.folder(LLAMA)
     races = count_races(monkeypatch)
     with one_torch_thread():
-        first = greedy(folder)
+        first, measured = greedy(folder)
         assert "crossover" in races, "the first load on an empty cache measured nothing"
         kept = list((own_cache / "races").glob("*.json"))
         assert len(kept) == 1, kept
         races.clear()
         forget_this_process(monkeypatch)
-        second = greedy(folder)
+        second, read_back = greedy(folder)
         assert races == [], f"a second load on the same machine raced again: {races}"
         assert second == first
+        # the engine's tuning lists every kernel race: measured at the first start, read back
+        # at the second, with the same winners
+        assert {k.race for k in measured} >= {"block-kernel", "big-step-gemm", "prefill-attention"}
+        assert {k.source for k in measured} == {"measured"} and {k.source for k in read_back} == {"kept"}
+        assert choices(read_back) == choices(measured)
         forget_this_process(monkeypatch)
-        greedy(folder, warmup=True)
+        _, raced_again = greedy(folder, warmup=True)
+        assert {k.source for k in raced_again} == {"measured"}
         assert "crossover" in races, "--warmup read the kept results instead of racing"
 
 

@@ -5,9 +5,9 @@ Why a race: the kernel reads the paged cache in place and shares each K/V row ac
 query group, while the maskless path gathers K/V and leans on torch's flash kernel, whose
 GEMMs may be the better ones on some CPU, head size or cache dtype. So at load, per
 attention shape (heads, KV heads, head size, cache dtype), both run one synthetic chunk of
-RACE_CHUNK queries after RACE_CONTEXT cached positions, on one thread, best of a few
-(engine/tuning/timing.py), and the faster one takes every unwindowed, uncapped chunk of that
-shape. The result is kept per machine (engine/tuning/race_memory.py), so later starts read it back.
+RACE_CHUNK queries after RACE_CONTEXT cached positions (engine/tuning/prefill_kernel.py times
+them and keeps the winner per machine), and the faster one takes every unwindowed, uncapped
+chunk of that shape.
 
 Windowed or soft-capped chunks take the kernel wherever it is built: their alternative is
 not the maskless path but the masked one, which materialises the whole score matrix.
@@ -40,7 +40,7 @@ from engine import envs
 from engine.attention import kv_int8
 from engine.attention.metadata import AttentionMetadata
 from engine.quant.linear import QuantLinear
-from engine.tuning import race_memory, timing
+from engine.tuning import prefill_kernel
 
 log = logging.getLogger("pagode")
 
@@ -50,11 +50,8 @@ BF16_MIN_EXTEND = 16
 
 RACE_CHUNK = 256  # queries of the raced chunk: half the CPU's default token budget
 RACE_CONTEXT = 256  # cached positions before it, so that both the causal and the cached part count
-RACE_REPS = 3
 
 MasklessPath = Callable[[torch.Tensor, torch.Tensor, AttentionMetadata, float], torch.Tensor]
-Shape = tuple[int, int, int, str, bool]  # heads, KV heads, head size, cache dtype, bf16 products
-_winners: dict[Shape, str] = {}
 
 
 def bf16_from(model: nn.Module) -> int | None:
@@ -99,37 +96,26 @@ def use_kernel(kernel: PrefillAttentionKernel | None, query: torch.Tensor, kv_ca
 
 def winner(kernel: PrefillAttentionKernel, maskless: MasklessPath, heads: int, kv_cache: torch.Tensor,
            bf16: bool = False) -> str:
-    """'kernel' or 'maskless' for this shape: raced once per process, kept per machine."""
+    """'kernel' or 'maskless' for this shape (engine/tuning/prefill_kernel.py races it once)."""
     kv_heads, head_dim = kv_cache.shape[3], kv_int8.head_dim(kv_cache)
-    shape: Shape = (heads, kv_heads, head_dim, str(kv_cache.dtype).removeprefix("torch."), bf16)
-    if shape in _winners:
-        return _winners[shape]
-    key = ":".join(map(str, (*shape[:4], RACE_CHUNK, RACE_CONTEXT, *(["bf16"] if bf16 else []))))
-    kept = race_memory.recall("prefill-attention", key)
-    if kept in ("kernel", "maskless"):
-        _winners[shape] = kept
-        log.info("prefill attention %s: %s (measured at an earlier start)", key, kept)
-        return str(kept)
-    name, times = race(kernel, maskless, heads, kv_cache.shape[2], kv_heads, head_dim, kv_cache.dtype, bf16)
-    _winners[shape] = name
-    race_memory.keep("prefill-attention", key, name)
-    log.info("prefill attention %s: %s (ms at a chunk of %d after %d: %s; kernel body: %s)", key, name,
-             RACE_CHUNK, RACE_CONTEXT, {k: round(v * 1e3, 2) for k, v in times.items()},
-             kernel.body(head_dim, kv_cache.dtype, bf16))
-    return name
+    dtype = str(kv_cache.dtype).removeprefix("torch.")
+    key = ":".join(map(str, (heads, kv_heads, head_dim, dtype, RACE_CHUNK, RACE_CONTEXT, *(["bf16"] if bf16 else []))))
+    return prefill_kernel.winner(
+        key, ("kernel", "maskless"),
+        lambda: candidates(kernel, maskless, heads, kv_cache.shape[2], kv_heads, head_dim, kv_cache.dtype, bf16),
+        f"kernel body: {kernel.body(head_dim, kv_cache.dtype, bf16)}")
 
 
-def race(kernel: PrefillAttentionKernel, maskless: MasklessPath, heads: int, block_size: int, kv_heads: int,
-         head_dim: int, dtype: torch.dtype, bf16: bool = False) -> tuple[str, dict[str, float]]:
-    """Time both paths on one synthetic chunk in a cache of its own, on one thread."""
+def candidates(kernel: PrefillAttentionKernel, maskless: MasklessPath, heads: int, block_size: int, kv_heads: int,
+               head_dim: int, dtype: torch.dtype, bf16: bool = False) -> dict[str, Callable[[], object]]:
+    """Both paths on one synthetic chunk in a cache of its own."""
     query, cache, meta = synthetic_chunk(heads, kv_heads, head_dim, block_size, dtype)
     scale = head_dim ** -0.5
-    candidates = {
+    return {
         "kernel": lambda: kernel.prefill(query, cache, meta.block_tables, meta.query_start_loc, meta.seq_lens,
                                          scale, bf16=bf16),
         "maskless": lambda: maskless(query, cache, meta, scale),
     }
-    return timing.fastest(candidates, RACE_REPS)
 
 
 def synthetic_chunk(heads: int, kv_heads: int, head_dim: int, block_size: int, dtype: torch.dtype,

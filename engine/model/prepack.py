@@ -57,6 +57,10 @@ KEEP_PACKS = 3  # a pack is hundreds of MiB, and every code or flag change keys 
 # A pack is a cache: it is not written where it would leave less than this free on the disk,
 # since the disk may be the one the models, the logs and other programs need.
 MIN_FREE_BYTES = 4 << 30
+# The races whose winners a pack's layers carry: a start from the pack runs none of them, and
+# lists their results as kept (engine/tuning/tuning.py's kernel_choices).
+LAYER_RACES = ("block-kernel", "big-step-gemm", "tile-body")
+
 _SOURCES = (Path(__file__).resolve().parent, Path(__file__).resolve().parents[1] / "quant")
 
 
@@ -112,6 +116,7 @@ def read(path: Path, key: dict[str, Any], empty: LlamaForCausalLM) -> tuple[Llam
         if pack.get("key") != key:
             raise ValueError("it was packed for another key")
         model = restore(pack, empty)
+        race_memory.retake(pack.get("races", {}))
     except Exception as err:  # any unreadable pack costs a repack, never a start
         log.warning("weights: the prepacked file %s is unusable (%s: %s); packing again", path,
                     type(err).__name__, str(err).splitlines()[0][:200] if str(err) else "")
@@ -167,7 +172,9 @@ def write(model: nn.Module, path: Path, key: dict[str, Any], summary: str, packe
         return
     start = time.perf_counter()
     pack = {"key": key, "summary": summary, "state": model.state_dict(), "linears": {
-        name: linear_entry(module) for name, module in model.named_modules() if isinstance(module, QuantLinear)}}
+        name: linear_entry(module) for name, module in model.named_modules() if isinstance(module, QuantLinear)},
+        # through JSON text, so that equal results pickle alike whether raced or read back
+        "races": json.loads(json.dumps(race_memory.taken_of(LAYER_RACES), sort_keys=True))}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         size, free = pack_bytes(pack), shutil.disk_usage(path.parent).free

@@ -29,6 +29,7 @@ from engine.pooling.pooling_model import PoolingModel
 from engine.request_limits import RequestLimits
 from engine.sampling_params import SamplingParams
 from engine.structured_output import StructuredOutputSpec
+from engine.tuning.tuning import kernel_choices
 from engine.types.errors import EngineDeadError, InvalidRequestError
 from engine.types.info import EngineInfo
 from engine.types.outputs import StreamDelta
@@ -222,7 +223,8 @@ class AsyncPoolingEngine:
                           max_model_len=self.max_model_len, batching=self.task, device="cpu",
                           dtype=self.model.precision, attention="sdpa", kv_cache_dtype="none", kv_tokens_per_gib=0,
                           cpu=self._cpu.model,
-                          cpu_isa=self._cpu.target, cpu_flags=" ".join(self._cpu.flags))
+                          cpu_isa=self._cpu.target, cpu_flags=" ".join(self._cpu.flags),
+                          kernels=kernel_choices())
 
     def compile_grammar(self, spec: StructuredOutputSpec) -> None:
         raise InvalidRequestError("a pooling model takes no structured outputs", "structured_outputs")

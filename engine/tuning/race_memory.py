@@ -30,6 +30,8 @@ from engine import envs, native
 log = logging.getLogger("pagode")
 
 _fresh = False  # --warmup: race again this process, and overwrite what was kept
+# Every result this process took, measured or read back: (race, key) -> (result, source).
+_taken: dict[tuple[str, str], tuple[Any, str]] = {}
 
 
 def race_again(fresh: bool) -> None:
@@ -61,11 +63,15 @@ def recall(race: str, key: str) -> Any | None:
     """The kept result of `race` for `key` on this machine, or None (not kept, or --warmup)."""
     if not reads():
         return None
-    return _read(path_for(machine())).get("races", {}).get(race, {}).get(key)
+    kept = _read(path_for(machine())).get("races", {}).get(race, {}).get(key)
+    if kept is not None:  # a result this process measured and kept stays "measured"
+        _taken.setdefault((race, key), (kept, "kept"))
+    return kept
 
 
 def keep(race: str, key: str, result: Any) -> None:
     """Keep `result` (JSON-able) for later starts on this machine."""
+    _taken[(race, key)] = (result, "measured")
     if not envs.RACE_CACHE.get():
         return
     described = machine()
@@ -80,6 +86,30 @@ def keep(race: str, key: str, result: Any) -> None:
         os.replace(f.name, path)  # atomic: a concurrent start reads the old file or the new one
     except OSError as err:
         log.warning("could not keep the %s race result in %s: %s", race, path, err)
+
+
+def taken() -> dict[tuple[str, str], tuple[Any, str]]:
+    """What this process's races chose so far, by (race, key): the result and whether it was
+    "measured" now or "kept" from an earlier start (a caller that found a kept result stale
+    raced again, and its new result replaced it here)."""
+    return dict(_taken)
+
+
+def taken_of(races: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+    """This process's results of `races`, race -> key -> result: what a prepacked model keeps
+    of its layers' races, so that a start from the pack can say what they chose."""
+    chosen: dict[str, dict[str, Any]] = {}
+    for (race, key), (result, _) in _taken.items():
+        if race in races:
+            chosen.setdefault(race, {})[key] = result
+    return chosen
+
+
+def retake(results: dict[str, dict[str, Any]]) -> None:
+    """Results read back from elsewhere than this file (a prepacked model's), taken as kept."""
+    for race, by_key in results.items():
+        for key, result in by_key.items():
+            _taken.setdefault((race, key), (result, "kept"))
 
 
 def _read(path: Path) -> dict[str, Any]:

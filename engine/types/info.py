@@ -1,9 +1,23 @@
-"""What a loaded engine is, typed: the server shows it on /metrics (cache_config_info) and
-in its start-up log, benchmarks print it. Built once by LLMEngine.describe()."""
+"""What a loaded engine is, typed: the server shows it on /metrics (cache_config_info, cpu_info,
+load_race_info) and in its start-up log, benchmarks print it. Built once by LLMEngine.describe()."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class KernelChoice:
+    """What one load-time kernel race chose (engine/tuning/tuning.py lists them)."""
+
+    race: str  # the race's name in the race memory, e.g. big-step-gemm
+    key: str  # the shape it was run for, as kept
+    choice: str  # the winner's name, or a crossover's token count ("all": the kernel never lost)
+    source: str  # "measured" at this start, or "kept" from an earlier one
+
+    def labels(self) -> dict[str, str]:
+        """The labels of pagode's load_race_info gauge."""
+        return {"race": self.race, "key": self.key, "choice": self.choice, "source": self.source}
 
 
 @dataclass(frozen=True)
@@ -21,6 +35,7 @@ class EngineInfo:
     cpu: str  # the CPU's model name
     cpu_isa: str  # the ISA level the CPU kernels are built for (baseline, avx2, avx512, amx)
     cpu_flags: str  # the ISA flags that matter, space-separated
+    kernels: tuple[KernelChoice, ...] = ()  # what the load-time kernel races chose
 
     @property
     def kv_tokens(self) -> int:

@@ -204,6 +204,7 @@ class ServerMetrics:
         if cache_info:
             self._cache_config_info(cache_info)
             self._cpu_info(cache_info)
+            self._load_race_info(cache_info)
         self.watchers: list[LatencyWatcher] = []
         for reason in FINISH_REASONS:  # present from the start, at 0
             self.request_success.labels(model_name, reason)
@@ -223,6 +224,15 @@ class ServerMetrics:
         gauge = Gauge(PREFIX + "cpu_info", "The CPU and the ISA level of its kernels (labels; value 1).",
                       ["model_name", *labels], registry=self.registry)
         gauge.labels(self.model_name, *labels.values()).set(1)
+
+    def _load_race_info(self, info: EngineInfo) -> None:
+        """A constant 1 per load-time kernel race: which kernel won on this CPU for each shape,
+        and whether this start measured it or read it back."""
+        gauge = Gauge(PREFIX + "load_race_info", "What each load-time kernel race chose: race, shape key, "
+                      "choice, measured or kept (labels; value 1).",
+                      ["model_name", "race", "key", "choice", "source"], registry=self.registry)
+        for kernel in info.kernels:
+            gauge.labels(self.model_name, *kernel.labels().values()).set(1)
 
     def _histogram(self, name: str, doc: str, buckets: list[float],
                    labels: list[str]) -> Any:
