@@ -1,5 +1,5 @@
-"""Paged decode attention: Triton kernel vs the tests' torch oracle (tests/kernel_reference.py),
-as memory bandwidth.
+"""Paged decode attention: Triton kernel vs the kernel tests' torch oracle
+(benchmarks/kernel_reference.py), as memory bandwidth.
 
     make bench-kernels                      # = python -m benchmarks.bench_kernels
     python -m benchmarks.bench_kernels --peak-gbps 3350 --dtype bf16 --json out.json
@@ -24,7 +24,7 @@ from functools import partial
 
 import torch
 
-from tests.kernel_reference import paged_decode_attention_ref
+from benchmarks.kernel_reference import paged_decode_attention_ref
 
 # Peak HBM bandwidth, GB/s, by a part of torch.cuda.get_device_name; the longest part the
 # name contains wins, so "GH200" is not read as "H200", nor "H100 NVL" as "H100".

@@ -3,10 +3,11 @@ model on fixed prose, for each mode and each of its kernel paths.
 
     python -m benchmarks.quant_quality [--text tests/data/prose.txt] [--modes int8 int4]
 
-The measurement is the quality-gate tests' own teacher-forced reading (tests/teacher_forcing.py,
-through the engine's model, KV cache and attention); this only runs it for every mode and path
-and prints the rows as JSON. A path is pinned by the engine's `pinned_path`, so that each call
-takes the block kernel ("kernel") or the dense GEMM ("gemm"). Run it from the repository root.
+The measurement is the quality-gate tests' own teacher-forced reading
+(benchmarks/teacher_forcing.py, through the engine's model, KV cache and attention); this only
+runs it for every mode and path and prints the rows as JSON. A path is pinned by the engine's
+`pinned_path`, so that each call takes the block kernel ("kernel") or the dense GEMM ("gemm").
+Run it from the repository root.
 """
 
 from __future__ import annotations
@@ -15,10 +16,10 @@ import argparse
 import json
 from pathlib import Path
 
+from benchmarks.teacher_forcing import Reading, read_text
 from engine.llm import LLM
 from engine.quant.linear import Path as KernelPath
 from engine.quant.linear import pinned_path
-from tests.teacher_forcing import Reading, read_text
 
 PATHS: tuple[KernelPath | None, ...] = ("kernel", "gemm", None)  # None: the layer's own crossover
 DEFAULT_TEXT = Path(__file__).resolve().parents[1] / "tests" / "data" / "prose.txt"

@@ -4,7 +4,7 @@
 a kernel name, so (a) the package imports where triton is missing, and (b) setting
 TRITON_INTERPRET=1 any time before that first use selects the interpreter (the
 choice is made when the kernels are decorated, not when triton is imported).
-The tests' oracle is theirs: tests/kernel_reference.py.
+The kernel tests' torch oracle lives with the benchmarks: benchmarks/kernel_reference.py.
 """
 
 from __future__ import annotations

@@ -7,9 +7,9 @@ import logging
 
 import pytest
 import torch
-from kernel_reference import paged_decode_attention_ref, paged_prefill_attention_ref
 from tests_support import paged_attention_case
 
+from benchmarks.kernel_reference import paged_decode_attention_ref, paged_prefill_attention_ref
 from engine import native
 from engine.attention import kv_int8, select_backend
 from engine.attention.cpu_backend import CpuAttentionBackend

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from teacher_forcing import Reading, read_text
 from test_families import SPECS
 from test_kv_cache_dtype import GATE
 from test_window_models import GEMMA2
 from tiny_models import TinySpec, TinyZoo, cached_greedy, one_torch_thread, preempting_cache_bytes, prompts
 
+from benchmarks.teacher_forcing import Reading, read_text
 from engine import LLM, SamplingParams
 from engine.model.loader import read_config, resolve_model
 from engine.runner.kv_cache import bytes_per_block

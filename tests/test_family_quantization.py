@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from teacher_forcing import Reading, read_text
 from test_families import SPECS
 from test_quantization import GATE
 from test_window_models import GEMMA2, GEMMA3
@@ -30,6 +29,7 @@ from tiny_models import (
     save_tokenizer,
 )
 
+from benchmarks.teacher_forcing import Reading, read_text
 from engine import LLM
 from engine.model import decode_step
 from engine.quant import formats

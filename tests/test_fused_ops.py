@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from kernel_reference import reshape_and_cache_ref
 
+from benchmarks.kernel_reference import reshape_and_cache_ref
 from engine import native
 from engine.model import fused_ops
 from engine.model.layers import RMSNorm, RotaryEmbedding, SiluAndMul

@@ -21,13 +21,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from kernel_reference import (
+
+import cuda_kernels
+from benchmarks.kernel_reference import (
     paged_decode_attention_ref,
     paged_prefill_attention_ref,
     reshape_and_cache_ref,
 )
-
-import cuda_kernels
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")

@@ -1,6 +1,7 @@
 """The house's dependency rules, read from the code's own imports: server -> planner ->
 engine; loadgen stays a client for any server, that neither imports pagode nor starts it;
-nothing imports the benchmarks (tests included: a test runs one as a program); inside
+nothing imports the benchmarks but the tests, which import only the measures they share with
+them (a test runs a program as a program); nothing outside tests/ imports tests; inside
 server/, each stage of a request imports only the stages below it."""
 
 from __future__ import annotations
@@ -19,9 +20,47 @@ def imported_packages(folder: str) -> dict[str, set[str]]:
 
 
 def test_nothing_imports_the_benchmarks() -> None:
-    for folder in ("engine", "server", "loadgen", "planner", "cuda_kernels", "cpu_kernels", "tests"):
+    for folder in ("engine", "server", "loadgen", "planner", "cuda_kernels", "cpu_kernels"):
         offenders = [f for f, names in imported_packages(folder).items() if "benchmarks" in names]
         assert not offenders, f"{offenders} import benchmarks/"
+
+
+# What the tests and the benchmarks both measure with: the kernels' torch oracle and the quality
+# gates' teacher-forced reading. The tests import these and no benchmark program.
+SHARED_WITH_TESTS = {"benchmarks.kernel_reference", "benchmarks.teacher_forcing"}
+
+
+def benchmark_modules_imported(tree: ast.AST) -> set[str]:
+    """`from benchmarks.kernel_reference import x` -> "benchmarks.kernel_reference"."""
+    used: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            used |= {alias.name for alias in node.names if alias.name.split(".")[0] == "benchmarks"}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            if node.module == "benchmarks":
+                used |= {f"benchmarks.{alias.name}" for alias in node.names}
+            elif node.module.startswith("benchmarks."):
+                used.add(node.module)
+    return used
+
+
+def test_the_tests_import_only_what_they_share_with_the_benchmarks() -> None:
+    offenders = {}
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        extra = benchmark_modules_imported(ast.parse(path.read_text(encoding="utf-8"))) - SHARED_WITH_TESTS
+        if extra:
+            offenders[str(path.relative_to(ROOT))] = extra
+    assert not offenders, f"{offenders}: tests run the benchmarks as programs"
+
+
+def test_nothing_outside_tests_imports_tests() -> None:
+    """tests/ is the tests' own: what a benchmark measures with beside them lives in benchmarks/,
+    and a wheel ships no tests/. Function-local imports count, and so does a module of tests/
+    imported by its bare name, as the tests import each other."""
+    of_tests = {"tests"} | {path.stem for path in (ROOT / "tests").glob("*.py")}
+    for folder in ("benchmarks", "engine", "server", "planner", "loadgen", "cpu_kernels", "cuda_kernels"):
+        offenders = {f: names & of_tests for f, names in imported_packages(folder).items() if names & of_tests}
+        assert not offenders, f"{offenders} import tests/"
 
 
 def test_loadgen_imports_neither_the_engine_nor_the_server() -> None:

@@ -13,9 +13,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import allowed_isa_caps
-from teacher_forcing import Reading, read_text
 from tiny_models import save_tiny_model
 
+from benchmarks.teacher_forcing import Reading, read_text
 from cpu_kernels.quant_linear import BlockLinear
 from engine import native
 from engine.config import EngineConfig

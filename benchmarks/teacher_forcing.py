@@ -5,7 +5,9 @@ reference model such as the fp32 one).
 Every position is read through the engine's own model, KV cache and attention, in
 independent windows (each a fresh sequence prefilled in chunks, so that attention reads
 earlier chunks back from the cache). The caller hands in the token ids: the gate's text is
-the caller's (tests/test_quantization.py, `python -m benchmarks.quant_quality`).
+the caller's. The quality gates of the quantized modes and of the int8 KV cache (in tests/)
+and `python -m benchmarks.quant_quality` take the same measure, so it lives with the
+benchmarks, where both read it.
 """
 
 from __future__ import annotations

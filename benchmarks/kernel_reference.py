@@ -1,9 +1,11 @@
-"""Test oracle: plain gather-based paged attention in torch.
+"""The paged attention kernels' oracle: plain gather-based paged attention in torch.
 
 Deliberately simple and slow: every function gathers a sequence's K/V through its
 block table into contiguous tensors, then applies the textbook formula in fp32.
-The Triton kernels are checked against these; the engine's optimized CPU backend
-lives elsewhere (engine/attention/cpu_backend.py).
+The kernel tests check the Triton and C++ kernels against it and
+`python -m benchmarks.bench_kernels` times it beside the Triton kernel, so it lives with
+the benchmarks, where both read it. The engine's optimized CPU backend lives elsewhere
+(engine/attention/cpu_backend.py).
 """
 
 from __future__ import annotations
