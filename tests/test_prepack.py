@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -18,6 +19,7 @@ from server_fixtures import SMALL_ARGS, ServerProcess, running_server
 from tests_support import cache_sharing_builds
 
 from engine.model import prepack
+from engine.runner.model_runner import LOWEST_PRIORITY, ModelRunner
 from engine.tuning import race_memory
 
 # The default --quantization auto (int4 on a CPU with the kernels), with a pinned fused-decode
@@ -152,3 +154,17 @@ def test_a_pack_that_would_fill_the_disk_is_not_written(tmp_path: Path, monkeypa
     disk["free"] = prepack.MIN_FREE_BYTES + 2 * size
     prepack.write(model, path, {"k": 1}, "summary", 0.1)
     assert path.exists()
+
+
+def test_the_pack_is_written_at_the_lowest_cpu_priority() -> None:
+    """A first start's pack is serialized while the first requests are served: its writer
+    thread takes the lowest CPU priority, so that it does not share their cores as an equal,
+    and the threads that serve keep theirs."""
+    seen: list[int] = []
+    before = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    runner = SimpleNamespace(pending_packs=[lambda: seen.append(os.getpriority(os.PRIO_PROCESS,
+                                                                               threading.get_native_id()))])
+    for thread in ModelRunner.write_packs(runner):  # type: ignore[arg-type]
+        thread.join()
+    assert seen == [LOWEST_PRIORITY] and runner.pending_packs == []
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == before

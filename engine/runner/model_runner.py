@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
+import os
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -27,6 +29,8 @@ from engine.runner.sampler import SampleResult, sample
 
 log = logging.getLogger("pagode")
 
+LOWEST_PRIORITY = 19  # the nice value of the thread that writes a first start's pack
+
 
 @dataclass
 class StepInputs:
@@ -38,6 +42,16 @@ class StepInputs:
     seq_starts: list[int]  # [len(scheduled) + 1] each scheduled sequence's first packed row (meta's
     # sequences are attention rows, which a drafted sequence may split into one per token)
     lora: LoraRows | None = None  # which rows run on which adapter; None: every row on the base
+
+
+def in_background(work: Callable[[], None]) -> None:
+    """Run `work` at the lowest CPU priority this thread may take: serializing a pack of
+    gigabytes keeps a core busy for tens of seconds, and the first requests, served
+    meanwhile, should not share their cores with it. Linux gives each thread a nice value
+    of its own; where lowering it is refused, the work runs as it is."""
+    with contextlib.suppress(AttributeError, OSError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), LOWEST_PRIORITY)
+    work()
 
 
 class ModelRunner:
@@ -72,13 +86,16 @@ class ModelRunner:
                      if config.enable_lora else None)
         self._loading_thread: int | None = threading.get_ident()  # None once warned
 
-    def write_packs(self) -> None:
+    def write_packs(self) -> list[threading.Thread]:
         """Write a first start's pack in a thread of its own: the load-time races are over (a
         write beside them would skew them), and the server need not wait for the disk. The
         thread is not a daemon, so a server that stops meanwhile finishes the file first."""
         pending, self.pending_packs = self.pending_packs, []
-        for write in pending:
-            threading.Thread(target=write, name="pagode-pack-writer").start()
+        threads = [threading.Thread(target=in_background, args=(write,), name="pagode-pack-writer")
+                   for write in pending]
+        for thread in threads:
+            thread.start()
+        return threads
 
     def timed_modules(self) -> Iterator[tuple[str, nn.Module]]:
         """Every module a step may run, by name: the model's, and the fused decode step."""
