@@ -47,7 +47,7 @@ from engine.quant.dense_gemm import DenseGemm
 from engine.quant.formats import BlockParts, Blocks, BlockWeights
 from engine.quant.linear import QuantLinear
 from engine.quant.onednn_gemm import OnednnGemm
-from engine.tuning import race_memory
+from engine.tuning import gemm_choice, kernel_crossover, race_memory
 
 log = logging.getLogger("pagode")
 
@@ -59,7 +59,7 @@ KEEP_PACKS = 3  # a pack is hundreds of MiB, and every code or flag change keys 
 MIN_FREE_BYTES = 4 << 30
 # The races whose winners a pack's layers carry: a start from the pack runs none of them, and
 # lists their results as kept (engine/tuning/tuning.py's kernel_choices).
-LAYER_RACES = ("block-kernel", "big-step-gemm", "tile-body")
+LAYER_RACES = (kernel_crossover.BLOCK_KERNEL, gemm_choice.RACE, kernel_crossover.TILE_BODY)
 
 _SOURCES = (Path(__file__).resolve().parent, Path(__file__).resolve().parents[1] / "quant")
 

@@ -14,6 +14,8 @@ from collections.abc import Callable
 from engine.tuning import race_memory, timing
 from engine.tuning.timing import Crossover
 
+RACE = "fused-decode-step"  # race_memory's name for these results
+
 _limits: dict[str, Crossover] = {}
 # The biggest decode step the race times. Past it a step is long enough that the fused
 # step's one call saves little, and its two biggest counts were half of a first start's
@@ -28,7 +30,7 @@ def measure_limit(key: str, max_decodes: int, num_blocks: int,
     sequences, or read back."""
     if key in _limits:
         return _limits[key]
-    kept = race_memory.recall("fused-decode-step", key)
+    kept = race_memory.recall(RACE, key)
     if kept is not None:
         _limits[key] = Crossover(int(kept["limit"]), {int(m): (t[0], t[1]) for m, t in kept["ms"].items()})
         return _limits[key]
@@ -36,6 +38,6 @@ def measure_limit(key: str, max_decodes: int, num_blocks: int,
     result = timing.crossover(counts, time_both, digits=2, threads=None)
     if result.max_kernel_tokens >= timing.NO_LIMIT and min(max_decodes, num_blocks) > RACE_MAX_DECODES:
         result.max_kernel_tokens = max(counts)  # bigger steps were not raced: layer by layer
-    race_memory.keep("fused-decode-step", key, {"limit": result.max_kernel_tokens, "ms": result.timings_ms})
+    race_memory.keep(RACE, key, {"limit": result.max_kernel_tokens, "ms": result.timings_ms})
     _limits[key] = result
     return result

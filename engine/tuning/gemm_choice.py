@@ -21,6 +21,7 @@ from engine.tuning import race_memory, timing
 
 log = logging.getLogger("pagode")
 
+RACE = "big-step-gemm"  # race_memory's name for these results
 RACE_TOKENS = 64  # a serving step's size, where big-step GEMMs take over from the block kernel
 # A taller weight (an lm_head of 150k rows) is raced on its first rows: every row costs the
 # same, and building three candidates of the whole matrix to time them cost seconds a start.
@@ -45,18 +46,20 @@ def pick(out_features: int, in_features: int, names: list[str], rows: Rows, bias
     for (`rows`) only where a race runs: a file's blocks are dequantized for it then, and
     never where a winner is remembered."""
     key = (out_features, in_features, tuple(names))
-    kept = race_memory.recall("big-step-gemm", ":".join(map(str, [*key[:2], *names])))
-    if key not in _winners and kept in names:
+    if key in _winners:  # a layer of the same shape took it in this process
+        return _winners[key], None
+    remembered_as = ":".join(map(str, [*key[:2], *names]))
+    kept = race_memory.recall(RACE, remembered_as)
+    if kept in names:
         _winners[key] = kept
         log.info("big-step GEMM %dx%d: %s (of %s; measured at an earlier start)", key[0], key[1], kept,
                  ", ".join(names))
-    if key in _winners:
-        return _winners[key], None
+        return kept, None
     sliced = out_features > RACE_ROWS
     weight = rows(RACE_ROWS if sliced else None)
     built = {name: build(name, weight, None if bias is None else bias[:RACE_ROWS], shared) for name in names}
     _winners[key] = race(built, in_features)  # type: ignore[arg-type]
-    race_memory.keep("big-step-gemm", ":".join(map(str, [*key[:2], *names])), _winners[key])
+    race_memory.keep(RACE, remembered_as, _winners[key])
     log.info("big-step GEMM %dx%d: %s (of %s%s)", key[0], key[1], _winners[key], ", ".join(names),
              f"; raced on its first {RACE_ROWS} rows" if sliced else "")
     return _winners[key], None if sliced else built[_winners[key]]

@@ -22,6 +22,9 @@ from engine.tuning.timing import Crossover
 
 log = logging.getLogger("pagode")
 
+BLOCK_KERNEL = "block-kernel"  # race_memory's names of the two races
+TILE_BODY = "tile-body"
+
 Key = tuple[str, int, int]  # the format(s) of the weight's parts, N, K
 Timer = Callable[[int], tuple[float, float]]  # m tokens -> seconds of (candidate, incumbent)
 
@@ -44,13 +47,13 @@ def tile_from(key: Key, has_tile_body: bool, time_bodies: Timer) -> int:
 
 def race_tile_body(key: Key, time_bodies: Timer) -> int:
     remembered_as = ":".join(map(str, key))
-    kept = race_memory.recall("tile-body", remembered_as)
+    kept = race_memory.recall(TILE_BODY, remembered_as)
     if kept is not None:
         return int(kept)
     result = timing.crossover(timing.COUNTS, time_bodies, digits=4)
     switch = tile_switch(result)
     log.debug("tile body %s: from %d tokens, %s", key, switch, result.timings_ms)
-    race_memory.keep("tile-body", remembered_as, switch)
+    race_memory.keep(TILE_BODY, remembered_as, switch)
     return switch
 
 
@@ -68,7 +71,7 @@ def measure(key: Key, time_both: Timer) -> Crossover:
         return found
     result = timing.crossover(timing.COUNTS, time_both, digits=4)
     log.debug("crossover %s: kernel up to %d tokens, %s", key, result.max_kernel_tokens, result.timings_ms)
-    race_memory.keep("block-kernel", ":".join(map(str, key)), result.max_kernel_tokens)
+    race_memory.keep(BLOCK_KERNEL, ":".join(map(str, key)), result.max_kernel_tokens)
     _cache[key] = result
     return result
 
@@ -82,7 +85,7 @@ def known(key: Key) -> Crossover | None:
     if pinned is not None:
         _cache[key] = Crossover(int(pinned))
         return _cache[key]
-    kept = race_memory.recall("block-kernel", ":".join(map(str, key)))
+    kept = race_memory.recall(BLOCK_KERNEL, ":".join(map(str, key)))
     if kept is not None:
         _cache[key] = Crossover(int(kept))
         return _cache[key]

@@ -16,7 +16,7 @@ import logging
 from dataclasses import dataclass
 
 from engine.config import EngineConfig
-from engine.tuning import decode_rates, race_memory
+from engine.tuning import decode_rates, fused_step, gemm_choice, kernel_crossover, prefill_kernel, race_memory
 from engine.tuning.batch_cap import BatchCap
 from engine.tuning.step_cost import StepCost, measure_step_cost
 from engine.tuning.steps import SyntheticSteps
@@ -27,7 +27,8 @@ log = logging.getLogger("pagode")
 
 
 # The races whose result is a kernel choice (the others are timings the sizes come from).
-KERNEL_RACES = ("big-step-gemm", "block-kernel", "tile-body", "fused-decode-step", "prefill-attention")
+KERNEL_RACES = (gemm_choice.RACE, kernel_crossover.BLOCK_KERNEL, kernel_crossover.TILE_BODY, fused_step.RACE,
+                prefill_kernel.RACE)
 
 
 @dataclass(frozen=True)
