@@ -34,7 +34,7 @@ class DecodeStepKernel:
         self.lib = lib
         lib.decode_step.restype = None
         args: list[Any] = [_P, _P, _I64, _P, _I64, _P, ctypes.c_float, ctypes.c_float]
-        lib.decode_step.argtypes = args + [_P] * 4 + [_I64, _I64, ctypes.c_int]
+        lib.decode_step.argtypes = args + [_P] * 4 + [_I64, _I64, _P, _P, ctypes.c_int]
         lib.decode_step_slots.restype = _I64
 
     def slots(self) -> int:
@@ -43,12 +43,16 @@ class DecodeStepKernel:
 
     def run(self, hidden: torch.Tensor, table: torch.Tensor, dims: torch.Tensor, cache_type: int,
             final_norm: torch.Tensor, eps: float, scale: float, positions: torch.Tensor, slots: torch.Tensor,
-            block_tables: torch.Tensor, seq_lens: torch.Tensor) -> None:
+            block_tables: torch.Tensor, seq_lens: torch.Tensor, lora: torch.Tensor | None = None,
+            row_slots: torch.Tensor | None = None) -> None:
         """hidden [B, hidden] fp32: in, the token embeddings; out, the final RMSNorm of the last
         layer's residual stream. table int64 [L, slots()], dims int64 (hidden, heads, kv_heads,
         head_dim, intermediate, block_size); positions and slots int64 [B], block_tables int32
-        [B, MB], seq_lens int32 [B], all contiguous."""
+        [B, MB], seq_lens int32 [B], all contiguous. lora: int64 [L, 4] the addresses of each
+        projection's adapter table (lora_delta_kernel.shard_table, 0 for none) with row_slots
+        int64 [B] each row's adapter slot (-1: base), or None when no row runs on an adapter."""
         self.lib.decode_step(hidden.data_ptr(), table.data_ptr(), table.shape[0], dims.data_ptr(), cache_type,
                              final_norm.data_ptr(), eps, scale, positions.data_ptr(), slots.data_ptr(),
                              block_tables.data_ptr(), seq_lens.data_ptr(), hidden.shape[0], block_tables.shape[1],
-                             torch.get_num_threads())
+                             None if lora is None else lora.data_ptr(),
+                             None if row_slots is None else row_slots.data_ptr(), torch.get_num_threads())

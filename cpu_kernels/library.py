@@ -20,6 +20,7 @@ from cpu_kernels import build, isa
 from cpu_kernels.decode_step_kernel import DecodeStepKernel
 from cpu_kernels.dequantize import Dequantizer
 from cpu_kernels.fused_ops_kernel import FusedOpsKernel
+from cpu_kernels.lora_delta_kernel import LoraDeltaKernel
 from cpu_kernels.paged_attention import PagedAttentionKernel
 from cpu_kernels.prefill_attention import PrefillAttentionKernel
 from cpu_kernels.quant_linear import BlockLinear
@@ -46,6 +47,7 @@ class Library:
         self.block_linear = BlockLinear(lib) if _has(lib, BlockLinear.SYMBOLS) else None
         self.fused_ops = FusedOpsKernel(lib) if _has(lib, FusedOpsKernel.SYMBOLS) else None
         self.decode_step = DecodeStepKernel(lib) if _has(lib, DecodeStepKernel.SYMBOLS) else None
+        self.lora_delta = LoraDeltaKernel(lib) if _has(lib, LoraDeltaKernel.SYMBOLS) else None
         self.prefill_attention = (PrefillAttentionKernel(lib) if _has(lib, PrefillAttentionKernel.SYMBOLS)
                                   else None)
         self.dequantize = Dequantizer(lib) if _has(lib, Dequantizer.SYMBOLS) else None

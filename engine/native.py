@@ -17,6 +17,7 @@ from cpu_kernels.decode_step_kernel import DecodeStepKernel
 from cpu_kernels.dequantize import Dequantizer
 from cpu_kernels.fused_ops_kernel import FusedOpsKernel
 from cpu_kernels.isa import detect, target_level
+from cpu_kernels.lora_delta_kernel import LoraDeltaKernel
 from cpu_kernels.paged_attention import PagedAttentionKernel
 from cpu_kernels.prefill_attention import PrefillAttentionKernel
 from cpu_kernels.quant_linear import BlockLinear
@@ -91,6 +92,11 @@ def fused_ops() -> FusedOpsKernel | None:
 def decode_step() -> DecodeStepKernel | None:
     lib = library()
     return None if lib is None else lib.decode_step
+
+
+def lora_delta() -> LoraDeltaKernel | None:
+    lib = library()
+    return None if lib is None else lib.lora_delta
 
 
 def dequantizer() -> Dequantizer | None:

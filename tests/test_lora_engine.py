@@ -18,6 +18,7 @@ from tiny_models import TinySpec, TinyZoo, cached_greedy, one_torch_thread, pree
 
 from engine import LLM, SamplingParams
 from engine.lora import LoraError
+from engine.quant.linear import pinned_path
 from engine.types.errors import InvalidRequestError
 
 NEW_TOKENS = 24
@@ -120,36 +121,50 @@ def test_runtime_load_unload_and_refusals(tiny_zoo: TinyZoo, tmp_path: Path) -> 
     assert cfg["r"] == 16 and cfg["use_rslora"] is True  # what the rank refusal read
 
 
-def test_quantized_base_skips_the_fused_step_for_adapter_rows(tiny_zoo: TinyZoo) -> None:
-    """On int8 weights the fused C++ decode step takes base-only decode steps; a step with an
-    adapter row runs layer by layer, where the deltas are added (the fused step would read the
-    base weights alone and answer the base model's tokens)."""
+def test_fused_step_adds_each_rows_adapter(tiny_zoo: TinyZoo) -> None:
+    """On int8 weights the fused C++ decode step takes decode steps with adapter rows too,
+    each row adding its own adapter's deltas (the same C++ function the layer-by-layer path
+    calls): a mixed batch of base, `a` and `b` rows gives the layer-by-layer path's tokens,
+    and the adapters' tokens agree with transformers + PEFT merged in fp32 within int8's
+    rounding of the base weights, where the base's own tokens do not."""
     from engine import native
 
     if native.decode_step() is None:
         pytest.skip("no C++ compiler")
     spec = SPECS[0]
     base, made = tiny_zoo.folder(spec), adapters(tiny_zoo, spec)
-    llm = LLM(model=str(base), quantization="int8", fused_decode_limit=8, enable_lora=True, max_lora_rank=16,
-              lora_modules={"a": str(made["a"][0])}, max_model_len=128, kv_cache_dtype="fp32",
-              enable_prefix_caching=False)
-    step = llm.engine.runner.decode_step
+    llm = LLM(model=str(base), quantization="int8", fused_decode_limit=8, enable_lora=True, max_loras=2,
+              max_lora_rank=16, lora_modules={name: str(path) for name, (path, _) in made.items()},
+              max_model_len=128, kv_cache_dtype="fp32", enable_prefix_caching=False)
+    runner = llm.engine.runner
+    step = runner.decode_step
     assert step is not None
     calls: list[int] = []
     step.register_forward_hook(lambda mod, args, out: calls.append(out.shape[0]))
-    ids = prompts(3)
+    ids = prompts(6)
+    loras: list[str | None] = [None, "a", "b", "a", None, "b"]
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
-    on_base = llm.generate(ids, params)
-    assert calls, "base-only decode steps were meant to take the fused step"
-    calls.clear()
-    on_a = llm.generate(ids, params, lora_name="a")
-    assert not calls
-    assert [o.outputs[0].token_ids for o in on_a] != [o.outputs[0].token_ids for o in on_base]
-    # The adapter's own tokens, within int8's rounding of the base weights: most agree with
-    # transformers + PEFT merged in fp32, as the base's agree with transformers.
-    ref = [cached_greedy(made["a"][1], p, 12) for p in ids]
-    agree = sum(x == y for o, r in zip(on_a, ref, strict=True) for x, y in zip(o.outputs[0].token_ids, r, strict=True))
-    assert agree >= 0.8 * 12 * len(ids), (agree, ref)
+    model = runner.model
+    with pinned_path(model, "kernel"):  # the prefills on the block kernel too, as the fused step
+        fused = [o.outputs[0].token_ids for o in llm.generate(ids, params, lora_name=loras)]
+        assert calls, "decode steps with adapter rows were meant to take the fused step"
+        runner.decode_step = None  # the same engine, layer by layer
+        try:
+            layered = [o.outputs[0].token_ids for o in llm.generate(ids, params, lora_name=loras)]
+            on_base = [o.outputs[0].token_ids for o in llm.generate(ids, params)]
+        finally:
+            runner.decode_step = step
+    assert fused == layered
+    adapted = [i for i, lora in enumerate(loras) if lora is not None]
+    refs = {"a": made["a"][1], "b": made["b"][1]}
+    expected = {i: cached_greedy(refs[str(loras[i])], ids[i], 12) for i in adapted}
+
+    def agreement(outs: list[list[int]]) -> float:
+        return float(np.mean([x == y for i in adapted for x, y in zip(outs[i], expected[i], strict=True)]))
+
+    # int8's rounding flips near-ties and a flip changes the rest of its row, so the gate is
+    # most tokens, against the base weights alone, which agree on few.
+    assert agreement(fused) >= 0.6 and agreement(on_base) < 0.3, (agreement(fused), agreement(on_base))
 
 
 def test_speculative_drafts_run_on_their_adapter(tiny_zoo: TinyZoo) -> None:

@@ -24,6 +24,7 @@
 
 #include "cache_types.h"
 #include "fused_ops.h"
+#include "lora_delta.h"
 #include "paged_attention.h"
 #include "quant_linear.h"
 
@@ -55,9 +56,18 @@ struct Dims {
     int64_t hidden, heads, kv_heads, head_dim, inter, block_size;
 };
 
+// Which rows run on which adapter, and each projection's adapter table (lora_delta.h) per
+// layer: [L, 4] in PROJECTIONS order, 0 where a projection has no adapter. table is null
+// when no row of the step runs on an adapter.
+struct Adapters {
+    const int64_t* table;
+    const int64_t* row_slots;
+};
+enum Projection : int64_t { P_QKV, P_O, P_GATE_UP, P_DOWN, PROJECTIONS };
+
 // A fused projection whose shards kept different formats (a Q4_K_M file's Q4_K q/k beside a
 // Q6_K v) is several parts, each writing its own columns of y [M, N].
-void linear(const int64_t* slot, const float* x, float* y, int64_t M, int64_t N, int64_t K, int nthreads) {
+void base_linear(const int64_t* slot, const float* x, float* y, int64_t M, int64_t N, int64_t K, int nthreads) {
     const auto* part = reinterpret_cast<const int64_t*>(slot[0]);
     int64_t n0 = 0;
     for (int64_t i = 0; i < slot[1]; ++i, part += PART) {
@@ -66,6 +76,15 @@ void linear(const int64_t* slot, const float* x, float* y, int64_t M, int64_t N,
                       part[1], K, N, part[6], nthreads);
         n0 += part[1];
     }
+}
+
+// The base projection over every row, then each adapter row's delta.
+void linear(const int64_t* p, Slot slot, const Adapters& lora, int64_t layer, Projection which, const float* x,
+            float* y, int64_t M, int64_t N, int64_t K, int nthreads) {
+    base_linear(p + slot, x, y, M, N, K, nthreads);
+    if (lora.table == nullptr) return;
+    const auto* table = reinterpret_cast<const int64_t*>(lora.table[layer * PROJECTIONS + which]);
+    if (table != nullptr) lora_add_f32(table, x, y, M, K, N, lora.row_slots, nthreads);
 }
 
 // The attention entry points for a cache element type.
@@ -198,9 +217,12 @@ extern "C" {
 // of its parts and their count.
 // dims: hidden, heads, kv_heads, head_dim, intermediate, block_size. Positions and slots are
 // int64 [B], block tables int32 [B, MB], seq_lens int32 [B]; every slot must be >= 0.
+// lora: [L, 4] adapter tables (lora_delta.h) or null, row_slots [B] each row's adapter slot
+// (-1: the base weights only).
 void decode_step(float* hidden, const int64_t* layers, int64_t L, const int64_t* dims,
                  int64_t cache_type, const float* final_norm, float eps, float scale, const int64_t* positions, const int64_t* slots, const int32_t* tables,
-                 const int32_t* lens, int64_t B, int64_t MB, int nthreads) {
+                 const int32_t* lens, int64_t B, int64_t MB, const int64_t* lora, const int64_t* row_slots,
+                 int nthreads) {
     const Dims d{dims[0], dims[1], dims[2], dims[3], dims[4], dims[5]};
     thread_local Scratch s;
     s.size(B, d);
@@ -210,18 +232,20 @@ void decode_step(float* hidden, const int64_t* layers, int64_t L, const int64_t*
                            : cache_type == I8_CACHE   ? attend<I8>
                                                       : attend<float>;
     Stream st{hidden, false, s, B, d.hidden, eps, nthreads};
+    const Adapters adapters{lora, row_slots};
     for (int64_t l = 0; l < L; ++l) {
         const int64_t* p = layers + l * SLOTS;
         const float out_scale = float_slot(p, OUT_SCALE);
-        linear(p + QKV, st.enter(weight(p, ATTN_NORM)), s.qkv.data(), B, qkv_n, d.hidden, nthreads);
+        linear(p, QKV, adapters, l, P_QKV, st.enter(weight(p, ATTN_NORM)), s.qkv.data(), B, qkv_n, d.hidden, nthreads);
         if (p[Q_NORM]) normalize_qk(p, d, s.qkv.data(), B, eps, s.heads.data());
         attend_fn(p, d, s.qkv.data(), positions, slots, tables, lens, s.q.data(), s.attn.data(), B, MB, scale,
                   nthreads);
-        linear(p + O, s.attn.data(), st.x, B, d.hidden, qd, nthreads);
+        linear(p, O, adapters, l, P_O, s.attn.data(), st.x, B, d.hidden, qd, nthreads);
         st.leave(weight(p, ATTN_OUT_NORM), out_scale);
-        linear(p + GATE_UP, st.enter(weight(p, MLP_NORM)), s.gate_up.data(), B, 2 * d.inter, d.hidden, nthreads);
+        linear(p, GATE_UP, adapters, l, P_GATE_UP, st.enter(weight(p, MLP_NORM)), s.gate_up.data(), B, 2 * d.inter,
+               d.hidden, nthreads);
         activate(p, s.gate_up.data(), s.act.data(), B, d.inter, nthreads);
-        linear(p + DOWN, s.act.data(), st.x, B, d.hidden, d.inter, nthreads);
+        linear(p, DOWN, adapters, l, P_DOWN, s.act.data(), st.x, B, d.hidden, d.inter, nthreads);
         st.leave(weight(p, MLP_OUT_NORM), out_scale);
     }
     st.finish(final_norm, hidden);

@@ -11,7 +11,17 @@ Two ways to compute the same sums, picked per call by the number of rows:
   matrices and few rows, the calls, not the arithmetic, are what a per-adapter loop pays for.
 - **Grouped** (one adapter in the step, or more rows: prefill chunks): the rows gathered per
   adapter and each group's product run on its own matrices only, since there the arithmetic
-  the mask wastes (every row times every loaded adapter) outweighs the calls saved.
+  the mask wastes (every row times every loaded adapter) outweighs the calls saved. A group
+  runs two products whatever the shards: its adapter's A side by side, then its B placed in
+  one matrix as wide as the projection (zero outside each shard's columns), so that its
+  delta lands in one add over whole rows; a scatter into a column range of the output (its
+  rows strided) costs several times the products themselves.
+
+On the CPU, with fp32 activations and the C++ kernels built, a step of up to
+STACKED_MAX_ROWS rows takes neither: one call (cpu_kernels/src/lora_delta.cpp) walks the
+rows and adds each adapter row's two small products on its own adapter's matrices, with
+no mask, no gather and no allocation. The fused decode step calls the same function, so a
+decode step with adapter rows keeps the one-call step (engine/model/decode_step.py).
 """
 
 from __future__ import annotations
@@ -20,6 +30,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+from cpu_kernels.lora_delta_kernel import MAX_RANK, shard_table
+from engine import native
 
 BASE = -1  # the slot of a row that runs on the base weights only
 STACKED_MAX_ROWS = 64  # a step's rows up to which the stacked form runs
@@ -83,27 +96,81 @@ class Stacked:
         return Stacked(a, column_slots, tuple(ranges))
 
 
+@dataclass(frozen=True)
+class Grouped:
+    """One adapter's shards of a projection as two products: A of every shard stacked
+    [R, in], and Bt [R, out] holding each shard's B transposed in its own rows and columns."""
+
+    a: torch.Tensor
+    bt: torch.Tensor
+
+    @staticmethod
+    def of(shards: list[Shard], out_features: int) -> Grouped:
+        a = torch.cat([s.a for s in shards])
+        bt = a.new_zeros((a.shape[0], out_features))
+        row = 0
+        for s in shards:
+            bt[row:row + s.a.shape[0], s.start:s.stop] = s.b.t()
+            row += s.a.shape[0]
+        return Grouped(a, bt)
+
+
+@dataclass(frozen=True)
+class KernelTable:
+    """A projection's shards as the C++ kernel reads them (lora_delta_kernel.shard_table):
+    the table of addresses, and the A and Bt matrices it points into."""
+
+    table: torch.Tensor
+    kept: tuple[torch.Tensor, ...]
+
+    @staticmethod
+    def of(shards: dict[int, list[Shard]], dtype: torch.dtype) -> KernelTable | None:
+        """The shards in `dtype` (fp32 or bf16); None where the kernel cannot take them: not
+        on the CPU, a rank over its bound, or no kernels built here."""
+        placed = [(slot, s) for slot, group in sorted(shards.items()) for s in group]
+        if not placed or native.lora_delta() is None or not all(
+                s.a.device.type == "cpu" and s.a.shape[0] <= MAX_RANK for _, s in placed):
+            return None
+        entries = [(slot, s.start, s.stop, s.a.to(dtype).contiguous(), s.b.t().to(dtype).contiguous())
+                   for slot, s in placed]
+        return KernelTable(shard_table(entries), tuple(t for *_, a, bt in entries for t in (a, bt)))
+
+
 class LoraProjection:
     """The adapters' shards of one projection, by slot; adds a step's deltas to its output."""
 
-    def __init__(self) -> None:
+    def __init__(self, out_features: int = 0, kernel_dtype: torch.dtype = torch.float32) -> None:
+        self.out_features = out_features  # the projection's width, where it has one
+        self.kernel_dtype = kernel_dtype  # what the C++ kernel reads the matrices as
         self.shards: dict[int, list[Shard]] = {}
         self._stacked: Stacked | None = None
+        self._grouped: dict[int, Grouped] = {}
+        self.kernel_table: KernelTable | None = None  # what the C++ kernel reads, where it can
 
     def attach(self, slot: int, shards: list[Shard]) -> None:
         self.shards[slot] = shards
-        self._stacked = Stacked.of(self.shards)
+        self._rebuild()
 
     def detach(self, slot: int) -> None:
         if self.shards.pop(slot, None) is not None:
-            self._stacked = Stacked.of(self.shards)
+            self._rebuild()
+
+    def _rebuild(self) -> None:
+        self._stacked = Stacked.of(self.shards)
+        out_features = max([self.out_features, *(s.stop for group in self.shards.values() for s in group)])
+        self._grouped = {slot: Grouped.of(group, out_features) for slot, group in self.shards.items() if group}
+        self.kernel_table = KernelTable.of(self.shards, self.kernel_dtype)
 
     def add_deltas(self, x: torch.Tensor, y: torch.Tensor, rows: LoraRows) -> torch.Tensor:
         x2 = x.reshape(-1, x.shape[-1])
         y2 = y.reshape(-1, y.shape[-1])
         if self._stacked is None:
             return y
-        if len(rows.groups) > 1 and rows.num_rows <= STACKED_MAX_ROWS:
+        kernel = native.lora_delta()
+        if (self.kernel_table is not None and kernel is not None and rows.num_rows <= STACKED_MAX_ROWS
+                and kernel.applies(x2, y2)):
+            kernel.add(self.kernel_table.table, x2, y2, rows.slots)
+        elif len(rows.groups) > 1 and rows.num_rows <= STACKED_MAX_ROWS:
             self._add_stacked(x2, y2, rows, self._stacked)
         else:
             self._add_grouped(x2, y2, rows)
@@ -118,16 +185,16 @@ class LoraProjection:
 
     def _add_grouped(self, x2: torch.Tensor, y2: torch.Tensor, rows: LoraRows) -> None:
         for slot, index in rows.groups:
-            shards = self.shards.get(slot)
-            if not shards:
+            grouped = self._grouped.get(slot)
+            if grouped is None:
                 continue  # this adapter leaves the projection as it is
             whole = index.numel() == rows.num_rows
             xs = x2 if whole else x2.index_select(0, index)
-            xs = xs.to(shards[0].a.dtype)
-            for shard in shards:
-                delta = (xs @ shard.a.t()) @ shard.b.t()
-                target = y2[:, shard.start:shard.stop]
-                if whole:
-                    target.add_(delta.to(y2.dtype))
-                else:
-                    target.index_add_(0, index, delta.to(y2.dtype))
+            delta = ((xs.to(grouped.a.dtype) @ grouped.a.t()) @ grouped.bt).to(y2.dtype)
+            width = delta.shape[1]  # the last shard's end: columns past it get nothing
+            if whole:
+                y2[:, :width].add_(delta)
+            elif width == y2.shape[1]:
+                y2.index_add_(0, index, delta)
+            else:
+                y2[:, :width].index_add_(0, index, delta)

@@ -4,14 +4,16 @@ LoraRows.
 
 The deltas hang on forward hooks of the projection modules, so the base projection is
 whatever module the loader made (nn.Linear, a block-quantized QuantLinear) and is not
-touched. The hooks run in the layer-by-layer forward only: the fused C++ decode step reads
-the base weights itself, so the runner skips it for steps with adapter rows."""
+touched. The hooks run in the layer-by-layer forward; the fused C++ decode step reads the
+base weights itself and adds the deltas from the projections' kernel tables
+(kernel_tables), so a decode step with adapter rows stays one call where the C++ kernel
+takes every loaded adapter."""
 
 from __future__ import annotations
 
 import contextlib
 import itertools
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -34,10 +36,15 @@ class LoraRegistry:
         self.cache_ids: dict[str, int] = {}  # a fresh id per load: a reloaded name never reuses old KV
         self._next_id = itertools.count(1)
         self.rows: LoraRows | None = None  # the running step's rows, set by the runner
-        self.projections = {name: LoraProjection() for name, module in model.named_modules()
-                            if name.rsplit(".", 1)[-1] in PROJECTIONS}
+        self.projections = {name: LoraProjection(_width(module), _kernel_dtype(module))
+                            for name, module in model.named_modules() if name.rsplit(".", 1)[-1] in PROJECTIONS}
+        self._by_module: dict[int, LoraProjection] = {}
         for name, projection in self.projections.items():
-            model.get_submodule(name).register_forward_hook(self._hook(projection))
+            module = model.get_submodule(name)
+            module.register_forward_hook(self._hook(projection))
+            self._by_module[id(module)] = projection
+        self._version = 0  # bumped by every add and remove: what kernel_tables was built for
+        self._tables: tuple[int, torch.Tensor | None] | None = None
 
     def _hook(self, projection: LoraProjection) -> Any:
         def add_deltas(_: nn.Module, args: tuple[torch.Tensor, ...], output: torch.Tensor) -> torch.Tensor:
@@ -64,12 +71,39 @@ class LoraRegistry:
         self.adapters[adapter.name] = adapter
         self.slots[adapter.name] = slot
         self.cache_ids[adapter.name] = next(self._next_id)
+        self._version += 1
 
     def remove(self, name: str) -> None:
         slot = self.slots.pop(name)
         del self.adapters[name], self.cache_ids[name]
         for projection in self.projections.values():
             projection.detach(slot)
+        self._version += 1
+
+    def kernel_tables(self, layers: Sequence[Sequence[nn.Module]]) -> torch.Tensor | None:
+        """For the fused decode step: int64 [L, P] the address of each projection's kernel
+        table (layers[l][p]'s; 0 where it holds no adapter), or None when a projection holds
+        adapters the C++ kernel cannot take (the step then runs layer by layer). Rebuilt only
+        after an adapter was added or removed; the tensors it points into live in the
+        projections until then."""
+        if self._tables is None or self._tables[0] != self._version:
+            self._tables = (self._version, self._build_tables(layers))
+        return self._tables[1]
+
+    def _build_tables(self, layers: Sequence[Sequence[nn.Module]]) -> torch.Tensor | None:
+        rows = []
+        for modules in layers:
+            row = []
+            for module in modules:
+                projection = self._by_module.get(id(module))
+                if projection is None or not projection.shards:
+                    row.append(0)
+                elif projection.kernel_table is None:
+                    return None
+                else:
+                    row.append(projection.kernel_table.table.data_ptr())
+            rows.append(row)
+        return torch.tensor(rows, dtype=torch.int64)
 
     def _place(self, adapter: LoraAdapter) -> dict[str, list[Shard]]:
         """Each of the adapter's matrices on its projection and output range."""
@@ -135,3 +169,16 @@ class LoraRegistry:
             yield
         finally:
             self.rows = None
+
+
+def _width(module: nn.Module) -> int:
+    """A linear projection's out_features; 0 for a module named like one that is not."""
+    value = getattr(module, "out_features", 0)
+    return value if isinstance(value, int) else 0
+
+
+def _kernel_dtype(module: nn.Module) -> torch.dtype:
+    """bf16 beside block-quantized weights, whose own rounding is far larger than bf16's on
+    the small delta, and it halves the bytes a step reads per adapter; fp32 beside float
+    weights, which the adapter's rounding must not move off transformers + PEFT's tokens."""
+    return torch.bfloat16 if getattr(module, "blocks", None) is not None else torch.float32

@@ -56,6 +56,8 @@ class FusedDecodeStep(nn.Module):
         self.kept: list[torch.Tensor] = []  # what the table points into and nothing else holds
         out_scale = 0 if cfg.residual_multiplier == 1.0 else float_bits(cfg.residual_multiplier)
         rows = []
+        # Each layer's projections in the table's order: where adapters' deltas are looked up.
+        self.projections: list[list[nn.Module]] = []
         for layer, cache in zip(model.layers, kv_caches, strict=True):
             row = [*map(self.norm_slot, sublayer_norms(layer)), cache[0].data_ptr(), cache[1].data_ptr(),
                    *self.attention_slots(cast(Attention, layer.get_submodule("self_attn"))), out_scale,
@@ -64,6 +66,7 @@ class FusedDecodeStep(nn.Module):
                 proj = layer.get_submodule(name)
                 assert isinstance(proj, QuantLinear) and proj.blocks is not None
                 row += [self.keep(part_table(proj.blocks, proj.bias)), len(self.kept[-1])]
+            self.projections.append([layer.get_submodule(name) for name in PROJECTIONS])
             assert len(row) == kernel.slots(), (len(row), kernel.slots())
             rows.append(row)
         self.table = torch.tensor(rows, dtype=torch.int64)
@@ -96,15 +99,19 @@ class FusedDecodeStep(nn.Module):
     def applies(self, meta: AttentionMetadata, num_tokens: int) -> bool:
         return num_tokens == meta.num_decodes == meta.num_seqs and num_tokens <= self.max_tokens
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        """The final-norm hidden states [B, hidden] of a decode-only step (K/V written)."""
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                adapters: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """The final-norm hidden states [B, hidden] of a decode-only step (K/V written).
+        adapters: the projections' adapter tables [L, 4] (LoraRegistry.kernel_tables) and each
+        row's adapter slot, when rows run on adapters."""
         hidden = self.embed(input_ids).contiguous()
         tables = meta.block_tables.to(torch.int32).contiguous()
         lens = meta.seq_lens.to(torch.int32).contiguous()
         positions = positions.to(torch.int64).contiguous()
         slots = meta.slot_mapping.to(torch.int64).contiguous()
+        lora, row_slots = adapters if adapters is not None else (None, None)
         self.kernel.run(hidden, self.table, self.dims, self.cache_type, self.final_norm, self.eps,
-                        self.scale, positions, slots, tables, lens)
+                        self.scale, positions, slots, tables, lens, lora, row_slots)
         return hidden
 
 

@@ -209,9 +209,13 @@ class ModelRunner:
     def forward(self, inputs: StepInputs) -> torch.Tensor:
         """Logits [len(sample_indices), vocab] of the tokens that complete their sequence."""
         self._check_thread()
-        if inputs.lora is not None and self.lora is not None:
-            # Adapter rows: the layer-by-layer path, whose projections add the deltas (the
-            # captured graphs and the fused C++ step read the base weights only).
+        adapters = self._fused_adapters(inputs)
+        if adapters is not None:
+            assert self.decode_step is not None
+            hidden = self.decode_step(inputs.input_ids, inputs.positions, inputs.meta, adapters)
+        elif inputs.lora is not None and self.lora is not None:
+            # Other steps with adapter rows: the layer-by-layer path, whose projections add
+            # the deltas (the captured graphs read the base weights only).
             with self.lora.applied(inputs.lora):
                 hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta, self.kv_caches)
         elif self.graphs is not None and self.graphs.can_run(inputs.meta):
@@ -226,6 +230,15 @@ class ModelRunner:
             return self.model.compute_logits(hidden)
         index = torch.tensor(inputs.sample_indices, dtype=torch.long, device=hidden.device)
         return self.model.compute_logits(hidden.index_select(0, index))
+
+    def _fused_adapters(self, inputs: StepInputs) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """For a decode-only step with adapter rows that the fused C++ step can run: the
+        projections' adapter tables and each row's slot; None otherwise."""
+        if (inputs.lora is None or self.lora is None or self.decode_step is None
+                or not self.decode_step.applies(inputs.meta, len(inputs.input_ids))):
+            return None
+        tables = self.lora.kernel_tables(self.decode_step.projections)
+        return None if tables is None else (tables, inputs.lora.slots)
 
     @torch.inference_mode()
     def sample(self, logits: torch.Tensor, rows: list[SamplingRow],
