@@ -172,6 +172,7 @@ def test_a_cached_split_gguf_serves_with_the_hub_gone(hub: LocalHub, hf_home: Pa
     with running_server(["org/tiny-llama-GGUF:Q8_0", *SERVE_ARGS], tmp_path, env=hub_env(gone, hf_home)) as server:
         assert answer(server.base_url, "org/tiny-llama-GGUF:Q8_0")
         assert "serving the copy in the hub cache" in server.log()
+        assert "Retrying in" not in server.log()  # a refused connection is not waited on
     offline = pagode("pull", "org/tiny-llama-GGUF:Q8_0", env=hub_env(hub.url, hf_home, HF_HUB_OFFLINE="1"))
     assert pulled(offline).name.startswith("hub-llama-Q8_0-00001-of-")
     assert len(hub.log) == asked  # the live hub was never asked
@@ -199,6 +200,7 @@ def test_no_network_and_no_cache(tmp_path: Path) -> None:
     done = pagode("serve", "org/tiny-llama", env=hub_env(gone, tmp_path))
     assert done.returncode == 1
     assert f"cannot reach the hub at {gone}" in done.stderr and "is not in the hub cache" in done.stderr
+    assert "Retrying in" not in done.stderr  # said at once, not after the client's backoff
 
 
 def test_full_disk_refused_before_any_byte(hub: LocalHub, tmp_path: Path) -> None:

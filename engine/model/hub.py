@@ -18,9 +18,10 @@ import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import quote
 
 import httpx2
-from huggingface_hub import HfApi, constants, snapshot_download, try_to_load_from_cache
+from huggingface_hub import constants, snapshot_download, try_to_load_from_cache
 from huggingface_hub.errors import (
     GatedRepoError,
     HfHubHTTPError,
@@ -29,7 +30,7 @@ from huggingface_hub.errors import (
     RepositoryNotFoundError,
     RevisionNotFoundError,
 )
-from huggingface_hub.hf_api import RepoFile
+from huggingface_hub.utils import build_hf_headers, hf_raise_for_status, http_backoff
 
 from engine.model.hub_names import HubName, MissingQuant, folder_files, is_gguf_repo, parse_hub_name, pick_gguf
 from engine.model.hub_resume import fetch_blobs
@@ -38,6 +39,11 @@ log = logging.getLogger("pagode")
 
 # The hub cannot be reached: the cache may still hold the model.
 _UNREACHABLE = (httpx2.TransportError, OfflineModeIsEnabled)
+# What the listing retries: the client's own list less a connection never made (no network, a
+# refused port, a name that does not resolve). The hub is then not there, and the cache answers
+# at once, as hf_hub_download's own fall-back to the cache does, instead of after the client's
+# 1 + 2 + 4 + 8 + 8 s of backoff.
+_RETRIED = (httpx2.TimeoutException, httpx2.ReadError, httpx2.WriteError, httpx2.RemoteProtocolError)
 
 
 class HubError(ValueError):
@@ -69,9 +75,19 @@ def fetch(model: str, revision: str | None = None) -> Path:
 
 
 def _list_files(name: HubName, revision: str | None) -> dict[str, int]:
-    """Every file of the repo at `revision`, with its size in bytes."""
-    entries = HfApi().list_repo_tree(name.repo, revision=revision, recursive=True)
-    return {f.path: f.size for f in entries if isinstance(f, RepoFile)}
+    """Every file of the repo at `revision`, with its size in bytes: the tree listing that
+    HfApi.list_repo_tree reads, page by page, with the retries of _RETRIED."""
+    rev = quote(revision, safe="") if revision is not None else constants.DEFAULT_REVISION
+    url: str | None = f"{constants.ENDPOINT}/api/models/{name.repo}/tree/{rev}"
+    params: dict[str, bool] | None = {"recursive": True, "expand": False}
+    headers = build_hf_headers()
+    files: dict[str, int] = {}
+    while url is not None:
+        response = http_backoff("GET", url, params=params, headers=headers, retry_on_exceptions=_RETRIED)
+        hf_raise_for_status(response)
+        files.update({e["path"]: e["size"] for e in response.json() if e["type"] == "file"})
+        url, params = response.links.get("next", {}).get("url"), None  # the next page's link holds its query
+    return files
 
 
 def _choose(name: HubName, files: list[str]) -> list[str]:
