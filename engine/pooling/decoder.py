@@ -1,7 +1,9 @@
-"""A decoder read as a pooling model: pagode's own causal model (engine/model/) runs each
-input as one prefill into a scratch paged cache that lives for the forward only, and the
-last token's state is the embedding (Qwen3-Embedding) or, through the LM head, the yes/no
-logits a Qwen3-Reranker-style model is scored by."""
+"""A decoder read as a pooling model through its own paged forward: pagode's causal model
+(engine/model/) runs each input as one prefill into a scratch paged cache that lives for the
+forward only, and the last token's state is the embedding or, through the LM head, the yes/no
+logits a Qwen3-Reranker-style model is scored by. The families whose layer the packed forward
+(engine/pooling/packed_decoder.py) does not run (Gemma 2 and 3, OLMo 2, the MoE ones) take this
+path, always in fp32 products (or on the blocks --quantization int8/int4 asks for)."""
 
 from __future__ import annotations
 

@@ -255,11 +255,11 @@ class Encoder(nn.Module):
         for layer in self.encoder.layer:
             assert isinstance(layer, BertLayer | NomicLayer)
             if isinstance(layer, BertLayer) and can_fuse(self.config.hidden_act):
-                layer.intermediate.dense = Bf16Linear(layer.intermediate.dense, self.config.hidden_act)  # type: ignore[assignment]
+                layer.intermediate.dense = Bf16Linear.of(layer.intermediate.dense, self.config.hidden_act)  # type: ignore[assignment]
                 layer.act = identity
             for name, module in list(layer.named_modules()):
                 if isinstance(module, nn.Linear):
-                    replace(layer, name, Bf16Linear(module) if can_fuse("none") else module.to(torch.bfloat16))
+                    replace(layer, name, Bf16Linear.of(module) if can_fuse("none") else module.to(torch.bfloat16))
             layer.dtype = torch.bfloat16
 
     def classify(self, hidden: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:

@@ -20,7 +20,8 @@ from engine.pooling.encoder_weights import load_encoder
 from engine.pooling.gguf_spec import gguf_spec
 from engine.pooling.inputs import PoolingInput
 from engine.pooling.modernbert import ModernBert
-from engine.pooling.precision import bf16_if_it_holds, wants_bf16
+from engine.pooling.packed_decoder import PackedDecoder, fits
+from engine.pooling.precision import bf16_if_it_holds, decoder_bf16_if_it_holds, wants_bf16
 from engine.quant import quantize_model
 from engine.quant.dense_linear import speed_up_fp32_linears
 from engine.tokenizer import Tokenizer
@@ -30,8 +31,9 @@ log = logging.getLogger("pagode")
 
 class PoolingModel:
     """The checkpoint's spec, tokenizer and network: an encoder (BERT-like or ModernBERT), or
-    pagode's decoder read at its last token. Everything runs in fp32 on the CPU unless
-    --quantization asks for int8 or int4 blocks."""
+    pagode's decoder read at its last token. Everything runs on the CPU: in fp32, in bf16
+    products where auto finds them faster and within the gate (engine/pooling/precision.py),
+    or on the int8 or int4 blocks --quantization asks for."""
 
     def __init__(self, config: EngineConfig, task: str) -> None:
         self.source: ModelSource = resolve_model(config.model)
@@ -44,12 +46,17 @@ class PoolingModel:
         self.tokenizer: Tokenizer = load_tokenizer(self.source)
         self.budget = config.token_budget
         self.quantization = pooling_quantization(config)
-        self.precision = "fp32"  # fp32, bf16 (an encoder's products), or the int8/int4 blocks
+        self.precision = "fp32"  # fp32, bf16 (the layers' products), or the int8/int4 blocks
         self.probe_cosine: float | None = None  # bf16's smallest probe cosine to fp32, where it was tried
         self.encoder: Encoder | ModernBert | None = None
-        self.decoder: DecoderPooler | None = None
+        self.decoder: PackedDecoder | DecoderPooler | None = None
         if self.spec.is_encoder:
             hidden, positions, vocab = self._load_encoder(config, task)
+        elif self.spec.pooling != "last":
+            # The decoder paths compute the last token's state alone: refuse rather than
+            # answer another pooling with it.
+            raise ValueError(f"{self.source.name}: pagode pools a decoder at its last token; this checkpoint "
+                             f"asks for {self.spec.pooling} pooling")
         else:
             hidden, positions, vocab = self._load_decoder(config)
         self.hidden_size = hidden
@@ -76,13 +83,23 @@ class PoolingModel:
         return int(hf["hidden_size"]), positions, int(hf["vocab_size"])
 
     def _load_decoder(self, config: EngineConfig) -> tuple[int, int, int]:
-        """(hidden size, positions, vocabulary) of pagode's own decoder for the checkpoint."""
+        """(hidden size, positions, vocabulary) of pagode's own decoder for the checkpoint, run
+        packed where its layers are the Llama family's, in bf16 products where auto asks for
+        speed and the checkpoint holds the gate in them."""
         device = torch.device("cpu")
         cfg = read_config(self.source)
         backend = select_backend(config.attention_backend, device)
         model = load_model(self.source, cfg, backend, cfg.max_position_embeddings, torch.float32, device,
                            self.quantization, config.token_budget)
-        self.decoder = DecoderPooler(model, cfg, backend, torch.float32)
+        if not fits(model):
+            self.decoder = DecoderPooler(model, cfg, backend, torch.float32)
+        else:
+            decoder = self.decoder = PackedDecoder(model, backend)
+            if self.quantization == "none" and wants_bf16(config) and decoder.can_use_bf16():
+                self.probe_cosine = decoder_bf16_if_it_holds(decoder, self.tokenizer, cfg.max_position_embeddings)
+                self.precision = "bf16" if decoder.dtype == torch.bfloat16 else "fp32"
+        if self.quantization != "none":
+            self.precision = self.quantization
         return cfg.hidden_size, cfg.max_position_embeddings, cfg.vocab_size
 
     def _yes_no_ids(self) -> tuple[int, int] | None:
@@ -152,8 +169,8 @@ class PoolingModel:
 def pooling_quantization(config: EngineConfig) -> str:
     """--quantization for a pooling model's weight blocks: auto keeps none, since embeddings are
     compared by cosine at 1e-3 and below and an int4 encoder drifts past that
-    (docs/embeddings.md); int8 and int4 are applied when asked. (auto may still run an
-    encoder's products in bf16: engine/pooling/precision.py.)"""
+    (docs/embeddings.md); int8 and int4 are applied when asked. (auto may still run a
+    model's products in bf16: engine/pooling/precision.py.)"""
     return "none" if config.quantization == "auto" else config.quantization
 
 
