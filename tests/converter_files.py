@@ -17,11 +17,13 @@ arches) or shifted back (Gemma's 1 + w norms) as the converter's inverse.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -94,7 +96,7 @@ def convert(zoo: TinyZoo, spec: TinySpec, outtype: str) -> Path:
     folder = converter_folder(zoo, spec)
     out = folder.parent / f"{folder.name}.converted.{outtype}.gguf"
     if not out.exists():
-        run([sys.executable, llama_cpp_tool("converter"), str(folder), "--outtype", outtype, "--outfile", str(out)])
+        run_converter([str(folder), "--outtype", outtype, "--outfile", str(out)])
     return out
 
 
@@ -108,10 +110,50 @@ def quantize(zoo: TinyZoo, spec: TinySpec, kind: str) -> Path:
 
 
 def run(cmd: list[str]) -> None:
-    # The converter imports the gguf-py beside it (newer than the installed one) unless told not to.
-    env = {k: v for k, v in os.environ.items() if k != "NO_LOCAL_GGUF"}
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    done = subprocess.run(cmd, capture_output=True, text=True, env=converter_env())
     assert done.returncode == 0, f"{cmd[:2]} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
+
+
+def converter_env() -> dict[str, str]:
+    # The converter imports the gguf-py beside it (newer than the installed one) unless told not to.
+    return {k: v for k, v in os.environ.items() if k != "NO_LOCAL_GGUF"}
+
+
+def run_converter(args: list[str]) -> None:
+    """llama.cpp's converter on `args` (a folder, --outtype, --outfile, ...), as the script
+    runs it, in the session's one converter process (tests/converter_worker.py): a process per
+    conversion would spend most of it on imports."""
+    worker, log = converter_process()
+    assert worker.stdin is not None and worker.stdout is not None
+    if worker.poll() is None:
+        worker.stdin.write(json.dumps(args) + "\n")
+        worker.stdin.flush()
+    reply = worker.stdout.readline()
+    assert reply, f"the converter process exited with {worker.wait()}:\n{log.read_text(errors='replace')[-4000:]}"
+    done = json.loads(reply)
+    assert done["rc"] == 0, f"the converter failed on {args}:\n{done['output']}"
+
+
+@functools.cache
+def converter_process() -> tuple[subprocess.Popen[str], Path]:
+    fd, name = tempfile.mkstemp(prefix="pagode-converter-", suffix=".log")
+    os.close(fd)
+    log = Path(name)
+    worker = subprocess.Popen([sys.executable, str(Path(__file__).with_name("converter_worker.py")),
+                               llama_cpp_tool("converter"), str(log)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=converter_env())
+
+    def close() -> None:
+        assert worker.stdin is not None
+        worker.stdin.close()  # the worker's loop ends at end of input
+        try:
+            worker.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+        log.unlink(missing_ok=True)
+
+    atexit.register(close)
+    return worker, log
 
 
 def file_reference(zoo: TinyZoo, spec: TinySpec, path: Path) -> torch.nn.Module:

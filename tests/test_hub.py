@@ -22,7 +22,7 @@ from pathlib import Path
 
 import openai
 import pytest
-from converter_files import SMOLLM_VOCAB, converter_folder, llama_cpp_tool, quantize, run
+from converter_files import SMOLLM_VOCAB, converter_folder, quantize, run_converter
 from hub_server import LocalHub
 from server_fixtures import REPO_ROOT, SMALL_ARGS, running_server
 from tiny_models import TinyZoo, save_tiny_model, tiny_spec
@@ -60,8 +60,8 @@ def split_q8_0(zoo: TinyZoo, into: Path) -> list[Path]:
     """llama.cpp's converter writing Q8_0 in parts of at most 12 tensors."""
     into.mkdir(parents=True, exist_ok=True)
     out = into / "hub-llama-Q8_0.gguf"
-    run([sys.executable, llama_cpp_tool("converter"), str(converter_folder(zoo, GGUF_SPEC)), "--outtype", "q8_0",
-         "--outfile", str(out), "--split-max-tensors", "12"])
+    run_converter([str(converter_folder(zoo, GGUF_SPEC)), "--outtype", "q8_0", "--outfile", str(out),
+                   "--split-max-tensors", "12"])
     parts = sorted(into.glob("hub-llama-Q8_0-*-of-*.gguf"))
     assert len(parts) >= 2, f"the converter wrote {sorted(p.name for p in into.iterdir())}"
     return parts
