@@ -134,6 +134,10 @@ RACE_CACHE: EnvVar[bool] = EnvVar(
     "PAGODE_RACE_CACHE", _flag, True,
     "0: race the kernels at every load and keep nothing (engine/tuning/race_memory.py); 1 (the "
     "default): a result measured on this machine is read back instead of measured again.")
+HEAP_KEEP: EnvVar[bool] = EnvVar(
+    "PAGODE_HEAP_KEEP", _flag, True,
+    "1 (the default): once a model is loaded, glibc keeps freed big blocks in the heap for the "
+    "next step instead of unmapping them (engine/runner/heap.py); 0 leaves glibc's defaults.")
 API_KEY: EnvVar[str | None] = EnvVar(
     "PAGODE_API_KEY", _optional_str, None,
     "The default of `pagode serve --api-key`: a Bearer token on the API routes.")
@@ -150,7 +154,7 @@ CXX: EnvVar[str | None] = EnvVar(
 ALL: tuple[EnvVar[object], ...] = (CACHE_DIR, CPU_KERNEL, CPU_ISA, QUANT_KERNEL, DECODE_STEP,  # type: ignore[assignment]
                                    PREFILL_KERNEL, PREFILL_BF16, ATTENTION_BACKEND, QUANT_GEMM, QUANT_CROSSOVER,
                                    QUANT_TILES, TILE_BF16, FBGEMM_REDUCE_RANGE,
-                                   RACE_CACHE, API_KEY)
+                                   RACE_CACHE, HEAP_KEEP, API_KEY)
 
 
 def describe() -> str:

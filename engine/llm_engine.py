@@ -27,6 +27,7 @@ from engine.observers.profiler import StepProfiler
 from engine.observers.stats_recorder import StatsRecorder
 from engine.output_processor import OutputProcessor
 from engine.request_limits import RequestLimits, check_request
+from engine.runner.heap import keep_freed_memory
 from engine.runner.kv_cache import bytes_per_block
 from engine.runner.model_runner import ModelRunner
 from engine.runner.synthetic_steps import RunnerSteps
@@ -60,6 +61,8 @@ class LLMEngine:
         self.tokenizer: Tokenizer = load_tokenizer(self.source)
         requested_len = config.max_model_len or self.model_config.max_position_embeddings
         self.runner = ModelRunner(config, self.source, self.model_config, requested_len)
+        if self.runner.device.type == "cpu":  # the weights and KV cache are in place: steps from here on
+            keep_freed_memory()
         self.num_blocks = self.runner.num_blocks
         for name, path in (config.lora_modules or {}).items():
             self.load_lora_adapter(name, path)

@@ -27,6 +27,7 @@ from engine.pooling.batching import plan_batches
 from engine.pooling.inputs import PoolingInput
 from engine.pooling.pooling_model import PoolingModel
 from engine.request_limits import RequestLimits
+from engine.runner.heap import keep_freed_memory
 from engine.sampling_params import SamplingParams
 from engine.structured_output import StructuredOutputSpec
 from engine.tuning.tuning import kernel_choices
@@ -59,6 +60,7 @@ class AsyncPoolingEngine:
         self.task = task
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pagode-pool")
         self.model: PoolingModel = self._executor.submit(PoolingModel, config, task).result()
+        keep_freed_memory()  # pooling runs on the CPU; the weights are in place
         self.tokenizer = self.model.tokenizer
         self.spec = self.model.spec
         self.model_name = self.model.source.name
