@@ -32,7 +32,7 @@ def keep_freed_memory() -> bool:
     Process-wide and idempotent."""
     if not envs.HEAP_KEEP.get():
         return False
-    libc = _glibc()
+    libc = glibc()
     if libc is None:
         return False
     kept = libc.mallopt(M_MMAP_MAX, 0) == 1 and libc.mallopt(M_TRIM_THRESHOLD, TRIM_NEVER) == 1
@@ -41,7 +41,7 @@ def keep_freed_memory() -> bool:
     return kept
 
 
-def _glibc() -> ctypes.CDLL | None:
+def glibc() -> ctypes.CDLL | None:
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
     except OSError:
