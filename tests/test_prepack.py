@@ -126,15 +126,28 @@ def test_warmup_and_the_switch_neither_read_nor_write_packs(monkeypatch: pytest.
     assert not prepack.applies("int4", fp32, cpu)
 
 
-def test_only_the_newest_packs_stay_on_disk(tmp_path: Path) -> None:
-    packs = []
-    for i in range(6):
-        pack = tmp_path / f"{i}.pt"
+def test_only_the_newest_packs_of_a_model_stay_on_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model keeps its newest packs; another model's packs, even newer ones, count for
+    that model only; a pack named by an older pagode (no model in its name) is never read
+    again and goes."""
+    monkeypatch.setenv("PAGODE_CACHE_DIR", str(tmp_path))
+    folder = tmp_path / "prepacked"
+    folder.mkdir()
+    models = []
+    for name in ("a.gguf", "b.gguf"):
+        (tmp_path / name).write_bytes(b"GGUF" + bytes(60))
+        models.append(tmp_path / name)
+    cpu, fp32 = torch.device("cpu"), torch.float32
+    # six packs of model a (max_tokens keys them apart), then three newer ones of model b
+    packs = [prepack.path_for(prepack.pack_key(models[0], "int4", fp32, cpu, 64 * (i + 1))) for i in range(6)]
+    others = [prepack.path_for(prepack.pack_key(models[1], "int4", fp32, cpu, 64 * (i + 1))) for i in range(3)]
+    legacy = folder / "0123456789abcdef.pt"
+    for i, pack in enumerate([*packs, *others, legacy]):
         pack.write_bytes(b"x")
         os.utime(pack, ns=(i * 10**9, i * 10**9))
-        packs.append(pack)
-    prepack.prune(tmp_path, keep=packs[0])  # the one just written stays even when it is the oldest
-    assert sorted(p.name for p in tmp_path.glob("*.pt")) == ["0.pt", "4.pt", "5.pt"]
+    assert len({p.name.partition("-")[0] for p in packs}) == 1 and others[0].name[:8] != packs[0].name[:8]
+    prepack.prune(folder, keep=packs[0])  # the one just written stays even when it is the oldest
+    assert sorted(folder.glob("*.pt")) == sorted([packs[0], packs[4], packs[5], *others])
     assert prepack.KEEP_PACKS == 3
 
 

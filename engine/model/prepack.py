@@ -53,7 +53,10 @@ log = logging.getLogger("pagode")
 
 FORMAT_VERSION = 4  # bump when the layout of a pack changes
 PACKABLE_GEMMS = ("fp32", "bf16", "onednn")
-KEEP_PACKS = 3  # a pack is hundreds of MiB, and every code or flag change keys a new one
+# A model's packs kept: a pack is hundreds of MiB, and every code or flag change keys a new
+# one. Other models' packs are not counted, so that serving several models, or starting a
+# small one beside, does not evict a model's pack and pack it again at its next start.
+KEEP_PACKS = 3
 # A pack is a cache: it is not written where it would leave less than this free on the disk,
 # since the disk may be the one the models, the logs and other programs need.
 MIN_FREE_BYTES = 4 << 30
@@ -95,8 +98,15 @@ def pack_key(model_path: Path, mode: str, dtype: torch.dtype, device: torch.devi
 
 
 def path_for(key: dict[str, Any]) -> Path:
+    """MODEL-KEY.pt: MODEL names the model's files by their paths alone, so that the packs of
+    one model, whatever their flags, sources or the files' dates, are pruned together."""
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    return envs.CACHE_DIR.get() / "prepacked" / f"{digest}.pt"
+    return envs.CACHE_DIR.get() / "prepacked" / f"{model_tag(key)}-{digest}.pt"
+
+
+def model_tag(key: dict[str, Any]) -> str:
+    paths = [entry[0] for entry in key["model"]]
+    return hashlib.sha256(json.dumps(paths).encode()).hexdigest()[:8]
 
 
 def applies(mode: str, dtype: torch.dtype, device: torch.device) -> bool:
@@ -216,13 +226,17 @@ def pack_bytes(pack: Any) -> int:
 
 
 def prune(folder: Path, keep: Path) -> None:
-    """Delete all but the KEEP_PACKS most recently written packs, so that upgrades and changed
-    flags do not pile up stale copies of the weights on disk; `keep` (just written) stays."""
-    packs = sorted(folder.glob("*.pt"), key=lambda p: p.stat().st_mtime_ns, reverse=True)
-    for stale in [p for p in packs if p != keep][KEEP_PACKS - 1:]:
+    """Delete all but the KEEP_PACKS most recently written packs of `keep`'s model, so that
+    upgrades and changed flags do not pile up stale copies of its weights on disk; `keep`
+    (just written) stays. Packs named without a model (an older pagode's) are never read
+    again, and go too."""
+    model = keep.stem.partition("-")[0]
+    packs = sorted(folder.glob(f"{model}-*.pt"), key=lambda p: p.stat().st_mtime_ns, reverse=True)
+    older = [p for p in folder.glob("*.pt") if "-" not in p.stem and p != keep]
+    for stale in [p for p in packs if p != keep][KEEP_PACKS - 1:] + older:
         try:
             stale.unlink()
-            log.info("weights: removed the older pack %s (keeping the %d newest)", stale, KEEP_PACKS)
+            log.info("weights: removed the older pack %s (keeping the %d newest of each model)", stale, KEEP_PACKS)
         except OSError:
             continue  # another process removed it first, or it is not ours to remove
 
