@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import sys
 from collections.abc import Sequence
@@ -115,6 +116,12 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                                                                  128 * 1024))
     server = DrainingServer(uv_config, lambda: state, settings.shutdown_timeout)
     state.on_fatal = server.request_exit
+    # What is imported by now (torch, transformers, the server: a quarter of a million objects)
+    # lives as long as the process: frozen out of the collector, a full collection while
+    # serving no longer walks it (80-90 ms a pass with the default model, a pause between
+    # decode steps), nor do the collections at exit (a stop took 0.7 s, 0.35 s frozen). The
+    # models load after this point, so that one unloaded later is still collected.
+    gc.freeze()
     server.run()
     return 1 if state.load_error else 0
 
