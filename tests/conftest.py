@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import tempfile
@@ -29,6 +30,14 @@ def pytest_configure(config: pytest.Config) -> None:
                                    envs.CACHE_DIR.get())
     config.stash[PRIVATE_CACHE] = private
     os.environ["PAGODE_CACHE_DIR"] = str(private)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Freeze what collection built (torch, transformers, every test module and item) out of
+    the collector: it lives as long as the session, and each full collection walked it again
+    (test_decode_step_families: 21 passes, 2.2 s of its 25 s; 1.5 s with the freeze). What the
+    tests build later, models and engines included, is still collected."""
+    gc.freeze()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
