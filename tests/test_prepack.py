@@ -88,8 +88,15 @@ def test_a_second_start_reads_the_pack_and_a_broken_pack_is_packed_again(tmp_pat
     assert not list(path.parent.glob("*.tmp"))  # the temporary file was renamed into place
 
 
+def with_the_runs_kernels(root: Path) -> str:
+    """A cache at `root` holding the run's compiled kernels: a key names the kernel library,
+    which an empty cache would compile first."""
+    return str(cache_sharing_builds(root, Path(os.environ["PAGODE_CACHE_DIR"])))
+
+
 def test_a_pack_key_changes_with_what_the_weights_depend_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("PAGODE_CACHE_DIR", str(tmp_path))
+    cache = with_the_runs_kernels(tmp_path)
+    monkeypatch.setenv("PAGODE_CACHE_DIR", cache)
     model = tmp_path / "model.gguf"
     model.write_bytes(b"GGUF" + bytes(60))
     cpu, fp32 = torch.device("cpu"), torch.float32
@@ -104,7 +111,7 @@ def test_a_pack_key_changes_with_what_the_weights_depend_on(tmp_path: Path, monk
     monkeypatch.setattr(race_memory, "machine", lambda: {**here, "threads": here["threads"] + 1})
     others.append(prepack.pack_key(model, "int4", fp32, cpu, 512))
     monkeypatch.undo()
-    monkeypatch.setenv("PAGODE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("PAGODE_CACHE_DIR", cache)
     os.utime(model, ns=(1, 1))  # the same path, another file
     others.append(prepack.pack_key(model, "int4", fp32, cpu, 512))
     paths = {prepack.path_for(key) for key in others}
@@ -130,7 +137,7 @@ def test_only_the_newest_packs_of_a_model_stay_on_disk(tmp_path: Path, monkeypat
     """A model keeps its newest packs; another model's packs, even newer ones, count for
     that model only; a pack named by an older pagode (no model in its name) is never read
     again and goes."""
-    monkeypatch.setenv("PAGODE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("PAGODE_CACHE_DIR", with_the_runs_kernels(tmp_path))
     folder = tmp_path / "prepacked"
     folder.mkdir()
     models = []
