@@ -3,6 +3,7 @@ the other on the same machine, the same weights and the same seeded workloads, m
 pagode-loadgen.
 
     python -m benchmarks.bench_vs_peers [--servers pagode,llama-server,vllm] [--vllm-bin .venv-vllm/bin/vllm]
+                                        [--workloads prefill,poisson 16]
                                         [--out docs/results/vs-peers] [--quick] [--model qwen3-1.7b]
 
 `--model` names a real shape (benchmarks/real_shapes.py: llama-3.2-1b, qwen3-1.7b, gemma3-1b):
@@ -56,7 +57,20 @@ class Workload:
     rate: float  # inf: a closed loop at settings.max_concurrency
 
 
-def workloads(quick: bool) -> list[Workload]:
+WORKLOAD_NAMES = ("one stream", "prefill ~1000", "poisson 2", "poisson 16")
+
+
+def workloads(quick: bool, only: str | None = None) -> list[Workload]:
+    """The four workloads, or those whose names start with one of `only`'s comma-separated
+    prefixes (--workloads prefill,poisson 16)."""
+    chosen = [w for w in all_workloads(quick)
+              if only is None or any(w.name.startswith(p.strip()) for p in only.split(","))]
+    if not chosen:
+        raise SystemExit(f"--workloads {only!r} names none of {', '.join(WORKLOAD_NAMES)}")
+    return chosen
+
+
+def all_workloads(quick: bool) -> list[Workload]:
     scale = 4 if quick else 1
     serving = dict(input_len=(16, 128), output_len=(32, 384), seed=SEED, ignore_eos=True,
                    show_progress=True)
@@ -170,7 +184,7 @@ def measure(name: str, args: argparse.Namespace, console: Any) -> dict[str, Any]
     try:
         with running_command(lambda port: server_command(name, port, args), args.out / f"{name}.server.log",
                              args.startup_timeout, {"VLLM_CPU_KVCACHE_SPACE": str(args.vllm_kv_gib)}) as url:
-            for w in workloads(args.quick):
+            for w in workloads(args.quick, args.workloads):
                 console.print(f"[bold]{name}[/]: {w.name}")
                 concurrency = (w.settings.max_concurrency,) if w.rate == float("inf") else (None,)
                 _, _, out = asyncio.run(run_loadgen(Target(url, model=served_name(args)), w.settings, [w.rate],
@@ -199,14 +213,16 @@ def table(results: dict[str, dict[str, Any]]) -> str:
         one, pre, low, high = cells(runs)
         lines.append(
             f"| {name} | {fmt(one.get('decode_tok_s'))} | {fmt(pre.get('prompt_tok_s'))} · "
-            f"{fmt(pre['ttft_p50_s'], digits=2)} s | {fmt(low['out_tok_s'])} · {fmt(low['itl_p50_s'], 1e3)} ms · "
-            f"{fmt(low['e2e_p99_s'], digits=1)} s | {fmt(high['out_tok_s'])} · {fmt(high['itl_p50_s'], 1e3)} ms |")
+            f"{fmt(pre.get('ttft_p50_s'), digits=2)} s | {fmt(low.get('out_tok_s'))} · "
+            f"{fmt(low.get('itl_p50_s'), 1e3)} ms · {fmt(low.get('e2e_p99_s'), digits=1)} s | "
+            f"{fmt(high.get('out_tok_s'))} · {fmt(high.get('itl_p50_s'), 1e3)} ms |")
     lines += ratio_rows(results)
     return "\n".join(lines) + "\n"
 
 
 def cells(runs: dict[str, Any]) -> tuple[dict[str, Any], ...]:
-    return tuple(runs[w]["headline"] for w in ("one stream", "prefill ~1000", "poisson 2", "poisson 16"))
+    """Each workload's headline, empty for one this run left out (--workloads)."""
+    return tuple(runs.get(w, {}).get("headline", {}) for w in WORKLOAD_NAMES)
 
 
 def ratio(a: float | None, b: float | None) -> str:
@@ -226,10 +242,12 @@ def ratio_rows(results: dict[str, dict[str, Any]]) -> list[str]:
         rows.append(
             f"| pagode / {name} | {ratio(one.get('decode_tok_s'), p_one.get('decode_tok_s'))} | "
             f"{ratio(pre.get('prompt_tok_s'), p_pre.get('prompt_tok_s'))} · "
-            f"{ratio(pre['ttft_p50_s'], p_pre['ttft_p50_s'])} | "
-            f"{ratio(low['out_tok_s'], p_low['out_tok_s'])} · {ratio(low['itl_p50_s'], p_low['itl_p50_s'])} · "
-            f"{ratio(low['e2e_p99_s'], p_low['e2e_p99_s'])} | "
-            f"{ratio(high['out_tok_s'], p_high['out_tok_s'])} · {ratio(high['itl_p50_s'], p_high['itl_p50_s'])} |")
+            f"{ratio(pre.get('ttft_p50_s'), p_pre.get('ttft_p50_s'))} | "
+            f"{ratio(low.get('out_tok_s'), p_low.get('out_tok_s'))} · "
+            f"{ratio(low.get('itl_p50_s'), p_low.get('itl_p50_s'))} · "
+            f"{ratio(low.get('e2e_p99_s'), p_low.get('e2e_p99_s'))} | "
+            f"{ratio(high.get('out_tok_s'), p_high.get('out_tok_s'))} · "
+            f"{ratio(high.get('itl_p50_s'), p_high.get('itl_p50_s'))} |")
     return rows
 
 
@@ -241,7 +259,7 @@ def plot(results: dict[str, dict[str, Any]], path: Path) -> None:
 
     fig, (tput, itl) = plt.subplots(1, 2, figsize=(11, 4))
     for i, (name, runs) in enumerate(results.items()):
-        if "error" in runs:
+        if "error" in runs or not {"poisson 2", "poisson 16"} <= runs.keys():
             continue
         color = f"C{i}"  # one colour per server on both panels
         rates = [2.0, 16.0]
@@ -286,6 +304,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("docs/results/vs-peers"))
     ap.add_argument("--startup-timeout", type=float, default=900.0)
     ap.add_argument("--quick", action="store_true", help="a quarter of the requests (a smoke run)")
+    ap.add_argument("--workloads", help="comma-separated prefixes of the workloads to run (e.g. "
+                    "'prefill,poisson 16'); the others show n/a")
     ap.add_argument("--model", choices=["llama-3.2-1b", "qwen3-1.7b", "gemma3-1b"],
                     help="a real shape's Q4_K_M file (benchmarks/real_shapes.py) instead of the default model")
     args = ap.parse_args(argv)
