@@ -1,6 +1,7 @@
-"""The adapter rows' deltas: the C++ kernel (the layer-by-layer path's up to
-STACKED_MAX_ROWS rows, and the fused decode step's) and the torch forms give each row its
-own adapter's x . A^T . B^T, and nothing to base rows, under each ISA cap."""
+"""The adapter rows' deltas: the C++ kernel (the layer-by-layer path's and the fused decode
+step's) and the torch forms (stacked up to STACKED_MAX_ROWS rows, grouped beyond; what runs
+without the kernels) give each row its own adapter's x . A^T . B^T, and nothing to base
+rows, under each ISA cap."""
 
 from __future__ import annotations
 
@@ -39,8 +40,16 @@ def reference(proj: LoraProjection, x: torch.Tensor, y: torch.Tensor, slots: np.
     return out
 
 
+@pytest.fixture(params=["kernel", "torch"])
+def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each test on the C++ kernel, and on the torch forms (the kernels switched off)."""
+    if request.param == "torch":
+        monkeypatch.setenv("PAGODE_CPU_KERNEL", "0")
+    return str(request.param)
+
+
 @pytest.mark.parametrize("rows", [1, 7, STACKED_MAX_ROWS, STACKED_MAX_ROWS + 9])
-def test_each_row_gets_its_own_adapters_delta(rows: int) -> None:
+def test_each_row_gets_its_own_adapters_delta(rows: int, path: str) -> None:
     proj = projection(rows)
     g = torch.Generator().manual_seed(100 + rows)
     x, y = torch.randn(rows, K, generator=g), torch.randn(rows, RANGES[-1][1], generator=g)
@@ -67,7 +76,7 @@ def test_the_kernel_takes_the_decode_sized_steps() -> None:
 
 
 @pytest.mark.parametrize("rows", [5, STACKED_MAX_ROWS + 9])
-def test_an_adapter_on_part_of_a_fused_projection(rows: int) -> None:
+def test_an_adapter_on_part_of_a_fused_projection(rows: int, path: str) -> None:
     """An adapter on k alone adds to k's columns and leaves q's and v's as they were."""
     g = torch.Generator().manual_seed(7)
     proj = LoraProjection(out_features=RANGES[-1][1])
