@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from cpu_kernels.lora_delta_kernel import MAX_RANK, shard_table
+from cpu_kernels.lora_delta_kernel import MAX_RANK, LoraDeltaKernel, shard_table
 from engine import native
 
 BASE = -1  # the slot of a row that runs on the base weights only
@@ -119,22 +119,24 @@ class Grouped:
 @dataclass(frozen=True)
 class KernelTable:
     """A projection's shards as the C++ kernel reads them (lora_delta_kernel.shard_table):
-    the table of addresses, and the A and Bt matrices it points into."""
+    the kernel, the table of addresses, and the A and Bt matrices it points into."""
 
+    kernel: LoraDeltaKernel
     table: torch.Tensor
     kept: tuple[torch.Tensor, ...]
 
     @staticmethod
     def of(shards: dict[int, list[Shard]], dtype: torch.dtype) -> KernelTable | None:
         """The shards in `dtype` (fp32 or bf16); None where the kernel cannot take them: not
-        on the CPU, a rank over its bound, or no kernels built here."""
+        on the CPU, a rank over its bound, or no kernels built here. The kernel is looked up
+        here, once per adapter load, not at every projection of every step."""
         placed = [(slot, s) for slot, group in sorted(shards.items()) for s in group]
-        if not placed or native.lora_delta() is None or not all(
-                s.a.device.type == "cpu" and s.a.shape[0] <= MAX_RANK for _, s in placed):
+        kernel = native.lora_delta() if placed else None
+        if kernel is None or not all(s.a.device.type == "cpu" and s.a.shape[0] <= MAX_RANK for _, s in placed):
             return None
         entries = [(slot, s.start, s.stop, s.a.to(dtype).contiguous(), s.b.t().to(dtype).contiguous())
                    for slot, s in placed]
-        return KernelTable(shard_table(entries), tuple(t for *_, a, bt in entries for t in (a, bt)))
+        return KernelTable(kernel, shard_table(entries), tuple(t for *_, a, bt in entries for t in (a, bt)))
 
 
 class LoraProjection:
@@ -177,10 +179,10 @@ class LoraProjection:
 
     def _add_kernel(self, x2: torch.Tensor, y2: torch.Tensor, rows: LoraRows) -> bool:
         """The C++ kernel's deltas, where it takes these tensors; False where it does not."""
-        kernel = native.lora_delta()
-        if self.kernel_table is None or kernel is None or not kernel.applies(x2, y2):
+        table = self.kernel_table
+        if table is None or not table.kernel.applies(x2, y2):
             return False
-        kernel.add(self.kernel_table.table, x2, y2, rows.slots)
+        table.kernel.add(table.table, x2, y2, rows.slots)
         return True
 
     @staticmethod

@@ -62,11 +62,11 @@ class FusedDecodeStep(nn.Module):
             row = [*map(self.norm_slot, sublayer_norms(layer)), cache[0].data_ptr(), cache[1].data_ptr(),
                    *self.attention_slots(cast(Attention, layer.get_submodule("self_attn"))), out_scale,
                    ACTIVATIONS[str(activation(layer))]]
-            for name in PROJECTIONS:
-                proj = layer.get_submodule(name)
+            projections = [layer.get_submodule(name) for name in PROJECTIONS]
+            for proj in projections:
                 assert isinstance(proj, QuantLinear) and proj.blocks is not None
                 row += [self.keep(part_table(proj.blocks, proj.bias)), len(self.kept[-1])]
-            self.projections.append([layer.get_submodule(name) for name in PROJECTIONS])
+            self.projections.append(projections)
             assert len(row) == kernel.slots(), (len(row), kernel.slots())
             rows.append(row)
         self.table = torch.tensor(rows, dtype=torch.int64)
