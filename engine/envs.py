@@ -138,6 +138,11 @@ HEAP_KEEP: EnvVar[bool] = EnvVar(
     "PAGODE_HEAP_KEEP", _flag, True,
     "1 (the default): once a model is loaded, glibc keeps freed big blocks in the heap for the "
     "next step instead of unmapping them (engine/runner/heap.py); 0 leaves glibc's defaults.")
+KV_POPULATE: EnvVar[bool] = EnvVar(
+    "PAGODE_KV_POPULATE", _flag, True,
+    "1 (the default): a background thread at the lowest CPU priority faults in the CPU KV cache's "
+    "pages ahead of the blocks the engine hands out (engine/runner/kv_populate.py); 0: each step's "
+    "first write to a block faults its pages in.")
 API_KEY: EnvVar[str | None] = EnvVar(
     "PAGODE_API_KEY", _optional_str, None,
     "The default of `pagode serve --api-key`: a Bearer token on the API routes.")
@@ -154,7 +159,7 @@ CXX: EnvVar[str | None] = EnvVar(
 ALL: tuple[EnvVar[object], ...] = (CACHE_DIR, CPU_KERNEL, CPU_ISA, QUANT_KERNEL, DECODE_STEP,  # type: ignore[assignment]
                                    PREFILL_KERNEL, PREFILL_BF16, ATTENTION_BACKEND, QUANT_GEMM, QUANT_CROSSOVER,
                                    QUANT_TILES, TILE_BF16, FBGEMM_REDUCE_RANGE,
-                                   RACE_CACHE, HEAP_KEEP, API_KEY)
+                                   RACE_CACHE, HEAP_KEEP, KV_POPULATE, API_KEY)
 
 
 def describe() -> str:

@@ -92,6 +92,7 @@ class LLMEngine:
                  config.kv_cache_memory, dtype_name(self.runner.kv_dtype), self.kv_tokens_per_gib,
                  self.runner.dtype, self.runner.device, config.batching, self.max_model_len)
         self.runner.write_packs()
+        self.runner.populate_kv_cache()
 
     def _fit_max_model_len(self, requested: int | None) -> int:
         capacity = self.num_blocks * self.block_size
@@ -211,7 +212,9 @@ class LLMEngine:
         self._publish_kv_events()
 
     def close(self) -> None:
-        """Release what outlives a step: the KV-event publisher's thread and sockets."""
+        """Release what outlives a step: the KV-event publisher's thread and sockets, the KV
+        cache's populating thread."""
+        self.runner.close()
         if self.kv_publisher is not None:
             self.kv_publisher.shutdown()
             self.kv_publisher = None

@@ -58,6 +58,49 @@ def test_gelu_tanh_and_mul_matches_torch(rows: int, n: int) -> None:
 
 
 @needs_kernels
+@pytest.mark.parametrize("op", ["silu_and_mul", "gelu_tanh_and_mul"])
+@pytest.mark.parametrize("rows,n", [(1, 1536), (33, 1536), (3, 13)])
+def test_gated_ops_on_bf16_rows_equal_fp32_then_torchs_rounding(op: str, rows: int, n: int) -> None:
+    """A bf16 GEMM's output fed straight in gives, bit for bit, what casting it to fp32, the fp32
+    op and torch's .to(bfloat16) give (NaN stays NaN): the MLP's bf16 chain changes no value."""
+    g = torch.Generator().manual_seed(rows * n)
+    gate_up = (torch.randn(rows, 2 * n, generator=g) * 6).to(torch.bfloat16)
+    gate_up[0, :4] = torch.tensor([-100.0, 100.0, 0.0, -20.0])
+    gate_up[-1, -3:] = torch.tensor([float("inf"), float("-inf"), 1e30])
+    kernel, fn = native.fused_ops(), getattr(fused_ops, op)
+    out = fn(gate_up, kernel)
+    assert out.dtype == torch.bfloat16 and out.shape == (rows, n)
+    expected = fn(gate_up.float(), kernel).to(torch.bfloat16)
+    nan = expected.float().isnan()
+    assert torch.equal(out.float().isnan(), nan)
+    assert torch.equal(out.view(torch.int16)[~nan], expected.view(torch.int16)[~nan])
+
+
+@needs_kernels
+@pytest.mark.parametrize("norm", ["head", "proj"])
+@pytest.mark.parametrize("rows", [1, 40])
+def test_qk_rms_norm_in_place_matches_hf_per_piece(norm: str, rows: int) -> None:
+    """Qwen3's per-head and OLMo 2's whole-projection q/k norms, in place in the fused QKV
+    output: each piece equals HF's RMSNorm on it, and the values are untouched."""
+    heads, kv_heads, d = 16, 8, 128
+    g = torch.Generator().manual_seed(rows)
+    qkv = torch.randn(rows, (heads + 2 * kv_heads) * d, generator=g) * 3
+    q_w = torch.rand(d if norm == "head" else heads * d, generator=g) + 0.5
+    k_w = torch.rand(d if norm == "head" else kv_heads * d, generator=g) + 0.5
+    before = qkv.clone()
+    out = fused_ops.qk_rms_norm(qkv, heads * d, kv_heads * d, q_w, k_w, 1e-6, native.fused_ops())
+    assert out.data_ptr() == qkv.data_ptr()  # in place
+    q, k, v = before.split([heads * d, kv_heads * d, kv_heads * d], dim=-1)
+    expect_q = fused_ops.rms_norm_reference(q.reshape(-1, q_w.numel()), q_w, 1e-6).reshape(q.shape)
+    expect_k = fused_ops.rms_norm_reference(k.reshape(-1, k_w.numel()), k_w, 1e-6).reshape(k.shape)
+    torch.testing.assert_close(out[:, :heads * d], expect_q, atol=2e-6, rtol=2e-6)
+    torch.testing.assert_close(out[:, heads * d:(heads + kv_heads) * d], expect_k, atol=2e-6, rtol=2e-6)
+    assert torch.equal(out[:, (heads + kv_heads) * d:], v)
+    fallback = fused_ops.qk_rms_norm(before.clone(), heads * d, kv_heads * d, q_w, k_w, 1e-6, None)
+    torch.testing.assert_close(fallback, out, atol=2e-6, rtol=2e-6)
+
+
+@needs_kernels
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_rope_and_cache_write_match_torch(dtype: torch.dtype) -> None:
     heads, kv_heads, d, bs, tokens = 9, 3, 64, 16, 21

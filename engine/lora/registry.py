@@ -21,6 +21,7 @@ from torch import nn
 
 from engine.lora.adapter import LoraAdapter, LoraError
 from engine.lora.delta import BASE, LoraProjection, LoraRows, Shard
+from engine.quant.linear import QuantLinear
 
 # The projections an adapter may target, by the engine's module names (fused ones included).
 PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
@@ -42,6 +43,8 @@ class LoraRegistry:
         for name, projection in self.projections.items():
             module = model.get_submodule(name)
             module.register_forward_hook(self._hook(projection))
+            if isinstance(module, QuantLinear):
+                module.bf16_io = False  # the deltas add to an fp32 output (QuantLinear.bf16_path)
             self._by_module[id(module)] = projection
         self._version = 0  # bumped by every add and remove: what kernel_tables was built for
         self._tables: tuple[int, torch.Tensor | None] | None = None

@@ -20,7 +20,7 @@ from engine.model import fused_ops
 from engine.model.config import ModelConfig
 from engine.model.family import Family, Support
 from engine.model.layers import RMSNorm, RotaryEmbedding
-from engine.model.llama import Attention, LlamaForCausalLM, SublayerNorms
+from engine.model.llama import Attention, LlamaForCausalLM, SublayerNorms, runs_bf16
 from engine.model.registry import register
 
 SLIDING = "sliding_attention"
@@ -65,6 +65,9 @@ class GemmaMLP(nn.Module):
         self.kernel = native.fused_ops()  # None: torch ops
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if runs_bf16(self.gate_up_proj, self.down_proj, self.kernel, x.shape[0]):
+            h = self.gate_up_proj(x.to(torch.bfloat16))
+            return self.down_proj(fused_ops.gelu_tanh_and_mul(h, self.kernel)).float()
         return self.down_proj(fused_ops.gelu_tanh_and_mul(self.gate_up_proj(x), self.kernel))
 
 

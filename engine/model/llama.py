@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from engine.attention import AttentionBackend, AttentionMetadata
+from engine.model import fused_ops
 from engine.model.config import ModelConfig
 from engine.model.layers import (
     PagedAttention,
@@ -27,6 +28,7 @@ from engine.model.layers import (
     SiluAndMul,
     rotate_half_order,
 )
+from engine.quant.linear import QuantLinear
 
 
 class Attention(nn.Module):
@@ -57,12 +59,10 @@ class Attention(nn.Module):
 
     def normalize_qk(self, qkv: torch.Tensor, q_norm: RMSNorm, k_norm: RMSNorm) -> torch.Tensor:
         """RMSNorm on the queries and keys before RoPE, per head or over the whole projection
-        (the norm's size says which). Contiguous rows, as the C++ norm takes them: a whole
-        projection's rows are a strided view of qkv."""
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q_norm(q.reshape(-1, q_norm.weight.numel()).contiguous())[0].reshape(q.shape)
-        k = k_norm(k.reshape(-1, k_norm.weight.numel()).contiguous())[0].reshape(k.shape)
-        return torch.cat([q, k, v], dim=-1)
+        (the norm's size says which), in place in the projection's output where the C++
+        kernel takes it: no split, copies and join of the step's widest rows but one."""
+        return fused_ops.qk_rms_norm(qkv, self.q_size, self.kv_size, q_norm.kernel_weight(), k_norm.kernel_weight(),
+                                     q_norm.eps, q_norm.kernel)
 
 
 def qk_norms(cfg: ModelConfig) -> tuple[RMSNorm | None, RMSNorm | None]:
@@ -87,7 +87,19 @@ class MLP(nn.Module):
         self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if runs_bf16(self.gate_up_proj, self.down_proj, self.act_fn.kernel, x.shape[0]):
+            return self.down_proj(self.act_fn(self.gate_up_proj(x.to(torch.bfloat16)))).float()
         return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+
+
+def runs_bf16(gate_up: nn.Module, down: nn.Module, kernel: object, tokens: int) -> bool:
+    """Whether an MLP of `tokens` rows may keep its gate-up output in bf16: both projections
+    run oneDNN's bf16 GEMM at this size, and the C++ activation takes bf16 rows. The values
+    are those of casting around each op (the GEMMs round their inputs to bf16 anyway, and
+    the activation's bf16 rows round as torch does), without the two casts of the widest
+    tensor of the layer: a 512-token chunk's gate-up output is 25 MB in fp32."""
+    return (kernel is not None and isinstance(gate_up, QuantLinear) and isinstance(down, QuantLinear)
+            and gate_up.bf16_path(tokens) and down.bf16_path(tokens))
 
 
 class SublayerNorms(NamedTuple):

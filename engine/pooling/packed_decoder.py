@@ -195,13 +195,10 @@ def add_norm(norm: RMSNorm, out: torch.Tensor, stream: torch.Tensor) -> torch.Te
 
 
 def normalize_qk(attn: Attention, qkv: torch.Tensor) -> torch.Tensor:
-    """qkv [T, (heads + 2 kv_heads) head_dim] fp32 with each query and key head RMS-normalized
-    as transformers does (Qwen3), in place: four passes over the queries and keys, where the
-    model's own path copies them out into contiguous rows and back (twice the time, measured on
-    8,192-token batches). A norm over the whole projection takes the model's path."""
+    """qkv [T, (heads + 2 kv_heads) head_dim] fp32 with the queries and keys RMS-normalized as
+    transformers does (Qwen3), in place where the model's C++ norm takes it."""
     q_norm, k_norm = attn.q_norm, attn.k_norm
-    if q_norm is None or k_norm is None:
-        return qkv
+    return qkv if q_norm is None or k_norm is None else attn.normalize_qk(qkv, q_norm, k_norm)
     if q_norm.weight.numel() != attn.head_dim:
         return attn.normalize_qk(qkv, q_norm, k_norm)
     heads = qkv[:, :attn.q_size + attn.kv_size].unflatten(-1, (-1, attn.head_dim))

@@ -25,4 +25,8 @@ class Bf16Gemm:
         self.nbytes = self.weight.numel() * 2
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x.to(torch.bfloat16), self.weight, self.bias).float()
+        return self.bf16(x).float()
+
+    def bf16(self, x: torch.Tensor) -> torch.Tensor:
+        """The product left in bf16, for a caller whose next op takes bf16 (the MLP's chain)."""
+        return F.linear(x.to(torch.bfloat16), self.weight, self.bias)

@@ -4,7 +4,9 @@ It holds the copies its kernels need, and no others: the block-quantized weight 
 C++ block kernel (few tokens; cpu_kernels/quant_linear.py) and/or a dense weight for big
 steps (fp32 for BLAS or oneDNN, or bf16 for oneDNN: engine/quant/gemms.py). Each call picks by
 its number of tokens against the layer's measured crossover, unless `pinned_path` holds every
-layer on one path (the quality gates read each path on its own).
+layer on one path (the quality gates read each path on its own). A bf16 input on the bf16
+GEMM's path gives a bf16 output (bf16_path): a caller whose ops around the layer take bf16
+skips the two casts; every other input is computed in fp32 and gives fp32.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch
 from torch import nn
 
 from engine import native
+from engine.quant.bf16_gemm import Bf16Gemm
 from engine.quant.formats import Blocks
 from engine.quant.gemms import Gemm
 
@@ -38,15 +41,24 @@ class QuantLinear(nn.Module):
         self.max_kernel_tokens = max_kernel_tokens if blocks is not None else 0
         self.kernel = native.block_linear() if blocks is not None else None
         self.pinned: Path | None = None  # pinned_path's override of the crossover
+        self.bf16_io = True  # False: always fp32 out (a forward hook, as LoRA's, adds to the output)
 
     def path_for(self, tokens: int) -> Path:
         if self.pinned is not None:
             return self.pinned
         return "kernel" if tokens <= self.max_kernel_tokens or self.gemm is None else "gemm"
 
+    def bf16_path(self, tokens: int) -> bool:
+        """Whether a call of `tokens` rows runs the bf16 GEMM and, given bf16, answers in bf16."""
+        return self.bf16_io and isinstance(self.gemm, Bf16Gemm) and self.path_for(tokens) == "gemm"
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
-        x2 = x.reshape(-1, self.in_features).float()
+        x2 = x.reshape(-1, self.in_features)
+        if x2.dtype == torch.bfloat16 and self.bf16_path(x2.shape[0]):
+            assert isinstance(self.gemm, Bf16Gemm)
+            return self.gemm.bf16(x2).reshape(*lead, self.out_features)
+        x2 = x2.float()
         if self.path_for(x2.shape[0]) == "kernel":
             if self.blocks is None:
                 raise RuntimeError("this layer keeps no block weights (its crossover never picks the kernel)")

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from engine import envs
 from engine.attention import AttentionMetadata, prefill_choice, select_backend
 from engine.config import EngineConfig, parse_dtype
 from engine.core.sampling_row import SamplingRow
@@ -25,11 +26,12 @@ from engine.model.llama import LlamaForCausalLM
 from engine.model.loader import ModelSource, load_model
 from engine.runner.cuda_graph import CudaGraphRunner, use_cuda_graphs
 from engine.runner.kv_cache import allocate_kv_cache, num_blocks_for, resolve_kv_cache_dtype
+from engine.runner.kv_populate import KvPopulator
 from engine.runner.sampler import SampleResult, sample
 
 log = logging.getLogger("pagode")
 
-LOWEST_PRIORITY = 19  # the nice value of the thread that writes a first start's pack
+LOWEST_PRIORITY = 19  # the nice value of the threads that write a first start's pack and map the KV cache
 
 
 @dataclass
@@ -74,6 +76,8 @@ class ModelRunner:
         self.num_blocks = num_blocks_for(config.kv_cache_bytes, model_config, self.block_size, self.kv_dtype)
         self.kv_caches = allocate_kv_cache(model_config, self.num_blocks, self.block_size,
                                            self.kv_dtype, self.device)
+        self.kv_populator = (KvPopulator(self.kv_caches)
+                             if self.device.type == "cpu" and envs.KV_POPULATE.get() else None)
         self.backend.prepare(model_config.num_attention_heads, self.dtype, self.kv_caches[0],
                              bf16_from=prefill_choice.bf16_from(self.model))
         self.graphs: CudaGraphRunner | None = None
@@ -96,6 +100,16 @@ class ModelRunner:
         for thread in threads:
             thread.start()
         return threads
+
+    def populate_kv_cache(self) -> None:
+        """Start mapping the KV cache's next blocks in the background (kv_populate.py): after
+        the load-time races, which a thread beside them would skew."""
+        if self.kv_populator is not None:
+            self.kv_populator.start(in_background)
+
+    def close(self) -> None:
+        if self.kv_populator is not None:
+            self.kv_populator.close()
 
     def timed_modules(self) -> Iterator[tuple[str, nn.Module]]:
         """Every module a step may run, by name: the model's, and the fused decode step."""
@@ -154,6 +168,8 @@ class ModelRunner:
         tables = np.zeros((n, width), np.int32)
         for row, s in enumerate(scheduled):
             tables[row, :len(s.seq.block_table)] = s.seq.block_table
+        if self.kv_populator is not None:
+            self.kv_populator.reach(int(tables.max()))
         # A block freed out of a sliding window (FREED, -1) is never read; 0 keeps the index valid.
         np.maximum(tables, 0, out=tables)
         slots = tables[seq_index, positions // bs].astype(np.int64) * bs + positions % bs
