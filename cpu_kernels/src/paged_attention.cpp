@@ -93,6 +93,17 @@ inline int64_t window_start(int64_t L, int64_t window) {
   return window > 0 && L > window ? L - window : 0;
 }
 
+// A cache row's lines, asked for ahead of use: a task's rows are one KV head's slice of each
+// position (KVH * D values apart), short runs at a stride that the hardware prefetcher follows
+// poorly, so without this each row's first touch waits on memory.
+template <typename T>
+inline void prefetch_row(const T* row, int64_t D) {
+  const char* p = reinterpret_cast<const char*>(row);
+  for (int64_t off = 0; off < static_cast<int64_t>(row_width<T>(D) * sizeof(T)); off += 64)
+    _mm_prefetch(p + off, _MM_HINT_T0);
+}
+constexpr int64_t ROWS_AHEAD = 16;  // cache rows prefetched ahead of the one being read
+
 #ifdef PAGODE_AVX512
 // ---- decode attention, avx512 ----------------------------------------------
 // Chunk c (16 elements) of a cache row, as fp32.
@@ -125,6 +136,7 @@ inline __m512 sum16(const __m512* v) {
   return _mm512_add_ps(_mm512_shuffle_f32x4(x01, x23, 0x88), _mm512_shuffle_f32x4(x01, x23, 0xDD));
 }
 
+
 // Scores of up to GROUP_TILE query heads (NV chunks of 16) against the task's L keys. Keys
 // go 16 at a time: their dot products are summed across lanes together (sum16).
 template <int NV, typename T>
@@ -135,10 +147,12 @@ void scores512(const float* q, int64_t D, int64_t g_count, const T* k_cache, con
     for (int c = 0; c < NV; ++c) qv[g][c] = _mm512_loadu_ps(q + g * D + 16 * c);
   __m512 part[GROUP_TILE][16];
   alignas(64) float scales[16];
+  for (int64_t j = 0; j < std::min(ROWS_AHEAD, L); ++j) prefetch_row(k_cache + rows[j], D);
   int64_t t = 0;
   for (; t + 16 <= L; t += 16) {
     for (int j = 0; j < 16; ++j) {
       const T* k = k_cache + rows[t + j];
+      if (t + j + ROWS_AHEAD < L) prefetch_row(k_cache + rows[t + j + ROWS_AHEAD], D);
       __m512 kc[NV];
       for (int c = 0; c < NV; ++c) kc[c] = load16(k + 16 * c);
       scales[j] = scale * row_scale(k, D);
@@ -172,6 +186,7 @@ void values512(const float* probs, int64_t g_count, const T* v_cache, const int6
     for (int c = 0; c < NV; ++c) acc[g][c] = _mm512_setzero_ps();
   for (int64_t t = 0; t < L; ++t) {
     const T* v = v_cache + rows[t];
+    if (t + ROWS_AHEAD < L) prefetch_row(v_cache + rows[t + ROWS_AHEAD], D);
     __m512 vc[NV];
     for (int c = 0; c < NV; ++c) vc[c] = load16(v + 16 * c);
     const float vs = row_scale(v, D);
@@ -208,6 +223,7 @@ void decode512(const float* query, const T* k_cache, const T* v_cache, const int
         const int64_t n = std::min(GROUP_TILE, G - g0);
         scores512<NV>(q + g0 * D, D, n, k_cache, rows.data(), L, scale, scores.data() + g0 * L);
       }
+      for (int64_t j = 0; j < std::min(ROWS_AHEAD, L); ++j) prefetch_row(v_cache + rows[j], D);  // under the softmax
       for (int64_t g = 0; g < G; ++g) {
         soft_cap(scores.data() + g * L, L, softcap);
         softmax(scores.data() + g * L, L);
@@ -265,6 +281,7 @@ void decode(const float* query, const T* k_cache, const T* v_cache, const int32_
       const int32_t* table = block_tables + b * MB;
       scores.resize(G * L);
       for (int64_t t = 0; t < L; ++t) {
+        if (t + ROWS_AHEAD < L) prefetch_row(cache_row(k_cache, table, start + t + ROWS_AHEAD, BS, row, kv), D);
         row_to_float(cache_row(k_cache, table, start + t, BS, row, kv), buf.data(), D);
         for (int64_t g = 0; g < G; ++g) scores[g * L + t] = dot(q + g * D, buf.data(), D) * scale;
       }
@@ -274,6 +291,7 @@ void decode(const float* query, const T* k_cache, const T* v_cache, const int32_
       }
       std::fill(o, o + G * D, 0.f);
       for (int64_t t = 0; t < L; ++t) {
+        if (t + ROWS_AHEAD < L) prefetch_row(cache_row(v_cache, table, start + t + ROWS_AHEAD, BS, row, kv), D);
         row_to_float(cache_row(v_cache, table, start + t, BS, row, kv), buf.data(), D);
         for (int64_t g = 0; g < G; ++g) axpy(scores[g * L + t], buf.data(), o + g * D, D);
       }
