@@ -25,6 +25,16 @@ inline const T* cache_row(const T* cache, const int32_t* table, int64_t t, int64
   return cache + (static_cast<int64_t>(table[t / BS]) * BS + t % BS) * row + kv;
 }
 
+// A cache row's lines, asked for ahead of use: an attention task reads one KV head's slice of
+// each position (KVH rows apart), short runs at a stride that the hardware prefetcher follows
+// poorly, so without this each row's first touch waits on memory.
+template <typename T>
+inline void prefetch_row(const T* row, int64_t D) {
+  const char* p = reinterpret_cast<const char*>(row);
+  for (int64_t off = 0; off < static_cast<int64_t>(row_width<T>(D) * sizeof(T)); off += 64)
+    _mm_prefetch(p + off, _MM_HINT_T0);
+}
+
 // ---- a cache row as fp32 ------------------------------------------------------
 inline void row_to_float(const float* src, float* dst, int64_t n) { std::memcpy(dst, src, n * sizeof(float)); }
 

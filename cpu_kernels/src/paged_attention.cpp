@@ -38,6 +38,7 @@ using pagode::I8;
 using pagode::row_from_float;
 using pagode::row_scale;
 using pagode::row_to_float;
+using pagode::prefetch_row;
 using pagode::row_width;
 
 // ---- decode attention ------------------------------------------------------
@@ -93,15 +94,6 @@ inline int64_t window_start(int64_t L, int64_t window) {
   return window > 0 && L > window ? L - window : 0;
 }
 
-// A cache row's lines, asked for ahead of use: a task's rows are one KV head's slice of each
-// position (KVH * D values apart), short runs at a stride that the hardware prefetcher follows
-// poorly, so without this each row's first touch waits on memory.
-template <typename T>
-inline void prefetch_row(const T* row, int64_t D) {
-  const char* p = reinterpret_cast<const char*>(row);
-  for (int64_t off = 0; off < static_cast<int64_t>(row_width<T>(D) * sizeof(T)); off += 64)
-    _mm_prefetch(p + off, _MM_HINT_T0);
-}
 constexpr int64_t ROWS_AHEAD = 16;  // cache rows prefetched ahead of the one being read
 
 #ifdef PAGODE_AVX512
