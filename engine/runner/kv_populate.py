@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import sys
 import threading
 from collections.abc import Callable
+from typing import cast
 
 import torch
 
@@ -35,9 +37,14 @@ def populate(address: int, nbytes: int) -> bool:
     if not sys.platform.startswith("linux") or nbytes <= 0:
         return False
     start = address // PAGE * PAGE
+    return madvise()(start, address + nbytes - start, MADV_POPULATE_WRITE) == 0
+
+
+@functools.cache
+def madvise() -> Callable[[int, int, int], int]:
     libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
     libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    return libc.madvise(start, address + nbytes - start, MADV_POPULATE_WRITE) == 0
+    return cast(Callable[[int, int, int], int], libc.madvise)
 
 
 class KvPopulator:
