@@ -128,7 +128,6 @@ inline __m512 sum16(const __m512* v) {
   return _mm512_add_ps(_mm512_shuffle_f32x4(x01, x23, 0x88), _mm512_shuffle_f32x4(x01, x23, 0xDD));
 }
 
-
 // Scores of up to GROUP_TILE query heads (NV chunks of 16) against the task's L keys. Keys
 // go 16 at a time: their dot products are summed across lanes together (sum16).
 template <int NV, typename T>

@@ -199,9 +199,3 @@ def normalize_qk(attn: Attention, qkv: torch.Tensor) -> torch.Tensor:
     transformers does (Qwen3), in place where the model's C++ norm takes it."""
     q_norm, k_norm = attn.q_norm, attn.k_norm
     return qkv if q_norm is None or k_norm is None else attn.normalize_qk(qkv, q_norm, k_norm)
-    if q_norm.weight.numel() != attn.head_dim:
-        return attn.normalize_qk(qkv, q_norm, k_norm)
-    heads = qkv[:, :attn.q_size + attn.kv_size].unflatten(-1, (-1, attn.head_dim))
-    weight = torch.cat([q_norm.weight.expand(attn.num_heads, -1), k_norm.weight.expand(attn.num_kv_heads, -1)])
-    heads.mul_(torch.rsqrt(heads.pow(2).mean(-1, keepdim=True) + q_norm.eps)).mul_(weight)
-    return qkv
