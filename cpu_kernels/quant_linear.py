@@ -38,6 +38,8 @@ class BlockWeightsLike(Protocol):
     def in_features(self) -> int: ...
     @property
     def tile_from(self) -> int: ...
+    @property
+    def int8_tokens(self) -> bool: ...
 
 
 class BlocksLike(Protocol):
@@ -52,20 +54,23 @@ class BlocksLike(Protocol):
     def in_features(self) -> int: ...
 
 
-def part_rows(w: BlocksLike, bias: torch.Tensor | None, tile_from: int | None = None) -> list[list[int]]:
-    """Each part's kind, rows, qs, scales, mins and bias pointers (0 where absent), and the
-    fewest tokens its tile body runs (`tile_from`, else the part's own; 0: never)."""
+def part_rows(w: BlocksLike, bias: torch.Tensor | None, tile_from: int | None = None,
+              int8: bool | None = None) -> list[list[int]]:
+    """Each part's kind, rows, qs, scales, mins and bias pointers (0 where absent), the fewest
+    tokens its tile body runs (`tile_from`, else the part's own; 0: never), and whether the
+    tile body's steps of more than 8 tokens take int8 tokens (`int8`, else the part's own)."""
     rows, n0 = [], 0
     for p in w.parts:
         b = 0 if bias is None else bias.data_ptr() + n0 * bias.element_size()
         rows.append([KINDS[p.kind], p.out_features, p.qs.data_ptr(), p.scales.data_ptr(),
-                     0 if p.mins is None else p.mins.data_ptr(), b, p.tile_from if tile_from is None else tile_from])
+                     0 if p.mins is None else p.mins.data_ptr(), b, p.tile_from if tile_from is None else tile_from,
+                     int(p.int8_tokens if int8 is None else int8)])
         n0 += p.out_features
     return rows
 
 
 def part_table(w: BlocksLike, bias: torch.Tensor | None) -> torch.Tensor:
-    """part_rows as int64 [parts, 7], the layout that linear() in src/decode_step.cpp reads."""
+    """part_rows as int64 [parts, 8], the layout that linear() in src/decode_step.cpp reads."""
     return torch.tensor(part_rows(w, bias), dtype=torch.int64)
 
 
@@ -78,7 +83,7 @@ class BlockLinear:
     def __init__(self, lib: ctypes.CDLL) -> None:
         self.lib = lib
         lib.linear_blocks.restype = None
-        lib.linear_blocks.argtypes = [_I64] + [_P] * 6 + [_I64] * 5 + [ctypes.c_int]
+        lib.linear_blocks.argtypes = [_I64] + [_P] * 6 + [_I64] * 6 + [ctypes.c_int]
         lib.quant_kernel_uses_avx2.restype = ctypes.c_int
         lib.quant_kernel_tile_body.restype = ctypes.c_int
         lib.quant_kernel_tile_bf16.restype = None
@@ -96,9 +101,10 @@ class BlockLinear:
         self.lib.quant_kernel_tile_bf16(int(on))
 
     def __call__(self, x: torch.Tensor, w: BlocksLike, bias: torch.Tensor | None = None,
-                 tile_from: int | None = None) -> torch.Tensor:
+                 tile_from: int | None = None, int8: bool | None = None) -> torch.Tensor:
         """x [M, K] fp32 -> [M, N] fp32 on the block-quantized weight w [N, K]; `tile_from`
-        overrides the weight's own switch to the tile body (1: always, 0: never)."""
+        overrides the weight's own switch to the tile body (1: always, 0: never), `int8` its
+        own choice of int8 tokens past 8 tokens."""
         x = x.contiguous()
         m, k = x.shape
         if k != w.in_features:
@@ -107,8 +113,8 @@ class BlockLinear:
         y = torch.empty(m, n, dtype=torch.float32)
         threads = torch.get_num_threads()
         n0 = 0
-        for kind, rows, qs, scales, mins, b, tiles in part_rows(w, bias, tile_from):
+        for kind, rows, qs, scales, mins, b, tiles, int8_tokens in part_rows(w, bias, tile_from, int8):
             self.lib.linear_blocks(kind, x.data_ptr(), qs, scales, mins, b, y.data_ptr() + n0 * y.element_size(),
-                                   m, rows, k, n, tiles, threads)
+                                   m, rows, k, n, tiles, int8_tokens, threads)
             n0 += rows
         return y

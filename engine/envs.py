@@ -126,6 +126,14 @@ TILE_BF16: EnvVar[bool] = EnvVar(
     "1: the block kernel's AMX tile body takes steps of more than 8 tokens with bf16 tokens, "
     "and from 17 on bf16 panels of the weights (the big-step GEMM's precision, faster); 0 (the "
     "default): exact on the blocks at every size.")
+TILE_INT8: EnvVar[bool] = EnvVar(
+    "PAGODE_TILE_INT8", _flag, False,
+    "1: on a layer that keeps a dense GEMM for big steps, the block kernel's AMX tile body "
+    "takes steps of more than 8 tokens with the tokens rounded to int8 in blocks of 32 (the "
+    "activations of llama.cpp's K-quant dot products) and multiplies the weights' own integers "
+    "on the tile unit's int8 products (every format but Q8_0): faster from 9 to 32 tokens, but "
+    "a prompt's greedy tokens then depend on whether it crosses 8 tokens; 0 (the default): "
+    "exact on the blocks at every size. PAGODE_TILE_BF16=1 takes precedence.")
 FBGEMM_REDUCE_RANGE: EnvVar[bool] = EnvVar(
     "PAGODE_FBGEMM_REDUCE_RANGE", _flag, True,
     "fbgemm's int8 activations use a 7-bit range (1, the default) so that AVX2's 16-bit pair "
@@ -158,7 +166,7 @@ CXX: EnvVar[str | None] = EnvVar(
 
 ALL: tuple[EnvVar[object], ...] = (CACHE_DIR, CPU_KERNEL, CPU_ISA, QUANT_KERNEL, DECODE_STEP,  # type: ignore[assignment]
                                    PREFILL_KERNEL, PREFILL_BF16, ATTENTION_BACKEND, QUANT_GEMM, QUANT_CROSSOVER,
-                                   QUANT_TILES, TILE_BF16, FBGEMM_REDUCE_RANGE,
+                                   QUANT_TILES, TILE_BF16, TILE_INT8, FBGEMM_REDUCE_RANGE,
                                    RACE_CACHE, HEAP_KEEP, KV_POPULATE, API_KEY)
 
 

@@ -145,7 +145,8 @@ def test_a_layer_keeps_the_dense_copy_only_if_its_crossover_can_pick_it(monkeypa
     w = formats.quantize(torch.randn(40, 64), "q4_1")
     report = apply.QuantReport("int4")
     for crossover, has_blocks, has_dense in ((4, True, True), (timing.NO_LIMIT, True, False), (0, True, True)):
-        monkeypatch.setattr(kernel_crossover, "_cache", {("q4_1", 40, 64): timing.Crossover(crossover)})
+        found = timing.Crossover(crossover)  # the same with the tile body's int8 tokens, where they race
+        monkeypatch.setattr(kernel_crossover, "_cache", {("q4_1", 40, 64): found, ("q4_1/int8", 40, 64): found})
         layer = apply.build_layer(w, DenseGemm(formats.dequantize(w)), None, 512, report)
         assert (layer.blocks is not None, layer.gemm is not None) == (has_blocks, has_dense)
 

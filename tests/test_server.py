@@ -95,6 +95,10 @@ async def test_chat_stream_and_non_stream(client: AsyncOpenAI, model_name: str,
     assert whole.usage is not None
     assert whole.usage.prompt_tokens == tokenized["count"]
 
+    # The same prompt again would find its first blocks cached and prefill only the rest: a
+    # step of another size, whose bf16 GEMM may round differently. Streaming is what is
+    # compared here, so the second request starts from the same empty cache as the first.
+    assert (await http.post("/reset_prefix_cache", json={})).status_code == 200
     stream = await client.chat.completions.create(
         model=model_name, messages=messages, temperature=0, max_completion_tokens=10,
         stream=True, stream_options={"include_usage": True})

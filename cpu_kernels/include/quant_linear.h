@@ -14,10 +14,11 @@ extern "C" {
 //   Q8_0: qs [N, K] int8, wd [N, K/32] fp16 scales (wm unused);
 //   Q4_K, Q5_K, Q6_K: qs [N, K/256 super-blocks] in GGUF's bytes (wd, wm unused).
 // Steps of at least `tile_from` tokens (0: none) run the tile body (src/block_gemm.cpp) where
-// the library has one (the amx build), the others the integer body.
+// the library has one (the amx build), the others the integer body. `int8` (0 or 1): the
+// tile body's steps of more than 8 tokens take the tokens rounded to int8 (every format but Q8_0).
 void linear_blocks(int64_t kind, const float* x, const uint8_t* qs, const uint16_t* wd, const uint16_t* wm,
                    const float* bias, float* y, int64_t M, int64_t N, int64_t K, int64_t ldy, int64_t tile_from,
-                   int nthreads);
+                   int64_t int8, int nthreads);
 
 // 1 when the tile body was compiled in (the amx level), else 0.
 int quant_kernel_tile_body();

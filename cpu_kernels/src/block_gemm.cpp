@@ -24,6 +24,10 @@
 // accumulate across all of K in the tiles. The weights cross memory and are unpacked once
 // per call whatever the number of tokens.
 //
+// On a weight whose layer keeps a dense GEMM for bigger steps (the caller's `int8`), steps of
+// more than 8 tokens on every format but Q8_0 take int8 tokens instead and multiply the
+// weights' level bytes as they are (TDPBUSD; the section "int8 tokens" below).
+//
 // Only the amx build has a tile body: without tiles, the products and their scaling cost
 // about what the integer body costs.
 #include "block_gemm.h"
@@ -205,6 +209,24 @@ struct Chunk {
     alignas(64) float scale[ROWS * MAX_STEPS], minimum[ROWS * MAX_STEPS];  // [row][product]
 };
 
+// A panel of 16 rows is one contiguous run, read a little of each row at a time (a chunk),
+// which the hardware prefetcher does not follow: while one panel is computed the next one's
+// bytes are asked for, a slice per chunk, so that they are in cache when its turn comes.
+struct NextPanel {
+    const char* next;
+    int64_t slice, end;
+    NextPanel(const Weight& w, int64_t n0) {
+        const int64_t panel_bytes = ROWS * w.row_bytes, chunks = (w.K / QK + CHUNK_BLOCKS - 1) / CHUNK_BLOCKS;
+        next = (const char*)(w.qs + (n0 + ROWS) * w.row_bytes);
+        slice = (panel_bytes + chunks - 1) / chunks;
+        end = std::max<int64_t>(0, std::min(panel_bytes, (w.N - n0 - ROWS) * w.row_bytes));
+    }
+    void ask(int64_t chunk) const {
+        for (int64_t off = chunk * slice; off < std::min((chunk + 1) * slice, end); off += 64)
+            _mm_prefetch(next + off, _MM_HINT_T0);
+    }
+};
+
 // Rows n0..n0+rows-1, blocks [b0, b0 + n), into the chunk; rows past `rows` get zero scales.
 // A chunk reads a little of each of 16 rows, short runs that the hardware prefetcher follows
 // poorly from memory, so each run's bytes STREAM_AHEAD on (a row or two later in the panel,
@@ -367,8 +389,10 @@ void panel_product(const Weight& w, const Tokens& t, int64_t n0, int64_t rows, i
                    float* y, int64_t ldy, Chunk& c, float* acc, float (*out)[ROWS][TILE_TOKENS]) {
     const int64_t nb = w.K / QK;
     std::fill(acc, acc + t.tiles * ROWS * TILE_TOKENS, 0.f);
-    for (int64_t b0 = 0; b0 < nb; b0 += CHUNK_BLOCKS) {
+    const NextPanel next(w, n0);
+    for (int64_t b0 = 0, ci = 0; b0 < nb; b0 += CHUNK_BLOCKS, ++ci) {
         const int64_t n = std::min(CHUNK_BLOCKS, nb - b0);
+        next.ask(ci);
         unpack_rows<Fmt>(w, n0, rows, b0, n, c);
         multiply_chunk<Fmt>(c, n * QK / Fmt::DEPTH, b0 * QK, t, w.K, acc, out);
     }
@@ -489,13 +513,255 @@ void gemm(const float* x, const Weight& w, const float* bias, float* y, int64_t 
     }
 }
 
+// ---- int8 tokens: the weights' integers as bytes, the tokens as int8, TDPBUSD ----------------
+//
+// Each token's inputs are quantized in blocks of 32 to int8 (scale = the block's largest
+// magnitude / 127, rounded to nearest: the activations of llama.cpp's K-quant dot products,
+// Q8_K, are the same kind at blocks of 256). The weights' levels need no conversion: their
+// bytes (0..63) go to the tile unit as they are, 16 rows x 32 inputs (16 for
+// Q6_K's half sub-blocks) per product, and each product is scaled into fp32 accumulators:
+//     acc[row][token] += scale[row] * (xs[token] * product[row][token]) + minimum[row] * xsum[token]
+// where xs is the token's block scale and xsum = xs * the sum of its block's ints, so the
+// result is the dot product of the exact weights with the int8-rounded tokens, to fp32
+// rounding. The integers cost no unpacking beyond a mask and a shift, and a product scales
+// 16 tokens at once, so a step of 32 tokens costs about what reading the blocks costs.
+
+// Per format: DEPTH, and `unpack8`, one row's
+// blocks [b0, b0 + n) as level bytes, product t at dst + t * ROWS * DEPTH, its scale and
+// minimum at scale[t] and minimum[t] (minimum: what a level of 0 weighs, per unit of input).
+struct Q4_1Bytes {
+    static constexpr int64_t DEPTH = 32;
+    static void unpack8(const uint8_t* row, const uint16_t* wd, const uint16_t* wm, int64_t b0, int64_t n,
+                        uint8_t* dst, float* scale, float* minimum) {
+        const __m128i mask = _mm_set1_epi8(0x0f);
+        for (int64_t t = 0; t < n; ++t) {
+            const int64_t b = b0 + t;
+            const __m128i raw = _mm_loadu_si128((const __m128i*)(row + b * (QK / 2)));
+            _mm_storeu_si128((__m128i*)(dst + t * ROWS * DEPTH), _mm_and_si128(raw, mask));
+            _mm_storeu_si128((__m128i*)(dst + t * ROWS * DEPTH + 16), _mm_and_si128(_mm_srli_epi16(raw, 4), mask));
+            scale[t] = half_to_float(wd[b]);
+            minimum[t] = half_to_float(wm[b]);
+        }
+    }
+};
+
+// Q4_K, Q5_K: per sub-block of 32, scale d * sc and minimum -dmin * m. Q6_K: levels 0..63
+// weighing q - 32, the scale d * sc of each half sub-block of 16, so its minimum is -32 * scale.
+template <typename KQ> struct KBytes {
+    static constexpr int64_t DEPTH = KQ::MINS ? 32 : 16;
+    static void unpack8(const uint8_t* row, const uint16_t*, const uint16_t*, int64_t b0, int64_t n,
+                        uint8_t* dst, float* scale, float* minimum) {
+        for (int64_t s = b0 / SUBS; s < (b0 + n) / SUBS; ++s) {
+            const uint8_t* blk = row + s * KQ::BYTES;
+            if constexpr (KQ::MINS) {
+                KQ::scales(blk, scale, minimum);
+            } else {
+                const __m512 sc8 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(blk + 192))));
+                const __m512 sc = _mm512_mul_ps(sc8, _mm512_set1_ps(half_to_float(load_u16(blk + 208))));
+                _mm512_storeu_ps(scale, sc);
+                _mm512_storeu_ps(minimum, _mm512_mul_ps(sc, _mm512_set1_ps(-32.f)));
+            }
+            for (int j = 0; j < SUBS; ++j) {
+                const __m256i q = KQ::bytes(blk, j);
+                if constexpr (KQ::MINS) {
+                    _mm256_storeu_si256((__m256i*)(dst + j * ROWS * DEPTH), q);
+                } else {  // two products of 16
+                    _mm_storeu_si128((__m128i*)(dst + 2 * j * ROWS * DEPTH), _mm256_castsi256_si128(q));
+                    _mm_storeu_si128((__m128i*)(dst + (2 * j + 1) * ROWS * DEPTH), _mm256_extracti128_si256(q, 1));
+                }
+            }
+            const int64_t products = KQ::MINS ? SUBS : 2 * SUBS;
+            dst += products * ROWS * DEPTH;
+            scale += products;
+            minimum += products;
+        }
+    }
+};
+
+struct Chunk8 {
+    alignas(64) uint8_t ints[CHUNK_BLOCKS * QK * ROWS];
+    alignas(64) float scale[ROWS * MAX_STEPS], minimum[ROWS * MAX_STEPS];  // [row][product]
+};
+
+// The tokens as B operands of TDPBUSD: tile g holds `width` tokens as [K/4][width][4] int8;
+// `xs` [K/32][tiles * 16] each token's block scales, `sum16` [K/16][tiles * 16] each 16
+// inputs' xs * sum of ints, `sum32` [K/32][tiles * 16] the same over 32.
+struct Tokens8 {
+    std::vector<int8_t> q;
+    std::vector<float> xs, sum16, sum32;
+    int64_t width = 0, tiles = 0;
+};
+
+void lay_out_tokens8(const float* x, int64_t M, int64_t K, Tokens8& t) {
+    t.width = std::min(TILE_TOKENS, M);
+    t.tiles = (M + t.width - 1) / t.width;
+    const int64_t stride = t.tiles * TILE_TOKENS;
+    t.q.assign(t.tiles * t.width * K, 0);
+    t.xs.assign(K / QK * stride, 0.f);
+    t.sum32.assign(K / QK * stride, 0.f);
+    t.sum16.assign(K / 16 * stride, 0.f);
+    const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+    for (int64_t m = 0; m < M; ++m) {
+        const int64_t tile = m / t.width, col = m % t.width;
+        auto* groups = reinterpret_cast<uint32_t*>(t.q.data() + tile * t.width * K) + col;
+        const int64_t at = tile * TILE_TOKENS + col;
+        for (int64_t b = 0; b < K / QK; ++b) {
+            const float* src = x + m * K + b * QK;
+            const __m512 lo = _mm512_loadu_ps(src), hi = _mm512_loadu_ps(src + 16);
+            const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_and_ps(lo, absmask), _mm512_and_ps(hi, absmask)));
+            const float s = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
+            const __m512i qlo = _mm512_cvtps_epi32(_mm512_mul_ps(lo, _mm512_set1_ps(inv)));
+            const __m512i qhi = _mm512_cvtps_epi32(_mm512_mul_ps(hi, _mm512_set1_ps(inv)));
+            alignas(16) uint32_t bytes[8];
+            _mm_store_si128((__m128i*)bytes, _mm512_cvtsepi32_epi8(qlo));
+            _mm_store_si128((__m128i*)(bytes + 4), _mm512_cvtsepi32_epi8(qhi));
+            for (int i = 0; i < 8; ++i) groups[(b * 8 + i) * t.width] = bytes[i];
+            const float slo = s * (float)_mm512_reduce_add_epi32(qlo), shi = s * (float)_mm512_reduce_add_epi32(qhi);
+            t.xs[b * stride + at] = s;
+            t.sum16[2 * b * stride + at] = slo;
+            t.sum16[(2 * b + 1) * stride + at] = shi;
+            t.sum32[b * stride + at] = slo + shi;
+        }
+    }
+}
+
+// Tiles 0, 1: products (16 rows x width, int32); 2, 3: the level bytes (16 rows x depth);
+// 4, 5: the tokens (depth / 4 groups x width * 4 bytes).
+void configure_tiles8(int64_t depth, int64_t width) {
+    TileConfig cfg;
+    for (int t = 0; t < 6; ++t) {
+        cfg.rows[t] = (uint8_t)(t >= 4 ? depth / 4 : ROWS);
+        cfg.colsb[t] = (uint16_t)(t == 2 || t == 3 ? depth : width * 4);
+    }
+    _tile_loadconfig(&cfg);
+}
+
+#define PRODUCT8(TC, TA, TB, s)                                                      \
+    do {                                                                             \
+        _tile_loadd(TA, c.ints + (s) * ROWS * depth, depth);                         \
+        _tile_zero(TC);                                                              \
+        _tile_loadd(TB, t.q.data() + g * t.width * K + (first + (s) * depth) / 4 * t.width * 4, t.width * 4); \
+        _tile_dpbusd(TC, TA, TB);                                                    \
+    } while (0)
+
+#define ISSUE8(s0, n)                               \
+    do {                                            \
+        PRODUCT8(0, 2, 4, (s0));                    \
+        if ((n) > 1) PRODUCT8(1, 3, 5, (s0) + 1);   \
+    } while (0)
+
+inline void store_results8(int64_t n, int32_t (*out)[ROWS][TILE_TOKENS]) {
+    _tile_stored(0, out[0], 64);
+    if (n > 1) _tile_stored(1, out[1], 64);
+}
+
+template <typename Fmt>
+void multiply_chunk8(const Chunk8& c, int64_t products, int64_t first, const Tokens8& t, int64_t K, float* acc,
+                     int32_t (*out)[ROWS][TILE_TOKENS]) {
+    constexpr int64_t depth = Fmt::DEPTH;
+    const int64_t stride = t.tiles * TILE_TOKENS;
+    const std::vector<float>& sums = depth == 32 ? t.sum32 : t.sum16;
+    for (int64_t g = 0; g < t.tiles; ++g) {
+        float* a = acc + g * ROWS * TILE_TOKENS;
+        __m512 rows[ROWS];
+#pragma GCC unroll 16
+        for (int r = 0; r < ROWS; ++r) rows[r] = _mm512_loadu_ps(a + r * TILE_TOKENS);
+        int64_t done = 0, n = std::min(GROUP, products);
+        ISSUE8(0, n);
+        store_results8(n, out);
+        while (done < products) {
+            const int64_t next = done + n, m = std::min(GROUP, products - next);
+            if (m > 0) ISSUE8(next, m);
+            for (int64_t i = 0; i < n; ++i) {
+                const int64_t k0 = first + (done + i) * depth;
+                const float *sc = c.scale + done + i, *mn = c.minimum + done + i;
+                const __m512 xs = _mm512_loadu_ps(t.xs.data() + (k0 / QK) * stride + g * TILE_TOKENS);
+                const __m512 xsum = _mm512_loadu_ps(sums.data() + (k0 / depth) * stride + g * TILE_TOKENS);
+#pragma GCC unroll 16
+                for (int r = 0; r < ROWS; ++r) {
+                    const __m512 p = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512(out[i][r])), xs);
+                    rows[r] = _mm512_fmadd_ps(p, _mm512_set1_ps(sc[r * MAX_STEPS]), rows[r]);
+                    rows[r] = _mm512_fmadd_ps(xsum, _mm512_set1_ps(mn[r * MAX_STEPS]), rows[r]);
+                }
+            }
+            if (m > 0) store_results8(m, out);
+            done = next;
+            n = m;
+        }
+#pragma GCC unroll 16
+        for (int r = 0; r < ROWS; ++r) _mm512_storeu_ps(a + r * TILE_TOKENS, rows[r]);
+    }
+}
+#undef ISSUE8
+#undef PRODUCT8
+
+template <typename Fmt>
+void unpack_rows8(const Weight& w, int64_t n0, int64_t rows, int64_t b0, int64_t n, Chunk8& c) {
+    const int64_t nb = w.K / QK;
+    const int64_t from = b0 * w.row_bytes / nb, to = (b0 + n) * w.row_bytes / nb;
+    for (int64_t r = 0; r < rows; ++r) {
+        const uint8_t* row = w.qs + (n0 + r) * w.row_bytes;
+        for (int64_t off = from; off < to; off += 64) _mm_prefetch((const char*)row + off + STREAM_AHEAD, _MM_HINT_T0);
+        Fmt::unpack8(row, w.wd ? w.wd + (n0 + r) * nb : nullptr, w.wm ? w.wm + (n0 + r) * nb : nullptr, b0, n,
+                     c.ints + r * Fmt::DEPTH, c.scale + r * MAX_STEPS, c.minimum + r * MAX_STEPS);
+    }
+    const int64_t products = n * QK / Fmt::DEPTH;
+    for (int64_t t = 0; t < products; ++t)
+        for (int64_t r = rows; r < ROWS; ++r) c.scale[r * MAX_STEPS + t] = c.minimum[r * MAX_STEPS + t] = 0.f;
+}
+
+template <typename Fmt>
+void gemm8(const float* x, const Weight& w, const float* bias, float* y, int64_t M, int64_t ldy, int nthreads) {
+    static thread_local Tokens8 tokens;
+    lay_out_tokens8(x, M, w.K, tokens);
+    const Tokens8* t = &tokens;
+    const int64_t panels = (w.N + ROWS - 1) / ROWS;
+    request_tiles();
+#pragma omp parallel num_threads(nthreads)
+    {
+        alignas(64) int32_t out[GROUP][ROWS][TILE_TOKENS] = {};
+        static thread_local Chunk8 chunk;
+        static thread_local std::vector<float> acc;
+        acc.resize(t->tiles * ROWS * TILE_TOKENS);
+        configure_tiles8(Fmt::DEPTH, t->width);
+#pragma omp for schedule(static)
+        for (int64_t p = 0; p < panels; ++p) {
+            const int64_t n0 = p * ROWS, rows = std::min(ROWS, w.N - n0);
+            std::fill(acc.begin(), acc.end(), 0.f);
+            const int64_t nb = w.K / QK;
+            const NextPanel next(w, n0);
+            for (int64_t b0 = 0, ci = 0; b0 < nb; b0 += CHUNK_BLOCKS, ++ci) {
+                const int64_t n = std::min(CHUNK_BLOCKS, nb - b0);
+                next.ask(ci);
+                unpack_rows8<Fmt>(w, n0, rows, b0, n, chunk);
+                multiply_chunk8<Fmt>(chunk, n * QK / Fmt::DEPTH, b0 * QK, *t, w.K, acc.data(), out);
+            }
+            const float* bb = bias ? bias + n0 : nullptr;
+            for (int64_t m = 0; m < M; ++m) {
+                const float* a = acc.data() + (m / t->width) * ROWS * TILE_TOKENS + m % t->width;
+                for (int64_t r = 0; r < rows; ++r) y[m * ldy + n0 + r] = a[r * TILE_TOKENS] + (bb ? bb[r] : 0.f);
+            }
+        }
+        _tile_release();
+    }
+}
+
 }  // namespace
 
 void set_tile_bf16(bool on) { bf16_tokens.store(on, std::memory_order_relaxed); }
 
 void tile_linear(int64_t kind, const float* x, const uint8_t* qs, const uint16_t* wd, const uint16_t* wm,
-                 const float* bias, float* y, int64_t M, int64_t N, int64_t K, int64_t ldy, int nthreads) {
+                 const float* bias, float* y, int64_t M, int64_t N, int64_t K, int64_t ldy, bool int8, int nthreads) {
     const int64_t sb = K / QK_K;
+    if (int8 && M > PAIRED_TOKENS && !bf16_tokens.load(std::memory_order_relaxed)) {
+        switch (kind) {
+            case KIND_Q4_1: gemm8<Q4_1Bytes>(x, {qs, K / 2, wd, wm, N, K}, bias, y, M, ldy, nthreads); return;
+            case KIND_Q4_K: gemm8<KBytes<Q4K>>(x, {qs, sb * Q4K::BYTES, nullptr, nullptr, N, K}, bias, y, M, ldy, nthreads); return;
+            case KIND_Q5_K: gemm8<KBytes<Q5K>>(x, {qs, sb * Q5K::BYTES, nullptr, nullptr, N, K}, bias, y, M, ldy, nthreads); return;
+            case KIND_Q6_K: gemm8<KBytes<Q6K>>(x, {qs, sb * Q6K::BYTES, nullptr, nullptr, N, K}, bias, y, M, ldy, nthreads); return;
+            default: break;  // Q8_0: int8 tokens would be most of an 8-bit weight's error
+        }
+    }
     switch (kind) {
         case KIND_Q4_1: gemm<Q4_1Ints>(x, {qs, K / 2, wd, wm, N, K}, bias, y, M, ldy, nthreads); break;
         case KIND_Q8_0: gemm<Q8_0Ints>(x, {qs, K, wd, nullptr, N, K}, bias, y, M, ldy, nthreads); break;

@@ -49,7 +49,7 @@ enum Slot : int64_t {
     SLOTS = DOWN + 2,
 };
 enum Activation : int64_t { SILU = 0, GELU_TANH = 1 };
-constexpr int64_t PART = 7;  // a part of a linear: kind, rows, qs, scales, mins, bias, tile_from
+constexpr int64_t PART = 8;  // a part of a linear: kind, rows, qs, scales, mins, bias, tile_from, int8
 enum CacheType : int64_t { F32 = 0, F16_CACHE = 1, BF16_CACHE = 2, I8_CACHE = 3 };
 
 struct Dims {
@@ -73,7 +73,7 @@ void base_linear(const int64_t* slot, const float* x, float* y, int64_t M, int64
     for (int64_t i = 0; i < slot[1]; ++i, part += PART) {
         linear_blocks(part[0], x, reinterpret_cast<const uint8_t*>(part[2]), reinterpret_cast<const uint16_t*>(part[3]),
                       reinterpret_cast<const uint16_t*>(part[4]), reinterpret_cast<const float*>(part[5]), y + n0, M,
-                      part[1], K, N, part[6], nthreads);
+                      part[1], K, N, part[6], part[7], nthreads);
         n0 += part[1];
     }
 }

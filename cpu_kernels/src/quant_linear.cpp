@@ -451,14 +451,15 @@ extern "C" {
 
 void linear_blocks(int64_t kind, const float* x, const uint8_t* qs, const uint16_t* wd, const uint16_t* wm,
                    const float* bias, float* y, int64_t M, int64_t N, int64_t K, int64_t ldy, int64_t tile_from,
-                   int nthreads) {
+                   int64_t int8, int nthreads) {
 #ifdef PAGODE_AMX
     if (tile_from > 0 && M >= tile_from) {
-        tile_linear(kind, x, qs, wd, wm, bias, y, M, N, K, ldy, nthreads);
+        tile_linear(kind, x, qs, wd, wm, bias, y, M, N, K, ldy, int8 != 0, nthreads);
         return;
     }
 #else
     (void)tile_from;
+    (void)int8;
 #endif
     const int64_t super_blocks = K / QK_K;
     switch (kind) {

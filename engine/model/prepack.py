@@ -51,7 +51,7 @@ from engine.tuning import gemm_choice, kernel_crossover, race_memory
 
 log = logging.getLogger("pagode")
 
-FORMAT_VERSION = 4  # bump when the layout of a pack changes
+FORMAT_VERSION = 5  # bump when the layout of a pack changes
 PACKABLE_GEMMS = ("fp32", "bf16", "onednn")
 # A model's packs kept: a pack is hundreds of MiB, and every code or flag change keys a new
 # one. Other models' packs are not counted, so that serving several models, or starting a
@@ -93,6 +93,7 @@ def pack_key(model_path: Path, mode: str, dtype: torch.dtype, device: torch.devi
             "device": str(device), "max_tokens": max_tokens, "machine": race_memory.machine(),
             "quant_gemm": envs.QUANT_GEMM.get(), "crossover": envs.QUANT_CROSSOVER.get(),
             "tiles": envs.QUANT_TILES.get(), "tile_bf16": envs.TILE_BF16.get(),
+            "tile_int8": envs.TILE_INT8.get(),
             "sources": sources_digest()}
     return dict(json.loads(json.dumps(key)))  # plain JSON types (torch.__version__ is a str subclass)
 
@@ -152,7 +153,7 @@ def blocks_from(entry: list[dict[str, Any]] | None) -> Blocks | None:
     if entry is None:
         return None
     parts = tuple(BlockWeights(p["kind"], p["qs"], p["scales"], p["mins"], int(p["out_features"]),
-                               int(p["in_features"]), int(p["tile_from"])) for p in entry)
+                               int(p["in_features"]), int(p["tile_from"]), bool(p["int8_tokens"])) for p in entry)
     return parts[0] if len(parts) == 1 else BlockParts(parts)
 
 
@@ -245,7 +246,7 @@ def linear_entry(layer: QuantLinear) -> dict[str, Any]:
     b, g = layer.blocks, layer.gemm
     blocks = None if b is None else [{"kind": p.kind, "qs": p.qs, "scales": p.scales, "mins": p.mins,
                                       "out_features": p.out_features, "in_features": p.in_features,
-                                      "tile_from": p.tile_from}
+                                      "tile_from": p.tile_from, "int8_tokens": p.int8_tokens}
                                      for p in b.parts]
     gemm = None
     if isinstance(g, DenseGemm | Bf16Gemm):

@@ -52,6 +52,7 @@ class QuantReport:
     crossovers: dict[str, int] = field(default_factory=dict)  # "kind NxK" -> max kernel tokens
     gemms: dict[str, str] = field(default_factory=dict)  # "NxK" -> the big-step GEMM (fp32, bf16)
     tile_from: dict[str, int] = field(default_factory=dict)  # "kind NxK" -> tokens from which the tile body runs
+    int8_tokens: list[str] = field(default_factory=list)  # "kind NxK" whose tile body takes int8 tokens past 8
 
     def summary(self) -> str:
         cross = ", ".join(f"{k}: <= {v if v < NO_LIMIT else 'all'}" for k, v in self.crossovers.items())
@@ -60,7 +61,8 @@ class QuantReport:
         return (f"{self.layers} linear layers ({self.from_gguf} from the GGUF's own blocks); resident "
                 f"{self.block_bytes / 2**20:.0f} MiB of block weights + {self.dense_bytes / 2**20:.0f} MiB "
                 f"of {kinds} weights for big steps; block kernel up to [{cross}] tokens per call"
-                + (f", its AMX tile body from [{tiles}] tokens" if tiles else ""))
+                + (f", its AMX tile body from [{tiles}] tokens" if tiles else "")
+                + (f" (int8 tokens past 8 on [{', '.join(self.int8_tokens)}])" if self.int8_tokens else ""))
 
 
 def quantize_model(model: nn.Module, mode: str, raw: RawBlocks | None = None, max_tokens: int = 512,
@@ -228,20 +230,35 @@ def build_layer(blocks: Blocks, dense: Gemm | DenseFor, bias: torch.Tensor | Non
     if native.block_linear() is None:
         return QuantLinear(None, built(dense), bias, 0)
     shape = f"{blocks.kind} {blocks.out_features}x{blocks.in_features}"
+    for part in [*blocks.parts, *([] if raced is None else raced[0].parts)]:
+        part.int8_tokens = False  # exact until the races below say the layer keeps a GEMM
     tile_from = dispatch.switch_to_tiles(blocks, None if raced is None else raced[0])
     if tile_from:
         report.tile_from[shape] = tile_from
     if raced is not None:  # the raced rows run the tile body from the same count
         for part in raced[0].parts:
             part.tile_from = tile_from
+    crossover = kernel_crossover_of(blocks, dense, raced)
+    if crossover < max_tokens and tile_from and dispatch.int8_tokens_allowed():
+        # The layer keeps a GEMM for big steps, so its sizes between may trade the tile body's
+        # exact tokens for int8 ones: raced again, the kernel so switched against the GEMM.
+        for part in [*blocks.parts, *([] if raced is None else raced[0].parts)]:
+            part.int8_tokens = True
+        crossover = kernel_crossover_of(blocks, dense, raced)
+        if shape not in report.int8_tokens:
+            report.int8_tokens.append(shape)
+    report.crossovers[shape] = crossover
+    gemm = None if crossover >= max_tokens else built(dense)  # steps never get big enough for the GEMM
+    return QuantLinear(blocks, gemm, bias, crossover)
+
+
+def kernel_crossover_of(blocks: Blocks, dense: Gemm | DenseFor, raced: tuple[Blocks, Gemm | DenseFor] | None) -> int:
+    """Up to how many tokens the block kernel, as its parts are switched, beats the GEMM."""
     found = kernel_crossover.known(dispatch.shape_key(blocks))
     if found is None:
         timed_blocks, timed_gemm = (None, built(dense)) if raced is None else (raced[0], built(raced[1]))
         found = dispatch.measure(blocks, timed_gemm, timed_blocks)
-    crossover = found.max_kernel_tokens
-    report.crossovers[shape] = crossover
-    gemm = None if crossover >= max_tokens else built(dense)  # steps never get big enough for the GEMM
-    return QuantLinear(blocks, gemm, bias, crossover)
+    return found.max_kernel_tokens
 
 
 def built(dense: Gemm | DenseFor) -> Gemm:

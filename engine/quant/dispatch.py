@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import torch
 
-from engine import native
+from engine import envs, native
 from engine.quant.formats import Blocks, BlockWeights
 from engine.tuning import kernel_crossover
 from engine.tuning.timing import Crossover, best_time
@@ -43,7 +43,15 @@ def switch_to_tiles(blocks: Blocks, raced: Blocks | None = None) -> int:
 
 
 def shape_key(blocks: Blocks) -> tuple[str, int, int]:
-    return "+".join(p.kind for p in blocks.parts), blocks.out_features, blocks.in_features
+    """(formats, N, K), the formats marked where the tile body takes int8 tokens: that kernel
+    is raced against the GEMM apart from the exact one."""
+    kinds = "+".join(p.kind for p in blocks.parts)
+    return kinds + ("/int8" if blocks.parts[0].int8_tokens else ""), blocks.out_features, blocks.in_features
+
+
+def int8_tokens_allowed() -> bool:
+    """The tile body may take int8 tokens (PAGODE_TILE_INT8, and bf16 tokens not asked for)."""
+    return envs.TILE_INT8.get() and not envs.TILE_BF16.get()
 
 
 def first_rows(blocks: Blocks, rows: int) -> Blocks:
@@ -53,7 +61,8 @@ def first_rows(blocks: Blocks, rows: int) -> Blocks:
     if not isinstance(blocks, BlockWeights) or blocks.out_features <= rows:
         return blocks
     mins = None if blocks.mins is None else blocks.mins[:rows]
-    return BlockWeights(blocks.kind, blocks.qs[:rows], blocks.scales[:rows], mins, rows, blocks.in_features)
+    return BlockWeights(blocks.kind, blocks.qs[:rows], blocks.scales[:rows], mins, rows, blocks.in_features,
+                        blocks.tile_from, blocks.int8_tokens)
 
 
 def measure(blocks: Blocks, gemm: Callable[[torch.Tensor], torch.Tensor], raced: Blocks | None = None) -> Crossover:

@@ -42,6 +42,10 @@ class BlockWeights:
     # Steps of at least this many tokens run the kernel's AMX tile body, 0 none: measured at
     # load per shape (engine/tuning/kernel_crossover.py), like the crossover to a dense GEMM.
     tile_from: int = 0
+    # Whether the tile body's steps of more than 8 tokens take int8 tokens: set at load where
+    # the layer keeps a dense GEMM for bigger steps (engine/quant/apply.py), so that the kernel
+    # stands in for that GEMM's bf16 arithmetic at the sizes between; else exact on the blocks.
+    int8_tokens: bool = False
 
     @property
     def nbytes(self) -> int:
@@ -55,7 +59,7 @@ class BlockWeights:
         """The same weight with its output rows reordered (blocks run along K, so they stay intact)."""
         mins = None if self.mins is None else self.mins[index].contiguous()
         return BlockWeights(self.kind, self.qs[index].contiguous(), self.scales[index].contiguous(), mins,
-                            len(index), self.in_features, self.tile_from)
+                            len(index), self.in_features, self.tile_from, self.int8_tokens)
 
 
 @dataclass

