@@ -37,6 +37,26 @@ async def complete(http: httpx.AsyncClient, **fields: Any) -> dict[str, Any]:
     return dict(response.json())
 
 
+# The second of two identical requests may run in a step of another size (its prefix cached,
+# or beside another request), where the int4 weights' big-step GEMM rounds differently
+# (test_server_streams.QUANTIZED_NEAR_TIE_NATS): greedy runs may then part, at a near tie only.
+NEAR_TIE_NATS = 0.5
+
+
+def assert_same_or_parted_at_a_near_tie(a: list[Any], b: list[Any]) -> None:
+    """Two greedy runs' tokens (with their top logprobs) equal, or equal up to one position
+    where each run's two candidates lie within NEAR_TIE_NATS of each other."""
+    for x, y in zip(a, b, strict=False):
+        if x.token == y.token:
+            continue
+        top_a, top_b = {t.token: t.logprob for t in x.top_logprobs}, {t.token: t.logprob for t in y.top_logprobs}
+        assert y.token in top_a and x.token in top_b, (x, y)
+        assert abs(top_a[x.token] - top_a[y.token]) <= NEAR_TIE_NATS, (x, y)
+        assert abs(top_b[x.token] - top_b[y.token]) <= NEAR_TIE_NATS, (x, y)
+        return
+    assert len(a) == len(b)
+
+
 async def test_health_and_models(http: httpx.AsyncClient, model_name: str) -> None:
     health = await http.get("/health")
     assert health.status_code == 200
@@ -85,8 +105,8 @@ async def test_completion_stream_matches_non_stream(client: AsyncOpenAI,
 async def test_chat_stream_and_non_stream(client: AsyncOpenAI, model_name: str,
                                           http: httpx.AsyncClient) -> None:
     messages: Any = [{"role": "user", "content": "Say hello."}]
-    whole = await client.chat.completions.create(model=model_name, messages=messages,
-                                                 temperature=0, max_completion_tokens=10)
+    whole = await client.chat.completions.create(model=model_name, messages=messages, temperature=0,
+                                                 max_completion_tokens=10, logprobs=True, top_logprobs=5)
     assert whole.object == "chat.completion"
     assert whole.choices[0].message.role == "assistant"
     assert whole.choices[0].message.content
@@ -95,18 +115,18 @@ async def test_chat_stream_and_non_stream(client: AsyncOpenAI, model_name: str,
     assert whole.usage is not None
     assert whole.usage.prompt_tokens == tokenized["count"]
 
-    # The same prompt again would find its first blocks cached and prefill only the rest: a
-    # step of another size, whose bf16 GEMM may round differently. Streaming is what is
-    # compared here, so the second request starts from the same empty cache as the first.
-    assert (await http.post("/reset_prefix_cache", json={})).status_code == 200
     stream = await client.chat.completions.create(
-        model=model_name, messages=messages, temperature=0, max_completion_tokens=10,
-        stream=True, stream_options={"include_usage": True})
+        model=model_name, messages=messages, temperature=0, max_completion_tokens=10, logprobs=True,
+        top_logprobs=5, stream=True, stream_options={"include_usage": True})
     chunks = [chunk async for chunk in stream]
     assert all(c.object == "chat.completion.chunk" for c in chunks)
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    assert text == whole.choices[0].message.content
+    streamed = [t for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.content or []]
+    assert whole.choices[0].logprobs is not None and whole.choices[0].logprobs.content is not None
+    assert_same_or_parted_at_a_near_tie(whole.choices[0].logprobs.content, streamed)
+    if [t.token for t in streamed] == [t.token for t in whole.choices[0].logprobs.content]:
+        assert text == whole.choices[0].message.content
     assert chunks[-1].choices == []
     assert chunks[-1].usage is not None
     assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens

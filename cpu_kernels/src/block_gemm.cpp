@@ -231,8 +231,8 @@ struct NextPanel {
 // A chunk reads a little of each of 16 rows, short runs that the hardware prefetcher follows
 // poorly from memory, so each run's bytes STREAM_AHEAD on (a row or two later in the panel,
 // which is one contiguous run) are asked for as it is read.
-template <typename Fmt>
-void unpack_rows(const Weight& w, int64_t n0, int64_t rows, int64_t b0, int64_t n, Chunk& c) {
+template <typename Fmt, typename ChunkT>
+void unpack_rows(const Weight& w, int64_t n0, int64_t rows, int64_t b0, int64_t n, ChunkT& c) {
     const int64_t nb = w.K / QK;
     const int64_t from = b0 * w.row_bytes / nb, to = (b0 + n) * w.row_bytes / nb;
     for (int64_t r = 0; r < rows; ++r) {
@@ -330,14 +330,15 @@ void configure_tiles(int64_t depth, int64_t cols) {
 
 constexpr int64_t GROUP = 2;  // products in flight at a time
 
-// Products s0 and, if n is 2, s0 + 1 into result tiles 0 and 1.
-#define ISSUE(s0, n)                             \
-    do {                                         \
-        PRODUCT(0, 2, 4, (s0));                  \
-        if ((n) > 1) PRODUCT(1, 3, 5, (s0) + 1); \
+// Products s0 and, if n is 2, s0 + 1 into result tiles 0 and 1, each with PRODUCT_OF.
+#define ISSUE(PRODUCT_OF, s0, n)                        \
+    do {                                                \
+        PRODUCT_OF(0, 2, 4, (s0));                      \
+        if ((n) > 1) PRODUCT_OF(1, 3, 5, (s0) + 1);     \
     } while (0)
 
-inline void store_results(int64_t n, float (*out)[ROWS][TILE_TOKENS]) {
+template <typename T>
+inline void store_results(int64_t n, T (*out)[ROWS][TILE_TOKENS]) {
     _tile_stored(0, out[0], 64);
     if (n > 1) _tile_stored(1, out[1], 64);
 }
@@ -357,11 +358,11 @@ void multiply_chunk(const Chunk& c, int64_t products, int64_t first, const Token
         for (int r = 0; r < ROWS; ++r) rows[r] = _mm512_loadu_ps(a + r * TILE_TOKENS);
         const float* sums = t.sums.data() + (first / QK) * stride + g * TILE_TOKENS;
         int64_t done = 0, n = std::min(GROUP, products);
-        ISSUE(0, n);
+        ISSUE(PRODUCT, 0, n);
         store_results(n, out);
         while (done < products) {
             const int64_t next = done + n, m = std::min(GROUP, products - next);
-            if (m > 0) ISSUE(next, m);  // runs in the tile unit while the last group is scaled
+            if (m > 0) ISSUE(PRODUCT, next, m);  // runs in the tile unit while the last group is scaled
             for (int64_t i = 0; i < n; ++i) {
                 const float *sc = c.scale + done + i, *mn = c.minimum + done + i;
                 __m512 x = _mm512_setzero_ps();
@@ -380,7 +381,6 @@ void multiply_chunk(const Chunk& c, int64_t products, int64_t first, const Token
         for (int r = 0; r < ROWS; ++r) _mm512_storeu_ps(a + r * TILE_TOKENS, rows[r]);
     }
 }
-#undef ISSUE
 #undef PRODUCT
 
 // One panel of 16 rows against every token, a chunk of inputs at a time, into y.
@@ -526,12 +526,12 @@ void gemm(const float* x, const Weight& w, const float* bias, float* y, int64_t 
 // rounding. The integers cost no unpacking beyond a mask and a shift, and a product scales
 // 16 tokens at once, so a step of 32 tokens costs about what reading the blocks costs.
 
-// Per format: DEPTH, and `unpack8`, one row's
+// Per format: DEPTH, and `unpack`, one row's
 // blocks [b0, b0 + n) as level bytes, product t at dst + t * ROWS * DEPTH, its scale and
 // minimum at scale[t] and minimum[t] (minimum: what a level of 0 weighs, per unit of input).
 struct Q4_1Bytes {
     static constexpr int64_t DEPTH = 32;
-    static void unpack8(const uint8_t* row, const uint16_t* wd, const uint16_t* wm, int64_t b0, int64_t n,
+    static void unpack(const uint8_t* row, const uint16_t* wd, const uint16_t* wm, int64_t b0, int64_t n,
                         uint8_t* dst, float* scale, float* minimum) {
         const __m128i mask = _mm_set1_epi8(0x0f);
         for (int64_t t = 0; t < n; ++t) {
@@ -549,7 +549,7 @@ struct Q4_1Bytes {
 // weighing q - 32, the scale d * sc of each half sub-block of 16, so its minimum is -32 * scale.
 template <typename KQ> struct KBytes {
     static constexpr int64_t DEPTH = KQ::MINS ? 32 : 16;
-    static void unpack8(const uint8_t* row, const uint16_t*, const uint16_t*, int64_t b0, int64_t n,
+    static void unpack(const uint8_t* row, const uint16_t*, const uint16_t*, int64_t b0, int64_t n,
                         uint8_t* dst, float* scale, float* minimum) {
         for (int64_t s = b0 / SUBS; s < (b0 + n) / SUBS; ++s) {
             const uint8_t* blk = row + s * KQ::BYTES;
@@ -644,17 +644,6 @@ void configure_tiles8(int64_t depth, int64_t width) {
         _tile_dpbusd(TC, TA, TB);                                                    \
     } while (0)
 
-#define ISSUE8(s0, n)                               \
-    do {                                            \
-        PRODUCT8(0, 2, 4, (s0));                    \
-        if ((n) > 1) PRODUCT8(1, 3, 5, (s0) + 1);   \
-    } while (0)
-
-inline void store_results8(int64_t n, int32_t (*out)[ROWS][TILE_TOKENS]) {
-    _tile_stored(0, out[0], 64);
-    if (n > 1) _tile_stored(1, out[1], 64);
-}
-
 template <typename Fmt>
 void multiply_chunk8(const Chunk8& c, int64_t products, int64_t first, const Tokens8& t, int64_t K, float* acc,
                      int32_t (*out)[ROWS][TILE_TOKENS]) {
@@ -667,11 +656,11 @@ void multiply_chunk8(const Chunk8& c, int64_t products, int64_t first, const Tok
 #pragma GCC unroll 16
         for (int r = 0; r < ROWS; ++r) rows[r] = _mm512_loadu_ps(a + r * TILE_TOKENS);
         int64_t done = 0, n = std::min(GROUP, products);
-        ISSUE8(0, n);
-        store_results8(n, out);
+        ISSUE(PRODUCT8, 0, n);
+        store_results(n, out);
         while (done < products) {
             const int64_t next = done + n, m = std::min(GROUP, products - next);
-            if (m > 0) ISSUE8(next, m);
+            if (m > 0) ISSUE(PRODUCT8, next, m);
             for (int64_t i = 0; i < n; ++i) {
                 const int64_t k0 = first + (done + i) * depth;
                 const float *sc = c.scale + done + i, *mn = c.minimum + done + i;
@@ -684,7 +673,7 @@ void multiply_chunk8(const Chunk8& c, int64_t products, int64_t first, const Tok
                     rows[r] = _mm512_fmadd_ps(xsum, _mm512_set1_ps(mn[r * MAX_STEPS]), rows[r]);
                 }
             }
-            if (m > 0) store_results8(m, out);
+            if (m > 0) store_results(m, out);
             done = next;
             n = m;
         }
@@ -692,23 +681,8 @@ void multiply_chunk8(const Chunk8& c, int64_t products, int64_t first, const Tok
         for (int r = 0; r < ROWS; ++r) _mm512_storeu_ps(a + r * TILE_TOKENS, rows[r]);
     }
 }
-#undef ISSUE8
 #undef PRODUCT8
-
-template <typename Fmt>
-void unpack_rows8(const Weight& w, int64_t n0, int64_t rows, int64_t b0, int64_t n, Chunk8& c) {
-    const int64_t nb = w.K / QK;
-    const int64_t from = b0 * w.row_bytes / nb, to = (b0 + n) * w.row_bytes / nb;
-    for (int64_t r = 0; r < rows; ++r) {
-        const uint8_t* row = w.qs + (n0 + r) * w.row_bytes;
-        for (int64_t off = from; off < to; off += 64) _mm_prefetch((const char*)row + off + STREAM_AHEAD, _MM_HINT_T0);
-        Fmt::unpack8(row, w.wd ? w.wd + (n0 + r) * nb : nullptr, w.wm ? w.wm + (n0 + r) * nb : nullptr, b0, n,
-                     c.ints + r * Fmt::DEPTH, c.scale + r * MAX_STEPS, c.minimum + r * MAX_STEPS);
-    }
-    const int64_t products = n * QK / Fmt::DEPTH;
-    for (int64_t t = 0; t < products; ++t)
-        for (int64_t r = rows; r < ROWS; ++r) c.scale[r * MAX_STEPS + t] = c.minimum[r * MAX_STEPS + t] = 0.f;
-}
+#undef ISSUE
 
 template <typename Fmt>
 void gemm8(const float* x, const Weight& w, const float* bias, float* y, int64_t M, int64_t ldy, int nthreads) {
@@ -733,7 +707,7 @@ void gemm8(const float* x, const Weight& w, const float* bias, float* y, int64_t
             for (int64_t b0 = 0, ci = 0; b0 < nb; b0 += CHUNK_BLOCKS, ++ci) {
                 const int64_t n = std::min(CHUNK_BLOCKS, nb - b0);
                 next.ask(ci);
-                unpack_rows8<Fmt>(w, n0, rows, b0, n, chunk);
+                unpack_rows<Fmt>(w, n0, rows, b0, n, chunk);
                 multiply_chunk8<Fmt>(chunk, n * QK / Fmt::DEPTH, b0 * QK, *t, w.K, acc.data(), out);
             }
             const float* bb = bias ? bias + n0 : nullptr;
