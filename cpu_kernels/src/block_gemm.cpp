@@ -383,10 +383,11 @@ void multiply_chunk(const Chunk& c, int64_t products, int64_t first, const Token
 }
 #undef PRODUCT
 
-// One panel of 16 rows against every token, a chunk of inputs at a time, into y.
-template <typename Fmt>
-void panel_product(const Weight& w, const Tokens& t, int64_t n0, int64_t rows, int64_t M, const float* bias,
-                   float* y, int64_t ldy, Chunk& c, float* acc, float (*out)[ROWS][TILE_TOKENS]) {
+// One panel of 16 rows against every token, a chunk of inputs at a time, into y: the exact
+// body's (Tokens, Chunk) and the int8 body's (Tokens8, Chunk8), multiply_chunk for each.
+template <typename Fmt, typename TokensT, typename ChunkT, typename OutT>
+void panel_product(const Weight& w, const TokensT& t, int64_t n0, int64_t rows, int64_t M, const float* bias,
+                   float* y, int64_t ldy, ChunkT& c, float* acc, OutT (*out)[ROWS][TILE_TOKENS]) {
     const int64_t nb = w.K / QK;
     std::fill(acc, acc + t.tiles * ROWS * TILE_TOKENS, 0.f);
     const NextPanel next(w, n0);
@@ -590,6 +591,7 @@ struct Tokens8 {
     std::vector<int8_t> q;
     std::vector<float> xs, sum16, sum32;
     int64_t width = 0, tiles = 0;
+    static constexpr bool paired = false;  // as Tokens reads it: one token a column
 };
 
 void lay_out_tokens8(const float* x, int64_t M, int64_t K, Tokens8& t) {
@@ -645,8 +647,8 @@ void configure_tiles8(int64_t depth, int64_t width) {
     } while (0)
 
 template <typename Fmt>
-void multiply_chunk8(const Chunk8& c, int64_t products, int64_t first, const Tokens8& t, int64_t K, float* acc,
-                     int32_t (*out)[ROWS][TILE_TOKENS]) {
+void multiply_chunk(const Chunk8& c, int64_t products, int64_t first, const Tokens8& t, int64_t K, float* acc,
+                    int32_t (*out)[ROWS][TILE_TOKENS]) {
     constexpr int64_t depth = Fmt::DEPTH;
     const int64_t stride = t.tiles * TILE_TOKENS;
     const std::vector<float>& sums = depth == 32 ? t.sum32 : t.sum16;
@@ -701,20 +703,7 @@ void gemm8(const float* x, const Weight& w, const float* bias, float* y, int64_t
 #pragma omp for schedule(static)
         for (int64_t p = 0; p < panels; ++p) {
             const int64_t n0 = p * ROWS, rows = std::min(ROWS, w.N - n0);
-            std::fill(acc.begin(), acc.end(), 0.f);
-            const int64_t nb = w.K / QK;
-            const NextPanel next(w, n0);
-            for (int64_t b0 = 0, ci = 0; b0 < nb; b0 += CHUNK_BLOCKS, ++ci) {
-                const int64_t n = std::min(CHUNK_BLOCKS, nb - b0);
-                next.ask(ci);
-                unpack_rows<Fmt>(w, n0, rows, b0, n, chunk);
-                multiply_chunk8<Fmt>(chunk, n * QK / Fmt::DEPTH, b0 * QK, *t, w.K, acc.data(), out);
-            }
-            const float* bb = bias ? bias + n0 : nullptr;
-            for (int64_t m = 0; m < M; ++m) {
-                const float* a = acc.data() + (m / t->width) * ROWS * TILE_TOKENS + m % t->width;
-                for (int64_t r = 0; r < rows; ++r) y[m * ldy + n0 + r] = a[r * TILE_TOKENS] + (bb ? bb[r] : 0.f);
-            }
+            panel_product<Fmt>(w, *t, n0, rows, M, bias ? bias + n0 : nullptr, y + n0, ldy, chunk, acc.data(), out);
         }
         _tile_release();
     }

@@ -230,19 +230,19 @@ def build_layer(blocks: Blocks, dense: Gemm | DenseFor, bias: torch.Tensor | Non
     if native.block_linear() is None:
         return QuantLinear(None, built(dense), bias, 0)
     shape = f"{blocks.kind} {blocks.out_features}x{blocks.in_features}"
-    for part in [*blocks.parts, *([] if raced is None else raced[0].parts)]:
+    parts = [*blocks.parts, *([] if raced is None else raced[0].parts)]  # the raced rows switch as the layer
+    for part in parts:
         part.int8_tokens = False  # exact until the races below say the layer keeps a GEMM
     tile_from = dispatch.switch_to_tiles(blocks, None if raced is None else raced[0])
     if tile_from:
         report.tile_from[shape] = tile_from
-    if raced is not None:  # the raced rows run the tile body from the same count
-        for part in raced[0].parts:
-            part.tile_from = tile_from
+    for part in parts:
+        part.tile_from = tile_from
     crossover = kernel_crossover_of(blocks, dense, raced)
     if crossover < max_tokens and tile_from and dispatch.int8_tokens_allowed():
         # The layer keeps a GEMM for big steps, so its sizes between may trade the tile body's
         # exact tokens for int8 ones: raced again, the kernel so switched against the GEMM.
-        for part in [*blocks.parts, *([] if raced is None else raced[0].parts)]:
+        for part in parts:
             part.int8_tokens = True
         crossover = kernel_crossover_of(blocks, dense, raced)
         if shape not in report.int8_tokens:
