@@ -38,6 +38,13 @@ def _optional_str(text: str) -> str | None:
     return text
 
 
+def _gib(text: str) -> float:
+    value = float(text)
+    if value < 0:
+        raise ValueError("expected a size in GiB, 0 or more")
+    return value
+
+
 def _cpu_isa(text: str) -> str | None:
     if text.strip().lower() not in ("avx2", "avx512", "amx"):
         raise ValueError("expected avx2, avx512 or amx")
@@ -142,6 +149,11 @@ RACE_CACHE: EnvVar[bool] = EnvVar(
     "PAGODE_RACE_CACHE", _flag, True,
     "0: race the kernels at every load and keep nothing (engine/tuning/race_memory.py); 1 (the "
     "default): a result measured on this machine is read back instead of measured again.")
+PACK_KEEP_FREE_GIB: EnvVar[float] = EnvVar(
+    "PAGODE_PACK_KEEP_FREE_GIB", _gib, 4.0,
+    "The free disk space, in GiB, that saving a pack of prepacked weights must leave under "
+    "PAGODE_CACHE_DIR/prepacked (engine/model/prepack.py): a pack is a cache, and the disk may "
+    "be the one the models and logs need; 0 saves a pack wherever it fits.")
 HEAP_KEEP: EnvVar[bool] = EnvVar(
     "PAGODE_HEAP_KEEP", _flag, True,
     "1 (the default): once a model is loaded, glibc keeps freed big blocks in the heap for the "
@@ -167,7 +179,7 @@ CXX: EnvVar[str | None] = EnvVar(
 ALL: tuple[EnvVar[object], ...] = (CACHE_DIR, CPU_KERNEL, CPU_ISA, QUANT_KERNEL, DECODE_STEP,  # type: ignore[assignment]
                                    PREFILL_KERNEL, PREFILL_BF16, ATTENTION_BACKEND, QUANT_GEMM, QUANT_CROSSOVER,
                                    QUANT_TILES, TILE_BF16, TILE_INT8, FBGEMM_REDUCE_RANGE,
-                                   RACE_CACHE, HEAP_KEEP, KV_POPULATE, API_KEY)
+                                   RACE_CACHE, PACK_KEEP_FREE_GIB, HEAP_KEEP, KV_POPULATE, API_KEY)
 
 
 def describe() -> str:

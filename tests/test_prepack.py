@@ -36,7 +36,9 @@ def cache(tmp_path: Path) -> dict[str, str]:
     (run_cache / "races").mkdir(parents=True, exist_ok=True)
     own = cache_sharing_builds(tmp_path / "cache", run_cache)
     (own / "races").symlink_to((run_cache / "races").resolve(), target_is_directory=True)
-    return {"PAGODE_CACHE_DIR": str(own)}
+    # the pack is small; the default margin of free disk is for real models' packs, and a
+    # machine's free space is no part of what these starts test
+    return {"PAGODE_CACHE_DIR": str(own), "PAGODE_PACK_KEEP_FREE_GIB": "0"}
 
 
 def greedy(server: ServerProcess) -> tuple[list[str], list[float]]:
@@ -165,15 +167,22 @@ def test_a_pack_that_would_fill_the_disk_is_not_written(tmp_path: Path, monkeypa
     model = torch.nn.Linear(256, 256)
     size = prepack.pack_bytes({"state": model.state_dict(), "tied": model.weight})
     assert size == (256 * 256 + 256) * 4  # the tied weight counts once
-    path = tmp_path / "pack.pt"
-    disk = {"free": prepack.MIN_FREE_BYTES + size // 2}
+    monkeypatch.delenv("PAGODE_PACK_KEEP_FREE_GIB", raising=False)
+    assert prepack.min_free_bytes() == 4 << 30  # the default margin
+    disk = {"free": 0}
     monkeypatch.setattr(prepack.shutil, "disk_usage", lambda _: SimpleNamespace(free=disk["free"]))
-    with caplog.at_level("WARNING", logger="pagode"):
+    for margin in ("", "0.5"):  # the default, then a margin the variable sets
+        monkeypatch.setenv("PAGODE_PACK_KEEP_FREE_GIB", margin)
+        path = tmp_path / f"pack{margin}.pt"
+        disk["free"] = prepack.min_free_bytes() + size // 2
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="pagode"):
+            prepack.write(model, path, {"k": 1}, "summary", 0.1)
+        assert not path.exists() and "not saved" in caplog.text
+        disk["free"] = prepack.min_free_bytes() + 2 * size
         prepack.write(model, path, {"k": 1}, "summary", 0.1)
-    assert not path.exists() and "not saved" in caplog.text
-    disk["free"] = prepack.MIN_FREE_BYTES + 2 * size
-    prepack.write(model, path, {"k": 1}, "summary", 0.1)
-    assert path.exists()
+        assert path.exists()
+    assert prepack.min_free_bytes() == 1 << 29
 
 
 def test_the_pack_is_written_at_the_lowest_cpu_priority() -> None:

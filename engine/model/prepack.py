@@ -57,9 +57,6 @@ PACKABLE_GEMMS = ("fp32", "bf16", "onednn")
 # one. Other models' packs are not counted, so that serving several models, or starting a
 # small one beside, does not evict a model's pack and pack it again at its next start.
 KEEP_PACKS = 3
-# A pack is a cache: it is not written where it would leave less than this free on the disk,
-# since the disk may be the one the models, the logs and other programs need.
-MIN_FREE_BYTES = 4 << 30
 # The races whose winners a pack's layers carry: a start from the pack runs none of them, and
 # lists their results as kept (engine/tuning/tuning.py's kernel_choices).
 LAYER_RACES = (kernel_crossover.BLOCK_KERNEL, gemm_choice.RACE, kernel_crossover.TILE_BODY)
@@ -188,11 +185,11 @@ def write(model: nn.Module, path: Path, key: dict[str, Any], summary: str, packe
         "races": json.loads(json.dumps(race_memory.taken_of(LAYER_RACES), sort_keys=True))}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        size, free = pack_bytes(pack), shutil.disk_usage(path.parent).free
-        if free - size < MIN_FREE_BYTES:
+        size, free, keep_free = pack_bytes(pack), shutil.disk_usage(path.parent).free, min_free_bytes()
+        if free - size < keep_free:
             log.warning("weights: packed in %.2f s; not saved: the pack's %.1f GiB would leave %.1f GiB free on "
-                        "the disk of %s (at least %.0f GiB is kept free)", packed_s, size / 2**30,
-                        (free - size) / 2**30, path.parent, MIN_FREE_BYTES / 2**30)
+                        "the disk of %s (at least %g GiB is kept free: PAGODE_PACK_KEEP_FREE_GIB)", packed_s,
+                        size / 2**30, (free - size) / 2**30, path.parent, keep_free / 2**30)
             return
         with tempfile.NamedTemporaryFile(dir=path.parent, delete=False, suffix=".tmp") as f:
             try:
@@ -206,6 +203,12 @@ def write(model: nn.Module, path: Path, key: dict[str, Any], summary: str, packe
         return
     log.info("weights: packed in %.2f s, saved to %s in %.2f s", packed_s, path, time.perf_counter() - start)
     prune(path.parent, keep=path)
+
+
+def min_free_bytes() -> int:
+    """A pack is a cache: it is not written where it would leave less than this free on the
+    disk, since the disk may be the one the models, the logs and other programs need."""
+    return int(envs.PACK_KEEP_FREE_GIB.get() * 2**30)
 
 
 def pack_bytes(pack: Any) -> int:
