@@ -1,10 +1,13 @@
 """The parts of server/fleet/ that need no cluster: a prompt's routing keys are the engine's
-own block hashes, the merged /metrics page is valid Prometheus text with one series per
-replica, and the ingress answers a replica lost mid-answer with an error, never an empty 200."""
+own block hashes, the prefix router offers only its prefix's replica until that one is full
+or the request has waited, the merged /metrics page is valid Prometheus text with one series
+per replica, and the ingress answers a replica lost mid-answer with an error, never an empty 200."""
 
 from __future__ import annotations
 
 import json
+import time
+from types import SimpleNamespace
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -13,7 +16,10 @@ from engine.core.block_manager import BlockManager
 from engine.core.sequence import Sequence
 from engine.sampling_params import SamplingParams
 from server.fleet.block_keys import KEY_MASK, cached_keys, prompt_keys
+from server.fleet.relay import RelayRequest
 from server.fleet.replica_metrics import merge_metrics
+
+ray_router = pytest.importorskip("server.fleet.prefix_router")
 
 
 def test_prompt_keys_are_the_block_managers_hashes_of_what_it_can_reuse() -> None:
@@ -27,6 +33,30 @@ def test_prompt_keys_are_the_block_managers_hashes_of_what_it_can_reuse() -> Non
     assert set(prompt_keys(tokens, 16)) <= set(cached_keys(manager.cached_hashes()))
     # The last token is always computed, so a prompt of exactly three blocks has two reusable ones.
     assert len(prompt_keys(tokens[:48], 16)) == 2
+
+
+async def test_the_prefix_router_offers_its_replica_alone_until_it_is_full_or_the_request_waited() -> None:
+    """Ray falls through to the next rank whenever a replica misses a queue-length probe's
+    deadline (a busy replica on a loaded machine): offering the rest too would send a prompt
+    away from its cached prefix. They are offered once the replica is full or the request
+    has waited spill_after_s."""
+    router = ray_router.PrefixAffinityRouter.__new__(ray_router.PrefixAffinityRouter)
+    router.initialize_state(spill_after_s=3.0, seed=0)
+    holder, other = (SimpleNamespace(replica_id=name, max_ongoing_requests=8, routing_stats={"block_keys": keys})
+                     for name, keys in (("holder", [11, 12, 13]), ("other", [21])))
+    queues: dict[str, int] = {}
+    router._replica_queue_len_cache = SimpleNamespace(get=queues.get)
+
+    def pending(age_s: float) -> SimpleNamespace:
+        return SimpleNamespace(args=[RelayRequest("POST", "/v1/chat/completions", block_keys=[11, 12, 99])],
+                               created_at=time.time() - age_s)
+
+    assert await router.choose_replicas([other, holder], pending(0.0)) == [[holder]]
+    queues.update(holder=3, other=0)
+    assert await router.choose_replicas([other, holder], pending(0.0)) == [[holder]]
+    assert await router.choose_replicas([other, holder], pending(3.5)) == [[holder], [other]]
+    queues["holder"] = 8
+    assert await router.choose_replicas([other, holder], pending(0.0)) == [[holder], [other]]
 
 
 def test_merged_metrics_label_each_replica_and_write_each_family_once() -> None:

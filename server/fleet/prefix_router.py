@@ -9,6 +9,11 @@ no replica holds goes to the replica sent the fewest distinct prefixes lately, s
 prefixes spread over the replicas instead of piling onto one. When the replicas' queues differ by more
 than `imbalanced_threshold` requests, load wins: the least loaded replica takes it.
 
+The chosen replica is the only rank offered until it is known to be full or the request has
+waited `spill_after_s`: Ray falls through to a later rank whenever a replica misses its
+queue-length probe's deadline (0.1 s at first), which a replica busy prefilling on a loaded
+machine does, and a spill to a replica without the prefix costs a full prefill there.
+
 Unlike Ray's PrefixCacheAffinityRouter (a character tree of the prompts it routed), this
 reads what the engines really hold, so an evicted prefix stops attracting its prompts.
 
@@ -30,14 +35,18 @@ POLICIES = ("prefix", "random")
 
 class PrefixAffinityRouter(RequestRouter):
     def initialize_state(self, policy: str = "prefix", imbalanced_threshold: int = 8,
-                         remembered_s: float = 30.0, seed: int | None = None, **_: Any) -> None:
+                         remembered_s: float = 30.0, spill_after_s: float = 3.0, seed: int | None = None,
+                         **_: Any) -> None:
         """Set from RequestRouterConfig.request_router_kwargs. `remembered_s`: how long a
-        routing choice counts as cached there without a replica's report confirming it."""
+        routing choice counts as cached there without a replica's report confirming it;
+        `spill_after_s`: how long a request waits for its prefix's replica to answer before
+        another may take it."""
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, not {policy!r}")
         self.policy = policy
         self.imbalanced_threshold = imbalanced_threshold
         self.remembered_s = remembered_s
+        self.spill_after_s = spill_after_s
         self.rng = random.Random(seed)
         self.sent: dict[ReplicaID, dict[int, float]] = {}  # replica -> key -> when sent
         self.heads: dict[ReplicaID, dict[int, float]] = {}  # replica -> first key -> when sent
@@ -68,7 +77,9 @@ class PrefixAffinityRouter(RequestRouter):
             return [candidate_replicas]
         best = self.rank_by_prefix(candidate_replicas, keys)
         rest = [r for r in candidate_replicas if r not in best]
-        return [best, rest] if rest else [best]
+        if rest and (self.full(best[0]) or waited_s(pending_request) > self.spill_after_s):
+            return [best, rest]
+        return [best]
 
     def rank_by_prefix(self, candidates: list[RunningReplica], keys: list[int]) -> list[RunningReplica]:
         """The replica holding the longest run of the prompt's leading blocks, or, when none
@@ -109,6 +120,11 @@ class PrefixAffinityRouter(RequestRouter):
         known = [n for n in lengths if n is not None]
         return len(known) > 1 and max(known) - min(known) > self.imbalanced_threshold
 
+    def full(self, replica: RunningReplica) -> bool:
+        """Whether the replica's last known queue holds as many requests as it takes."""
+        length = self._replica_queue_len_cache.get(replica.replica_id)
+        return length is not None and length >= replica.max_ongoing_requests
+
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID,
                           result: Any) -> None:
         request = relay_request(pending_request)
@@ -126,6 +142,11 @@ def relay_request(pending_request: PendingRequest | None) -> RelayRequest | None
         return None
     first = pending_request.args[0]
     return first if isinstance(first, RelayRequest) else None
+
+
+def waited_s(pending_request: PendingRequest | None) -> float:
+    """Seconds since the request was handed to the router (Ray stamps it with time.time())."""
+    return time.time() - pending_request.created_at if pending_request is not None else 0.0
 
 
 def leading_run(keys: list[int], held: set[int]) -> int:
