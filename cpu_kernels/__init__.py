@@ -7,10 +7,11 @@
     isa.py              what this CPU can run, detected at run time, and the target level
     build.py            the compiler flags, the sources per level, the cache key, the build
     library.py          load(Settings) -> Library: build or find, open, bind
-    paged_attention.py, prefill_attention.py, quant_linear.py, fused_ops_kernel.py,
-    decode_step_kernel.py
+    paged_attention.py, prefill_attention.py, quant_linear.py, bf16_gemm_kernel.py,
+    fused_ops_kernel.py, decode_step_kernel.py
                         the bindings, taking torch tensors (PagedAttentionKernel,
-                        PrefillAttentionKernel, BlockLinear, FusedOpsKernel, DecodeStepKernel)
+                        PrefillAttentionKernel, BlockLinear, Bf16GemmKernel, FusedOpsKernel,
+                        DecodeStepKernel)
 
 The engine depends on this package (engine/native.py hands it the engine's settings), never
 the other way round, as with cuda_kernels.

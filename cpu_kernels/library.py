@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cpu_kernels import build, isa
+from cpu_kernels.bf16_gemm_kernel import Bf16GemmKernel
 from cpu_kernels.decode_step_kernel import DecodeStepKernel
 from cpu_kernels.dequantize import Dequantizer
 from cpu_kernels.fused_ops_kernel import FusedOpsKernel
@@ -51,6 +52,7 @@ class Library:
         self.prefill_attention = (PrefillAttentionKernel(lib) if _has(lib, PrefillAttentionKernel.SYMBOLS)
                                   else None)
         self.dequantize = Dequantizer(lib) if _has(lib, Dequantizer.SYMBOLS) else None
+        self.bf16_gemm = Bf16GemmKernel(lib) if _has(lib, Bf16GemmKernel.SYMBOLS) else None
 
 
 def _has(lib: ctypes.CDLL, symbols: tuple[str, ...]) -> bool:

@@ -141,6 +141,11 @@ TILE_INT8: EnvVar[bool] = EnvVar(
     "on the tile unit's int8 products (every format but Q8_0): faster from 9 to 32 tokens, but "
     "a prompt's greedy tokens then depend on whether it crosses 8 tokens; 0 (the default): "
     "exact on the blocks at every size. PAGODE_TILE_BF16=1 takes precedence.")
+BF16_KERNEL: EnvVar[bool] = EnvVar(
+    "PAGODE_BF16_KERNEL", _flag, True,
+    "1 (the default): where the kernels are built for AMX, a layer's bf16 GEMM runs steps of up to "
+    "the size a load-time race finds on pagode's own AMX kernel, on the same weight as oneDNN "
+    "(engine/tuning/bf16_crossover.py); 0: oneDNN's at every size.")
 FBGEMM_REDUCE_RANGE: EnvVar[bool] = EnvVar(
     "PAGODE_FBGEMM_REDUCE_RANGE", _flag, True,
     "fbgemm's int8 activations use a 7-bit range (1, the default) so that AVX2's 16-bit pair "
@@ -178,7 +183,7 @@ CXX: EnvVar[str | None] = EnvVar(
 
 ALL: tuple[EnvVar[object], ...] = (CACHE_DIR, CPU_KERNEL, CPU_ISA, QUANT_KERNEL, DECODE_STEP,  # type: ignore[assignment]
                                    PREFILL_KERNEL, PREFILL_BF16, ATTENTION_BACKEND, QUANT_GEMM, QUANT_CROSSOVER,
-                                   QUANT_TILES, TILE_BF16, TILE_INT8, FBGEMM_REDUCE_RANGE,
+                                   QUANT_TILES, TILE_BF16, TILE_INT8, BF16_KERNEL, FBGEMM_REDUCE_RANGE,
                                    RACE_CACHE, PACK_KEEP_FREE_GIB, HEAP_KEEP, KV_POPULATE, API_KEY)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cpu_kernels import Level, Library, Settings, load
+from cpu_kernels.bf16_gemm_kernel import Bf16GemmKernel
 from cpu_kernels.decode_step_kernel import DecodeStepKernel
 from cpu_kernels.dequantize import Dequantizer
 from cpu_kernels.fused_ops_kernel import FusedOpsKernel
@@ -82,6 +83,12 @@ def bf16_dot_products() -> bool:
     use them: elsewhere bf16 arithmetic is emulated and never pays."""
     target = cpu_target()
     return target.target in ("avx512", "amx") and any(f in target.flags for f in ("avx512_bf16", "amx_bf16"))
+
+
+def bf16_gemm() -> Bf16GemmKernel | None:
+    """The AMX bf16 GEMM for steps of tens of tokens (amx builds only)."""
+    lib = library()
+    return None if lib is None else lib.bf16_gemm
 
 
 def fused_ops() -> FusedOpsKernel | None:

@@ -46,7 +46,8 @@ def machine() -> dict[str, Any]:
     lib = native.library()
     return {"cpu": target.model, "flags": list(target.flags), "target": target.target,
             "kernels": None if lib is None else lib.path.name, "torch": torch.__version__,
-            "threads": torch.get_num_threads(), "tile_bf16": envs.TILE_BF16.get()}
+            "threads": torch.get_num_threads(), "tile_bf16": envs.TILE_BF16.get(),
+            "bf16_kernel": envs.BF16_KERNEL.get()}
 
 
 def path_for(described: dict[str, Any]) -> Path:
