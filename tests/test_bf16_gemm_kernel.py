@@ -25,7 +25,7 @@ def product(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torc
 
 
 @needs_kernel
-@pytest.mark.parametrize(("m", "n", "k"), [(1, 64, 64), (15, 48, 96), (17, 4096, 256), (33, 80, 2048),
+@pytest.mark.parametrize(("m", "n", "k"), [(1, 64, 64), (15, 48, 96), (17, 4096, 256), (33, 80, 2048), (57, 48, 96),
                                            (130, 32, 160)])
 @pytest.mark.parametrize("bf16_in", [False, True])
 def test_the_kernel_sums_the_bf16_products_in_fp32(m: int, n: int, k: int, bf16_in: bool) -> None:

@@ -6,10 +6,12 @@
 // Here the weight is the tiles' A operand, 16 rows by 32 values loaded straight from the
 // row-major matrix (a row stride of K), so nothing is repacked; the tokens are B, laid out
 // once per call as pairs of values (the layout TDPBF16PS reads). Each thread takes panels of
-// 32 weight rows and runs them against the tokens 32 at a time: four accumulator tiles of
-// 16 rows by 16 tokens, two weight tiles, two token tiles. The weight panel is read from
-// memory for the first 32 tokens and from cache for the rest. An accumulator comes out as
-// rows by tokens and is transposed in registers into y's token rows.
+// 32 weight rows. Up to 32 tokens, and from 65, a panel runs against 32 tokens at a time:
+// four accumulator tiles of 16 rows by 16 tokens, two weight tiles, two token tiles (the
+// panel comes from memory for the first 32 tokens and from cache for the rest). At 33-64
+// tokens each 16 rows run against all the tokens at once (three or four accumulators), so the
+// rows come from memory once. An accumulator comes out as rows by tokens and is transposed in
+// registers into y's token rows.
 #include "bf16_gemm.h"
 
 #include "amx_tiles.h"
@@ -100,6 +102,80 @@ void write_tile(const float* acc, const float* bias, void* y, int y_out, int64_t
     }
 }
 
+const uint16_t* token_tile(const uint32_t* t, int64_t tile, int64_t K) {
+    return reinterpret_cast<const uint16_t*>(t + tile * TOKENS * (K / 2));
+}
+
+// 32 weight rows (w0, w1) by 32 tokens (b0, b1; b1 unused unless two_tokens) into acc[4]:
+// [rows 0-15 | rows 16-31] x [tokens 0-15 | tokens 16-31] as acc[0], acc[1], acc[2], acc[3].
+void rows32_tokens32(const uint16_t* w0, const uint16_t* w1, const uint16_t* b0, const uint16_t* b1,
+                     bool two_tokens, int64_t steps, int64_t ld, float (*acc)[16 * 16]) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int64_t s = 0; s < steps; ++s) {
+        _tile_loadd(4, w0 + s * STEP, ld);
+        _tile_loadd(5, w1 + s * STEP, ld);
+        _tile_loadd(6, b0 + s * STEP * TOKENS, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 5, 6);
+        if (two_tokens) {
+            _tile_loadd(7, b1 + s * STEP * TOKENS, 64);
+            _tile_dpbf16ps(2, 4, 7);
+            _tile_dpbf16ps(3, 5, 7);
+        }
+    }
+    _tile_stored(0, acc[0], 64);
+    _tile_stored(1, acc[1], 64);
+    _tile_stored(2, acc[2], 64);
+    _tile_stored(3, acc[3], 64);
+}
+
+// 16 weight rows by T token tiles (T <= 4) into acc[0..T-1]: the rows' tile alternates
+// between tiles 4 and 7 from one step of K to the next and the tokens' between 5 and 6, so a
+// load never waits on the product still reading its register.
+template <int T>
+void rows16_tokens(const uint16_t* w, const uint16_t* b, int64_t K, int64_t steps, int64_t ld,
+                   float (*acc)[16 * 16]) {
+    const int64_t tile = TOKENS * K;  // bf16 values per token tile
+    _tile_zero(0);
+    if constexpr (T > 1) _tile_zero(1);
+    if constexpr (T > 2) _tile_zero(2);
+    if constexpr (T > 3) _tile_zero(3);
+    // The tile intrinsics take their register numbers as literals, hence a macro per register.
+#define PAGODE_ROWS16_STEP(A, s)                                  \
+    {                                                             \
+        const uint16_t* bs = b + (s) * STEP * TOKENS;             \
+        _tile_loadd(A, w + (s) * STEP, ld);                       \
+        _tile_loadd(5, bs, 64);                                   \
+        _tile_dpbf16ps(0, A, 5);                                  \
+        if constexpr (T > 1) {                                    \
+            _tile_loadd(6, bs + tile, 64);                        \
+            _tile_dpbf16ps(1, A, 6);                              \
+        }                                                         \
+        if constexpr (T > 2) {                                    \
+            _tile_loadd(5, bs + 2 * tile, 64);                    \
+            _tile_dpbf16ps(2, A, 5);                              \
+        }                                                         \
+        if constexpr (T > 3) {                                    \
+            _tile_loadd(6, bs + 3 * tile, 64);                    \
+            _tile_dpbf16ps(3, A, 6);                              \
+        }                                                         \
+    }
+    int64_t s = 0;
+    for (; s + 1 < steps; s += 2) {
+        PAGODE_ROWS16_STEP(4, s)
+        PAGODE_ROWS16_STEP(7, s + 1)
+    }
+    if (s < steps) PAGODE_ROWS16_STEP(4, s)
+#undef PAGODE_ROWS16_STEP
+    _tile_stored(0, acc[0], 64);
+    if constexpr (T > 1) _tile_stored(1, acc[1], 64);
+    if constexpr (T > 2) _tile_stored(2, acc[2], 64);
+    if constexpr (T > 3) _tile_stored(3, acc[3], 64);
+}
+
 }  // namespace
 
 extern "C" void bf16_gemm(const void* x, int x_bf16, const uint16_t* w, const float* bias, void* y, int y_out,
@@ -124,31 +200,28 @@ extern "C" void bf16_gemm(const void* x, int x_bf16, const uint16_t* w, const fl
             const int64_t row0 = p * 2 * ROWS;
             const bool two_rows = row0 + ROWS < N;  // N % 32 == 16 leaves a last panel of one tile
             const uint16_t* w0 = w + row0 * K;
+            if (tiles == 3 || tiles == 4) {
+                // 33-64 tokens: each 16 rows against all the tokens at once, so that the rows
+                // come from memory once (in pairs of token tiles, the second pair would read
+                // them again from cache, for a third of the step's time).
+                for (int64_t half = 0; half < (two_rows ? 2 : 1); ++half) {
+                    const uint16_t* wr = w0 + half * ROWS * K;
+                    if (tiles == 3)
+                        rows16_tokens<3>(wr, token_tile(t, 0, K), K, steps, ld, acc);
+                    else
+                        rows16_tokens<4>(wr, token_tile(t, 0, K), K, steps, ld, acc);
+                    for (int64_t c = 0; c < tiles; ++c)
+                        write_tile(acc[c], bias, y, y_out, N, row0 + half * ROWS, c * TOKENS, M);
+                }
+                continue;
+            }
+            // Otherwise the panel's 32 rows against 32 tokens at a time: from 65 tokens on, the
+            // fewer tile loads per product of this block beat reading the rows once.
             const uint16_t* w1 = two_rows ? w0 + ROWS * K : w0;
             for (int64_t g = 0; g < tiles; g += 2) {
                 const bool two_tokens = g + 1 < tiles;
-                const uint16_t* b0 = reinterpret_cast<const uint16_t*>(t + g * TOKENS * (K / 2));
-                const uint16_t* b1 = reinterpret_cast<const uint16_t*>(t + (g + (two_tokens ? 1 : 0)) * TOKENS * (K / 2));
-                _tile_zero(0);
-                _tile_zero(1);
-                _tile_zero(2);
-                _tile_zero(3);
-                for (int64_t s = 0; s < steps; ++s) {
-                    _tile_loadd(4, w0 + s * STEP, ld);
-                    _tile_loadd(5, w1 + s * STEP, ld);
-                    _tile_loadd(6, b0 + s * STEP * TOKENS, 64);
-                    _tile_dpbf16ps(0, 4, 6);
-                    _tile_dpbf16ps(1, 5, 6);
-                    if (two_tokens) {
-                        _tile_loadd(7, b1 + s * STEP * TOKENS, 64);
-                        _tile_dpbf16ps(2, 4, 7);
-                        _tile_dpbf16ps(3, 5, 7);
-                    }
-                }
-                _tile_stored(0, acc[0], 64);
-                _tile_stored(1, acc[1], 64);
-                _tile_stored(2, acc[2], 64);
-                _tile_stored(3, acc[3], 64);
+                rows32_tokens32(w0, w1, token_tile(t, g, K), token_tile(t, two_tokens ? g + 1 : g, K), two_tokens,
+                                steps, ld, acc);
                 for (int h = 0; h < 4; ++h) {
                     const bool second_rows = h % 2 == 1, second_tokens = h >= 2;
                     if ((second_rows && !two_rows) || (second_tokens && !two_tokens)) continue;
