@@ -16,7 +16,6 @@ extensions that its sampler does not run) are refused on every endpoint.
 from __future__ import annotations
 
 import ast
-import asyncio
 import re
 from functools import cache
 from pathlib import Path
@@ -288,7 +287,13 @@ async def test_fields_that_change_no_output_are_taken(http: httpx.AsyncClient) -
 
 
 async def texts(http: httpx.AsyncClient, path: str, bodies: list[dict[str, Any]]) -> list[str]:
-    answers = await asyncio.gather(*(http.post(path, json=body) for body in bodies))
+    """Each body's text, computed alike: one after the other, after a first call that caches
+    the shared prompt's full blocks. Sent together, one request may be prefilled whole and the
+    others from its cached blocks, in steps of other sizes that run other kernels (the block
+    kernel on a few tokens, a bf16 GEMM on more), and a greedy first token at a near tie can
+    then differ between them; what these tests compare is sampling, not that."""
+    await http.post(path, json=bodies[0])
+    answers = [await http.post(path, json=body) for body in bodies]
     assert all(a.status_code == 200 for a in answers), [a.text[:200] for a in answers]
     if path == "/v1/messages":
         return ["".join(b.get("text", "") for b in a.json()["content"]) for a in answers]
