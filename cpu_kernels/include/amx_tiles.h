@@ -27,6 +27,16 @@ inline void request_tiles() {
     (void)granted;
 }
 
+// Every one of the eight tiles as 16 rows of 64 bytes (the full size), loaded for this thread.
+inline void configure_full_tiles() {
+    TileConfig cfg;
+    for (int t = 0; t < 8; ++t) {
+        cfg.rows[t] = 16;
+        cfg.colsb[t] = 64;
+    }
+    _tile_loadconfig(&cfg);
+}
+
 }  // namespace pagode_amx
 
 #endif  // PAGODE_AMX

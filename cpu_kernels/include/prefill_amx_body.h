@@ -31,14 +31,8 @@ struct AmxBody {
   static constexpr bool PAIRS = true;  // reads the call's PairTiles
   using Width = Vec16;
 
-  static void begin(int64_t) {
-    pagode_amx::TileConfig cfg;
-    for (int t = 0; t < 8; ++t) {
-      cfg.rows[t] = TILE_ROWS;
-      cfg.colsb[t] = 64;
-    }
-    _tile_loadconfig(&cfg);
-  }
+  static_assert(TILE_ROWS == 16, "the tiles are configured full: 16 rows of 64 bytes");
+  static void begin(int64_t) { pagode_amx::configure_full_tiles(); }
   static void end() { _tile_release(); }
 
   template <class QRow>

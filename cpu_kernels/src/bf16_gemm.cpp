@@ -27,8 +27,6 @@
 
 namespace {
 
-using pagode_amx::TileConfig;
-
 constexpr int64_t ROWS = 16;    // weight rows per tile
 constexpr int64_t TOKENS = 16;  // tokens per tile
 constexpr int64_t STEP = 32;    // values of K per tile product
@@ -132,16 +130,17 @@ void rows32_tokens32(const uint16_t* w0, const uint16_t* w1, const uint16_t* b0,
     _tile_stored(3, acc[3], 64);
 }
 
-// 16 weight rows by T token tiles (T <= 4) into acc[0..T-1]: the rows' tile alternates
+// 16 weight rows by T token tiles (3 or 4) into acc[0..T-1]: the rows' tile alternates
 // between tiles 4 and 7 from one step of K to the next and the tokens' between 5 and 6, so a
 // load never waits on the product still reading its register.
 template <int T>
 void rows16_tokens(const uint16_t* w, const uint16_t* b, int64_t K, int64_t steps, int64_t ld,
                    float (*acc)[16 * 16]) {
+    static_assert(T == 3 || T == 4, "fewer token tiles run rows32_tokens32");
     const int64_t tile = TOKENS * K;  // bf16 values per token tile
     _tile_zero(0);
-    if constexpr (T > 1) _tile_zero(1);
-    if constexpr (T > 2) _tile_zero(2);
+    _tile_zero(1);
+    _tile_zero(2);
     if constexpr (T > 3) _tile_zero(3);
     // The tile intrinsics take their register numbers as literals, hence a macro per register.
 #define PAGODE_ROWS16_STEP(A, s)                                  \
@@ -150,14 +149,10 @@ void rows16_tokens(const uint16_t* w, const uint16_t* b, int64_t K, int64_t step
         _tile_loadd(A, w + (s) * STEP, ld);                       \
         _tile_loadd(5, bs, 64);                                   \
         _tile_dpbf16ps(0, A, 5);                                  \
-        if constexpr (T > 1) {                                    \
-            _tile_loadd(6, bs + tile, 64);                        \
-            _tile_dpbf16ps(1, A, 6);                              \
-        }                                                         \
-        if constexpr (T > 2) {                                    \
-            _tile_loadd(5, bs + 2 * tile, 64);                    \
-            _tile_dpbf16ps(2, A, 5);                              \
-        }                                                         \
+        _tile_loadd(6, bs + tile, 64);                            \
+        _tile_dpbf16ps(1, A, 6);                                  \
+        _tile_loadd(5, bs + 2 * tile, 64);                        \
+        _tile_dpbf16ps(2, A, 5);                                  \
         if constexpr (T > 3) {                                    \
             _tile_loadd(6, bs + 3 * tile, 64);                    \
             _tile_dpbf16ps(3, A, 6);                              \
@@ -171,8 +166,8 @@ void rows16_tokens(const uint16_t* w, const uint16_t* b, int64_t K, int64_t step
     if (s < steps) PAGODE_ROWS16_STEP(4, s)
 #undef PAGODE_ROWS16_STEP
     _tile_stored(0, acc[0], 64);
-    if constexpr (T > 1) _tile_stored(1, acc[1], 64);
-    if constexpr (T > 2) _tile_stored(2, acc[2], 64);
+    _tile_stored(1, acc[1], 64);
+    _tile_stored(2, acc[2], 64);
     if constexpr (T > 3) _tile_stored(3, acc[3], 64);
 }
 
@@ -188,12 +183,7 @@ extern "C" void bf16_gemm(const void* x, int x_bf16, const uint16_t* w, const fl
 #pragma omp parallel num_threads(num_threads)
     {
         lay_out_tokens(x, x_bf16 != 0, M, K, t, tiles);  // ends on the loop's barrier
-        TileConfig cfg;
-        for (int i = 0; i < 8; ++i) {
-            cfg.rows[i] = 16;
-            cfg.colsb[i] = 64;
-        }
-        _tile_loadconfig(&cfg);
+        pagode_amx::configure_full_tiles();
         alignas(64) float acc[4][16 * 16];
 #pragma omp for schedule(static)
         for (int64_t p = 0; p < panels; ++p) {

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from cpu_kernels.bf16_gemm_kernel import OUT_BF16, OUT_ROUNDED_FP32
+from cpu_kernels.bf16_gemm_kernel import OUT_BF16, OUT_ROUNDED_FP32, Bf16GemmKernel
 from engine import native
 from engine.tuning import bf16_crossover, timing
 
@@ -36,16 +36,22 @@ class Bf16Gemm:
         self.bias_f32 = None if self.bias is None else self.bias.float()
         self.kernel_tokens = bf16_crossover.limit(self.weight, time_kernel_and_onednn)
 
+    def kernel_for(self, x: torch.Tensor) -> Bf16GemmKernel | None:
+        """The AMX kernel where this step is within its raced limit, else None (oneDNN)."""
+        return self.kernel if x.shape[0] <= self.kernel_tokens else None
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """The product rounded to bf16, in fp32: the bits the bf16 chain gives (bf16())."""
-        if self.kernel is not None and x.shape[0] <= self.kernel_tokens:
-            return self.kernel(x, self.weight, self.bias_f32, OUT_ROUNDED_FP32)
+        kernel = self.kernel_for(x)
+        if kernel is not None:
+            return kernel(x, self.weight, self.bias_f32, OUT_ROUNDED_FP32)
         return self.bf16(x).float()
 
     def bf16(self, x: torch.Tensor) -> torch.Tensor:
         """The product left in bf16, for a caller whose next op takes bf16 (the MLP's chain)."""
-        if self.kernel is not None and x.shape[0] <= self.kernel_tokens:
-            return self.kernel(x, self.weight, self.bias_f32, OUT_BF16)
+        kernel = self.kernel_for(x)
+        if kernel is not None:
+            return kernel(x, self.weight, self.bias_f32, OUT_BF16)
         return F.linear(x.to(torch.bfloat16), self.weight, self.bias)
 
 
