@@ -19,8 +19,10 @@ CACHE_TYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.int8
 # whether those span the whole projections (1) or each head (0), the RoPE cos and sin tables,
 # the sliding window (0: none), the soft-cap as the bits of a float32 (0: none), the factor on
 # each sublayer's output as float32 bits (0: none), the MLP's activation (ACTIVATIONS), then
-# for each projection (PROJECTIONS order) a pointer to its part table (quant_linear.part_table)
-# and the number of parts.
+# for each projection (PROJECTIONS order) a pointer to its part table (quant_linear.part_table),
+# the number of parts, and a pointer to int64 [4] (0: none): its dense bf16 weight, the fp32
+# bias the bf16 GEMM adds (0: none), and the step sizes from and to which it runs that GEMM
+# (amx builds; src/decode_step.cpp's DenseSlot).
 PROJECTIONS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
 ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}
 

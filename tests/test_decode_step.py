@@ -17,6 +17,7 @@ from engine import native
 from engine.llm import LLM
 from engine.model import decode_step
 from engine.model.decode_step import FusedDecodeStep
+from engine.quant.bf16_gemm import Bf16Gemm
 from engine.quant.linear import pinned_path
 from engine.sampling_params import SamplingParams
 from engine.tuning import fused_step, timing
@@ -94,6 +95,28 @@ def test_fused_step_output_is_the_final_norm_of_the_last_layer(quantized_llm: LL
         got = step(ids, positions, meta)
         expected = runner.model(ids, positions, meta, runner.kv_caches)
     assert torch.equal(got, expected)
+
+
+def test_fused_step_runs_the_bf16_gemm_where_the_layers_do(quantized_llm: LLM) -> None:
+    """Past a projection's crossover the layer-by-layer path runs the bf16 GEMM on the dense
+    copy; the fused step runs the same kernel there, so the hidden states agree bit for bit,
+    and they are not the blocks' (the dense copy really ran)."""
+    runner = quantized_llm.engine.runner
+    step = runner.decode_step
+    assert isinstance(step, FusedDecodeStep)
+    m = 16
+    dense = [p for p in step.projections[0] if isinstance(p.gemm, Bf16Gemm) and p.gemm.kernel_tokens >= m
+             and p.max_kernel_tokens < m]
+    if not dense:
+        pytest.skip(f"no projection runs pagode's bf16 GEMM at {m} tokens here")
+    ids, positions, meta = decode_step.synthetic_decodes(m, runner.block_size, step.embedding.shape[0])
+    with torch.inference_mode():
+        got = step(ids, positions, meta)
+        expected = runner.model(ids, positions, meta, runner.kv_caches)
+        with pinned_path(runner.model, "kernel"):
+            on_blocks = step(ids, positions, meta)
+    assert torch.equal(got, expected)
+    assert not torch.equal(got, on_blocks)
 
 
 def test_unquantized_models_run_layer_by_layer(small_llm: LLM) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from engine.core.sampling_row import SamplingRow
-from engine.runner.sampler import apply_processors, filter_probs, sample
+from engine.runner.sampler import apply_processors, filter_probs, first_max, sample
 from engine.sampling_params import SamplingParams
 
 VOCAB = 300
@@ -107,3 +107,16 @@ def test_unseeded_rows_draw_only_what_the_filters_keep() -> None:
             reference_process(processed, row)
             probs = reference_filter(torch.softmax(processed / row.params.temperature, -1), row.params)
             assert probs[tokens[i]] > 0, f"row {i} drew a token its filters drop"
+
+
+def test_first_max_is_argmax_with_ties_at_a_vocabularys_width() -> None:
+    """Greedy rows take first_max: argmax's index, the first of tied maxima, on rows as wide
+    as a real vocabulary (where torch's reductions split a row across threads)."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(12, 151_936, generator=g)
+    for row, spots in enumerate([(5, 151_000), (70_000, 70_001), (151_935, 0), (3, 80_000, 150_000)]):
+        logits[row, list(spots)] = 50.0  # ties, the first of them anywhere in the row
+    logits[4] = 1.0  # a row of one value: index 0
+    logits[5, 9] = float("inf")
+    assert torch.equal(first_max(logits), logits.argmax(dim=-1))
+    assert first_max(logits)[:5].tolist() == [5, 70_000, 0, 3, 0]

@@ -22,6 +22,7 @@
 #include <cstring>
 #include <vector>
 
+#include "bf16_gemm.h"
 #include "cache_types.h"
 #include "fused_ops.h"
 #include "lora_delta.h"
@@ -45,9 +46,13 @@ enum Slot : int64_t {
     WINDOW, SOFTCAP,  // the sliding window (0: none), the soft-cap's float bits (0: none)
     OUT_SCALE,       // float bits of the factor on each sublayer's output (0: none)
     ACTIVATION,      // the MLP's gate: Activation
-    QKV, O = QKV + 2, GATE_UP = O + 2, DOWN = GATE_UP + 2,  // each linear: its parts, how many
-    SLOTS = DOWN + 2,
+    // Each linear: its part table, how many parts, and its dense bf16 weight (DenseSlot) or 0.
+    QKV, O = QKV + 3, GATE_UP = O + 3, DOWN = GATE_UP + 3,
+    SLOTS = DOWN + 3,
 };
+// A linear's dense bf16 copy: the weight [N, K], its bias as the bf16 GEMM adds it (fp32, or 0),
+// and the step sizes (from, to) at which the layer-by-layer path runs pagode's bf16 GEMM on it.
+enum DenseSlot : int64_t { DENSE_WEIGHT, DENSE_BIAS, DENSE_FROM, DENSE_TO };
 enum Activation : int64_t { SILU = 0, GELU_TANH = 1 };
 constexpr int64_t PART = 8;  // a part of a linear: kind, rows, qs, scales, mins, bias, tile_from, int8
 enum CacheType : int64_t { F32 = 0, F16_CACHE = 1, BF16_CACHE = 2, I8_CACHE = 3 };
@@ -78,10 +83,24 @@ void base_linear(const int64_t* slot, const float* x, float* y, int64_t M, int64
     }
 }
 
+// Where the layer-by-layer path runs the bf16 GEMM for a step of M tokens, the same kernel
+// on the same dense copy, its answer rounded to bf16 as that path's is; else the blocks.
+void dense_or_blocks(const int64_t* slot, const float* x, float* y, int64_t M, int64_t N, int64_t K, int nthreads) {
+#ifdef PAGODE_AMX
+    const auto* dense = reinterpret_cast<const int64_t*>(slot[2]);
+    if (dense != nullptr && M >= dense[DENSE_FROM] && M <= dense[DENSE_TO]) {
+        bf16_gemm(x, 0, reinterpret_cast<const uint16_t*>(dense[DENSE_WEIGHT]),
+                  reinterpret_cast<const float*>(dense[DENSE_BIAS]), y, BF16_OUT_ROUNDED_FP32, M, N, K, nthreads);
+        return;
+    }
+#endif
+    base_linear(slot, x, y, M, N, K, nthreads);
+}
+
 // The base projection over every row, then each adapter row's delta.
 void linear(const int64_t* p, Slot slot, const Adapters& lora, int64_t layer, Projection which, const float* x,
             float* y, int64_t M, int64_t N, int64_t K, int nthreads) {
-    base_linear(p + slot, x, y, M, N, K, nthreads);
+    dense_or_blocks(p + slot, x, y, M, N, K, nthreads);
     if (lora.table == nullptr) return;
     const auto* table = reinterpret_cast<const int64_t*>(lora.table[layer * PROJECTIONS + which]);
     if (table != nullptr) lora_add_f32(table, x, y, M, K, N, lora.row_slots, nthreads);

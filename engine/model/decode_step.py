@@ -38,6 +38,7 @@ from engine import envs, native
 from engine.attention import AttentionBackend, AttentionMetadata
 from engine.model.layers import RMSNorm
 from engine.model.llama import Attention, LlamaForCausalLM, SublayerNorms
+from engine.quant.bf16_gemm import Bf16Gemm
 from engine.quant.linear import QuantLinear
 from engine.tuning import fused_step, timing
 from engine.tuning.timing import Crossover
@@ -65,11 +66,16 @@ class FusedDecodeStep(nn.Module):
             projections = [layer.get_submodule(name) for name in PROJECTIONS]
             for proj in projections:
                 assert isinstance(proj, QuantLinear) and proj.blocks is not None
-                row += [self.keep(part_table(proj.blocks, proj.bias)), len(self.kept[-1])]
+                row += [self.keep(part_table(proj.blocks, proj.bias)), len(self.kept[-1]), self.dense_slot(proj)]
             self.projections.append(projections)
             assert len(row) == kernel.slots(), (len(row), kernel.slots())
             rows.append(row)
         self.table = torch.tensor(rows, dtype=torch.int64)
+        # The same table with no dense copies, for steps while the layers are pinned on the
+        # block kernel (pinned_path), which the layer-by-layer path then computes on the blocks.
+        self.blocks_table = self.table.clone()
+        dense_columns = [kernel.slots() - 1 - 3 * i for i in range(len(PROJECTIONS))]
+        self.blocks_table[:, dense_columns] = 0
         self.max_tokens = 0  # set by measure_limit
         self.dims = torch.tensor([cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
                                   cfg.intermediate_size, kv_caches[0].shape[2]], dtype=torch.int64)
@@ -84,6 +90,18 @@ class FusedDecodeStep(nn.Module):
         self.kept.append(tensor)
         return tensor.data_ptr()
 
+    def dense_slot(self, proj: QuantLinear) -> int:
+        """The projection's dense bf16 copy and the step sizes at which the layer-by-layer path
+        runs pagode's bf16 GEMM on it (past the block kernel's crossover, up to the bf16
+        kernel's own limit), so that the fused step computes those sizes as that path does; 0
+        where the layer keeps no such copy (its steps stay on the blocks)."""
+        gemm = proj.gemm
+        if not isinstance(gemm, Bf16Gemm) or gemm.kernel_tokens == 0 or proj.max_kernel_tokens >= timing.NO_LIMIT:
+            return 0
+        bias = 0 if gemm.bias_f32 is None else self.keep(gemm.bias_f32)
+        return self.keep(torch.tensor([self.keep(gemm.weight), bias, proj.max_kernel_tokens + 1, gemm.kernel_tokens],
+                                      dtype=torch.int64))
+
     def norm_slot(self, norm: RMSNorm | None) -> int:
         return 0 if norm is None else self.keep(norm.kernel_weight().contiguous())
 
@@ -97,7 +115,14 @@ class FusedDecodeStep(nn.Module):
                 attn.rope.sin.data_ptr(), attn.attn.window or 0, 0 if softcap is None else float_bits(softcap)]
 
     def applies(self, meta: AttentionMetadata, num_tokens: int) -> bool:
-        return num_tokens == meta.num_decodes == meta.num_seqs and num_tokens <= self.max_tokens
+        return (num_tokens == meta.num_decodes == meta.num_seqs and num_tokens <= self.max_tokens
+                and self.pinned() in (None, "kernel"))
+
+    def pinned(self) -> str | None:
+        """The path pinned_path holds every projection on, None when they follow their crossovers."""
+        first = self.projections[0][0]
+        assert isinstance(first, QuantLinear)
+        return first.pinned
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                 adapters: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
@@ -110,7 +135,8 @@ class FusedDecodeStep(nn.Module):
         positions = positions.to(torch.int64).contiguous()
         slots = meta.slot_mapping.to(torch.int64).contiguous()
         lora, row_slots = adapters if adapters is not None else (None, None)
-        self.kernel.run(hidden, self.table, self.dims, self.cache_type, self.final_norm, self.eps,
+        table = self.blocks_table if self.pinned() == "kernel" else self.table
+        self.kernel.run(hidden, table, self.dims, self.cache_type, self.final_norm, self.eps,
                         self.scale, positions, slots, tables, lens, lora, row_slots)
         return hidden
 
