@@ -17,10 +17,13 @@ whose projections are all block-quantized QuantLinear and whose K/V cache the at
 backend reads with the same C++ kernel
 (AttentionBackend.supports_fused_cpu_step), up to a number of decodes measured at load:
 both paths run synthetic decode steps of 1, 2, 4, ... 64 tokens, and the
-fused step keeps every count up to its last win before the layer-by-layer path (whose big
-projections move to their dense GEMM) wins twice in a row (engine/tuning/fused_step.py; the
-start-up log prints the timings). Anything else runs layer by layer. PAGODE_DECODE_STEP=0
-turns it off; EngineConfig.fused_decode_limit (`--fused-decode-limit N`) pins the limit.
+fused step keeps every count up to its last win before the layer-by-layer path wins twice in
+a row (engine/tuning/fused_step.py; the start-up log prints the timings). Past a projection's
+crossover, where the layer-by-layer path runs pagode's bf16 GEMM on the dense copy, the C++
+step calls that same kernel on that copy (dense_slot), so the two paths compute alike at
+every size and the fused step keeps steps of tens of decodes too. Anything else runs layer by
+layer. PAGODE_DECODE_STEP=0 turns it off; EngineConfig.fused_decode_limit
+(`--fused-decode-limit N`) pins the limit.
 """
 
 from __future__ import annotations
@@ -56,7 +59,8 @@ class FusedDecodeStep(nn.Module):
         self.kernel = kernel
         self.kept: list[torch.Tensor] = []  # what the table points into and nothing else holds
         out_scale = 0 if cfg.residual_multiplier == 1.0 else float_bits(cfg.residual_multiplier)
-        rows = []
+        rows: list[list[int]] = []
+        dense_columns: list[int] = []  # where each projection's dense slot lies in a row
         # Each layer's projections in the table's order: where adapters' deltas are looked up.
         self.projections: list[list[nn.Module]] = []
         for layer, cache in zip(model.layers, kv_caches, strict=True):
@@ -66,6 +70,8 @@ class FusedDecodeStep(nn.Module):
             projections = [layer.get_submodule(name) for name in PROJECTIONS]
             for proj in projections:
                 assert isinstance(proj, QuantLinear) and proj.blocks is not None
+                if not rows:
+                    dense_columns.append(len(row) + 2)
                 row += [self.keep(part_table(proj.blocks, proj.bias)), len(self.kept[-1]), self.dense_slot(proj)]
             self.projections.append(projections)
             assert len(row) == kernel.slots(), (len(row), kernel.slots())
@@ -74,7 +80,6 @@ class FusedDecodeStep(nn.Module):
         # The same table with no dense copies, for steps while the layers are pinned on the
         # block kernel (pinned_path), which the layer-by-layer path then computes on the blocks.
         self.blocks_table = self.table.clone()
-        dense_columns = [kernel.slots() - 1 - 3 * i for i in range(len(PROJECTIONS))]
         self.blocks_table[:, dense_columns] = 0
         self.max_tokens = 0  # set by measure_limit
         self.dims = torch.tensor([cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
