@@ -48,6 +48,14 @@ from engine.tuning.timing import Crossover
 
 log = logging.getLogger("pagode")
 
+# The fewest decodes the fused step runs on a dense copy. Up to 8 tokens the exact tile body
+# takes every token's two bf16 halves in one operand, one product per block, and the whole
+# step stays a read of the blocks, which the step's own race won; past 8 it needs a second
+# operand per block, where the dense copy wins. (A layer's crossover, raced on one thread with
+# its weight in cache, can hand even one token to the GEMM: a one-token fused step on SmolLM2's
+# dense copies ran 0.6-0.7x as fast as on its blocks.)
+DENSE_FROM = 9
+
 
 class FusedDecodeStep(nn.Module):
     """The C++ step over one model and its K/V caches; holds pointers, and the few tensors
@@ -104,8 +112,8 @@ class FusedDecodeStep(nn.Module):
         if not isinstance(gemm, Bf16Gemm) or gemm.kernel_tokens == 0 or proj.max_kernel_tokens >= timing.NO_LIMIT:
             return 0
         bias = 0 if gemm.bias_f32 is None else self.keep(gemm.bias_f32)
-        return self.keep(torch.tensor([self.keep(gemm.weight), bias, proj.max_kernel_tokens + 1, gemm.kernel_tokens],
-                                      dtype=torch.int64))
+        start = max(proj.max_kernel_tokens + 1, DENSE_FROM)
+        return self.keep(torch.tensor([self.keep(gemm.weight), bias, start, gemm.kernel_tokens], dtype=torch.int64))
 
     def norm_slot(self, norm: RMSNorm | None) -> int:
         return 0 if norm is None else self.keep(norm.kernel_weight().contiguous())
