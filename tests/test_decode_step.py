@@ -17,7 +17,6 @@ from engine import native
 from engine.llm import LLM
 from engine.model import decode_step
 from engine.model.decode_step import FusedDecodeStep
-from engine.quant.bf16_gemm import Bf16Gemm
 from engine.quant.linear import pinned_path
 from engine.sampling_params import SamplingParams
 from engine.tuning import fused_step, timing
@@ -105,8 +104,7 @@ def test_fused_step_runs_the_bf16_gemm_where_the_layers_do(quantized_llm: LLM) -
     step = runner.decode_step
     assert isinstance(step, FusedDecodeStep)
     m = 16
-    dense = [p for p in step.projections[0] if isinstance(p.gemm, Bf16Gemm) and p.gemm.kernel_tokens >= m
-             and p.max_kernel_tokens < m]
+    dense = [p for p in step.projections[0] if (steps := p.amx_gemm_steps()) and steps[0] <= m <= steps[1]]
     if not dense:
         pytest.skip(f"no projection runs pagode's bf16 GEMM at {m} tokens here")
     ids, positions, meta = decode_step.synthetic_decodes(m, runner.block_size, step.embedding.shape[0])

@@ -52,8 +52,8 @@ log = logging.getLogger("pagode")
 # takes every token's two bf16 halves in one operand, one product per block, and the whole
 # step stays a read of the blocks, which the step's own race won; past 8 it needs a second
 # operand per block, where the dense copy wins. (A layer's crossover, raced on one thread with
-# its weight in cache, can hand even one token to the GEMM: a one-token fused step on SmolLM2's
-# dense copies ran 0.6-0.7x as fast as on its blocks.)
+# its weight in cache, can hand even one token to the GEMM; docs/kernels.md has what a one-token
+# fused step on the dense copies cost.)
 DENSE_FROM = 9
 
 
@@ -108,12 +108,14 @@ class FusedDecodeStep(nn.Module):
         runs pagode's bf16 GEMM on it (past the block kernel's crossover, up to the bf16
         kernel's own limit), so that the fused step computes those sizes as that path does; 0
         where the layer keeps no such copy (its steps stay on the blocks)."""
-        gemm = proj.gemm
-        if not isinstance(gemm, Bf16Gemm) or gemm.kernel_tokens == 0 or proj.max_kernel_tokens >= timing.NO_LIMIT:
+        steps = proj.amx_gemm_steps()
+        if steps is None:
             return 0
+        gemm = proj.gemm
+        assert isinstance(gemm, Bf16Gemm)
         bias = 0 if gemm.bias_f32 is None else self.keep(gemm.bias_f32)
-        start = max(proj.max_kernel_tokens + 1, DENSE_FROM)
-        return self.keep(torch.tensor([self.keep(gemm.weight), bias, start, gemm.kernel_tokens], dtype=torch.int64))
+        first, last = max(steps[0], DENSE_FROM), steps[1]
+        return self.keep(torch.tensor([self.keep(gemm.weight), bias, first, last], dtype=torch.int64))
 
     def norm_slot(self, norm: RMSNorm | None) -> int:
         return 0 if norm is None else self.keep(norm.kernel_weight().contiguous())

@@ -52,6 +52,15 @@ class QuantLinear(nn.Module):
         """Whether a call of `tokens` rows runs the bf16 GEMM and, given bf16, answers in bf16."""
         return self.bf16_io and isinstance(self.gemm, Bf16Gemm) and self.path_for(tokens) == "gemm"
 
+    def amx_gemm_steps(self) -> tuple[int, int] | None:
+        """The step sizes (first, last) at which this layer, on its crossover, runs pagode's AMX
+        bf16 GEMM on its dense copy (past the block kernel, within the GEMM's raced limit), or
+        None where it never does. The fused decode step runs the same kernel at those sizes."""
+        gemm = self.gemm
+        if not isinstance(gemm, Bf16Gemm) or gemm.kernel_tokens <= self.max_kernel_tokens:
+            return None
+        return self.max_kernel_tokens + 1, gemm.kernel_tokens
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
